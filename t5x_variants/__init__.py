@@ -1,0 +1,1 @@
+"""t5x_variants: Transformer variants for T5-style research in JAX/Flax."""

@@ -1,0 +1,125 @@
+"""Multi-head attention whose logits come from dot products, synthesizers or a mixture of them.
+
+softmax(sum_i w_i S_i(X)) G(X) with w = softmax(learned mixture weights) (Synthesizer, Eq. 6);
+S = Q K^T / sqrt(d_h) + relative position bias for ``dot_product`` (Vaswani et al. 2017, Eq. 1),
+and G(X) the shared value projection. Logits and softmax are in float32.
+
+Decoding: with ``decode=True`` keys and values live in the ``cache`` collection. The first call
+(during ``init``) creates the cache from the full-length input; every later call takes one token,
+writes its key and value at ``decode_position`` and attends over the cache under the given mask.
+"""
+import functools
+from typing import Any, Optional, Tuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from t5x_variants.layers import synthesizer as synth
+from t5x_variants.layers.dense import Dense
+from t5x_variants.layers.norms import Norm
+
+ATTENTION_COMPONENTS = ('dot_product',) + synth.SYNTHESIZERS
+_NEG_INF = -1e10
+
+
+def resolve_components(self_attention) -> Tuple[str, ...]:
+  comps = (self_attention,) if isinstance(self_attention, str) else tuple(self_attention)
+  bad = [c for c in comps if c not in ATTENTION_COMPONENTS]
+  if bad or not comps or len(set(comps)) != len(comps):
+    raise ValueError(f'invalid self_attention {self_attention!r}: give one of '
+                     f'{", ".join(ATTENTION_COMPONENTS)} or a tuple of distinct ones for a mixture')
+  return comps
+
+
+def causal_mask(q_positions, k_positions):
+  """(batch|1, 1, q_len, k_len): key position <= query position."""
+  return (k_positions[:, None, :] <= q_positions[:, :, None])[:, None]
+
+
+def pair_mask(q_valid, k_valid):
+  """(batch, 1, q_len, k_len) from per-token booleans or ids of queries and keys."""
+  return (q_valid[:, :, None] & k_valid[:, None, :])[:, None]
+
+
+def segment_mask(q_segments, k_segments):
+  return (q_segments[:, :, None] == k_segments[:, None, :])[:, None]
+
+
+class Attention(nn.Module):
+  """Q/K get gain 1; value and ``out`` get ``gain`` (DeepNet beta / Magneto gamma).
+
+  ``inner_norm`` is Sub-LN's LN on the attention output, before the ``out`` projection.
+  """
+  num_heads: int
+  head_dim: int
+  components: Tuple[str, ...] = ('dot_product',)
+  init_scheme: str = 't5'
+  gain: float = 1.0
+  use_bias: bool = False
+  inner_norm: Optional[str] = None
+  norm_epsilon: float = 1e-6
+  dropout_rate: float = 0.0
+  max_length: int = 512
+  synthesizer_factor: Optional[int] = None
+  synthesizer_rank: int = 8
+  dtype: Any = jnp.float32
+
+  def _cached(self, name, x, decode_position):
+    initialized = self.has_variable('cache', name)
+    var = self.variable('cache', name, jnp.zeros, x.shape, x.dtype)
+    if not initialized:
+      return x
+    var.value = jax.lax.dynamic_update_slice(var.value, x.astype(var.value.dtype),
+                                             (0, decode_position, 0, 0))
+    return var.value
+
+  def _component(self, name):
+    kw = dict(num_heads=self.num_heads, max_length=self.max_length, name=name)
+    dense_kw = dict(head_dim=self.head_dim, init_scheme=self.init_scheme, use_bias=self.use_bias, dtype=self.dtype)
+    return {
+        'dense': lambda: synth.DenseSynthesizer(**kw, **dense_kw),
+        'factorized_dense': lambda: synth.FactorizedDenseSynthesizer(
+            **kw, **dense_kw, factor=self.synthesizer_factor),
+        'random': lambda: synth.RandomSynthesizer(**kw),
+        'fixed_random': lambda: synth.RandomSynthesizer(**kw, fixed=True),
+        'factorized_random': lambda: synth.FactorizedRandomSynthesizer(**kw, rank=self.synthesizer_rank),
+    }[name]()
+
+  @nn.compact
+  def __call__(self, x_q, x_kv, q_positions, k_positions, mask=None, bias=None,
+               decode: bool = False, decode_position=None, deterministic: bool = True):
+    dense = functools.partial(Dense, init_scheme=self.init_scheme, use_bias=self.use_bias, dtype=self.dtype)
+    project = lambda name, gain, x: dense((self.num_heads, self.head_dim), ('embed',),
+                                          ('heads', 'kv'), gain=gain, name=name)(x)
+    value = project('value', self.gain, x_kv)
+    if decode:
+      value = self._cached('cached_value', value, decode_position)
+    logits = []
+    for name in self.components:
+      if name == 'dot_product':
+        query = project('query', 1.0, x_q)
+        key = project('key', 1.0, x_kv)
+        if decode:
+          key = self._cached('cached_key', key, decode_position)
+        s = jnp.einsum('bqhd,bkhd->bhqk', query, key, preferred_element_type=jnp.float32)
+        s = s / jnp.sqrt(self.head_dim).astype(jnp.float32)
+        if bias is not None:
+          s = s + bias.astype(jnp.float32)
+      else:
+        s = self._component(name)(x_q, q_positions, k_positions)
+      logits.append(s.astype(jnp.float32))
+    if len(logits) == 1:
+      s = logits[0]
+    else:
+      w = self.param('mixture_weights', nn.with_logical_partitioning(nn.initializers.zeros, ('mixture',)),
+                     (len(logits),), jnp.float32)
+      s = sum(wi * si for wi, si in zip(jax.nn.softmax(w), logits))
+    if mask is not None:
+      s = jnp.where(mask, s, _NEG_INF)
+    probs = jax.nn.softmax(s, axis=-1)
+    probs = nn.Dropout(self.dropout_rate)(probs, deterministic=deterministic)
+    y = jnp.einsum('bhqk,bkhd->bqhd', probs.astype(self.dtype), value.astype(self.dtype))
+    if self.inner_norm:
+      y = Norm(self.inner_norm, self.norm_epsilon, self.dtype, ('heads', 'kv'), name='inner_layer_norm')(y)
+    return dense((x_q.shape[-1],), ('heads', 'kv'), ('embed',), gain=self.gain, name='out')(y)

@@ -1,0 +1,36 @@
+"""Dense projection with logical axis names on its kernel (T5X DenseGeneral)."""
+from typing import Any, Tuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from t5x_variants.layers import init as init_lib
+
+
+class Dense(nn.Module):
+  """y = x W (+ b): contracts the last ``len(in_axes)`` dims of x with W[in..., out...]."""
+  features: Tuple[int, ...]
+  in_axes: Tuple[str, ...]
+  out_axes: Tuple[str, ...]
+  init_scheme: str = 't5'
+  gain: float = 1.0
+  t5_distribution: str = 'normal'
+  use_bias: bool = False
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    n_in, n_out = len(self.in_axes), len(self.out_axes)
+    initializer = init_lib.kernel_init(self.init_scheme, self.gain, tuple(range(n_in)),
+                                       tuple(range(n_in, n_in + n_out)), self.t5_distribution)
+    kernel = self.param('kernel',
+                        nn.with_logical_partitioning(initializer, self.in_axes + self.out_axes),
+                        x.shape[-n_in:] + tuple(self.features), jnp.float32)
+    contract = (tuple(range(x.ndim - n_in, x.ndim)), tuple(range(n_in)))
+    y = jax.lax.dot_general(x.astype(self.dtype), kernel.astype(self.dtype), (contract, ((), ())))
+    if self.use_bias:
+      bias = self.param('bias', nn.with_logical_partitioning(nn.initializers.zeros, self.out_axes),
+                        tuple(self.features), jnp.float32)
+      y = y + bias.astype(self.dtype)
+    return y

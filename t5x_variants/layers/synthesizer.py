@@ -1,0 +1,156 @@
+"""Synthesizer attention logits (Tay et al. 2021, Sec. 3), per head, without query-key products.
+
+Each module maps query inputs x (batch, q_len, embed) and integer positions of the queries
+(batch|1, q_len) and keys (batch|1, k_len) to logits (batch, heads, q_len, k_len). Keys are
+addressed by position, so full-sequence, packed and cached step-by-step calls share one code path.
+``max_length`` is the paper's l: a key position at or past it is an error, never a truncation.
+
+- dense:             B = W_2 relu(W_1 x + b_1) + b_2, W_1: d x d (split over heads), W_2: d_h x l
+- random:            B = R, R: l x l per head, trained
+- fixed_random:      B = R, R: l x l per head, never trained (a stop-gradient parameter)
+- factorized_dense:  B = H_A(A) * H_B(B), A = W_A h, B = W_B h, a x b = l (Eq. 5)
+- factorized_random: B = R_1 R_2^T, R_1, R_2: l x k per head
+"""
+import functools
+import math
+from typing import Any, Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from t5x_variants.layers import init as init_lib
+from t5x_variants.layers.dense import Dense
+
+SYNTHESIZERS = ('dense', 'random', 'fixed_random', 'factorized_dense', 'factorized_random')
+
+
+def check_length(k_len: int, max_length: int):
+  if k_len > max_length:
+    raise ValueError(f'sequence length {k_len} exceeds the synthesizer maximum length {max_length}; '
+                     'raise TransformerConfig.encoder_max_length / decoder_max_length (they size '
+                     'the synthesizer parameters) or shorten the inputs')
+
+
+def factor_pair(length: int, a: Optional[int] = None):
+  """(a, b) with a * b = length; a defaults to the divisor of length nearest sqrt(length)."""
+  if a is None:
+    a = min((d for d in range(1, length + 1) if length % d == 0),
+            key=lambda d: abs(d - math.sqrt(length)))
+  if length % a:
+    raise ValueError(f'synthesizer_factor {a} does not divide the synthesizer length {length}')
+  return a, length // a
+
+
+def _per_head(module, name, shape, axes, init):
+  return module.param(name, nn.with_logical_partitioning(init, axes), shape, jnp.float32)
+
+
+def _gather_keys(table, k_positions):
+  """table (batch, heads, q_len, l) -> (batch, heads, q_len, k_len) at key positions."""
+  b = max(table.shape[0], k_positions.shape[0])
+  idx = jnp.broadcast_to(k_positions[:, None, None, :], (b,) + table.shape[1:3] + k_positions.shape[-1:])
+  return jnp.take_along_axis(jnp.broadcast_to(table, (b,) + table.shape[1:]), idx, axis=-1)
+
+
+class _DenseHidden(nn.Module):
+  """relu(W_1 x + b_1) per head: (batch, q_len, heads, head_dim); shared by both dense forms."""
+  num_heads: int
+  head_dim: int
+  init_scheme: str
+  use_bias: bool
+  dtype: Any
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.relu(Dense((self.num_heads, self.head_dim), ('embed',), ('heads', 'kv'), self.init_scheme,
+                         use_bias=self.use_bias, dtype=self.dtype, name='w1')(x))
+
+
+class _PerHeadProjection(nn.Module):
+  """W h + b with a separate (head_dim, out) matrix per head: (batch, heads, q_len, out)."""
+  features: int
+  init_scheme: str
+  use_bias: bool
+  dtype: Any
+
+  @nn.compact
+  def __call__(self, h):
+    heads, head_dim = h.shape[-2:]
+    w = _per_head(self, 'kernel', (heads, head_dim, self.features), ('heads', 'kv', 'length'),
+                  init_lib.kernel_init(self.init_scheme, 1.0, 1, 2, batch_axis=0))
+    y = jnp.einsum('bqhd,hdl->bhql', h, w.astype(self.dtype))
+    if self.use_bias:
+      y = y + _per_head(self, 'bias', (heads, self.features), ('heads', 'length'),
+                        nn.initializers.zeros)[None, :, None, :].astype(self.dtype)
+    return y
+
+
+class DenseSynthesizer(nn.Module):
+  num_heads: int
+  head_dim: int
+  max_length: int
+  init_scheme: str = 't5'
+  use_bias: bool = False
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, q_positions, k_positions):
+    check_length(k_positions.shape[-1], self.max_length)
+    h = _DenseHidden(self.num_heads, self.head_dim, self.init_scheme, self.use_bias, self.dtype, name='hidden')(x)
+    table = _PerHeadProjection(self.max_length, self.init_scheme, self.use_bias, self.dtype, name='w2')(h)
+    return _gather_keys(table, k_positions)
+
+
+class FactorizedDenseSynthesizer(nn.Module):
+  """C_ij = A_i[j mod a] * B_i[j div a]: H_A tiles A b times, H_B repeats each B entry a times."""
+  num_heads: int
+  head_dim: int
+  max_length: int
+  factor: Optional[int] = None
+  init_scheme: str = 't5'
+  use_bias: bool = False
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, q_positions, k_positions):
+    check_length(k_positions.shape[-1], self.max_length)
+    a, b = factor_pair(self.max_length, self.factor)
+    h = _DenseHidden(self.num_heads, self.head_dim, self.init_scheme, self.use_bias, self.dtype, name='hidden')(x)
+    proj = functools.partial(_PerHeadProjection, init_scheme=self.init_scheme, use_bias=self.use_bias, dtype=self.dtype)
+    return (_gather_keys(proj(a, name='w_a')(h), k_positions % a) *
+            _gather_keys(proj(b, name='w_b')(h), k_positions // a))
+
+
+class RandomSynthesizer(nn.Module):
+  """Input-independent logits R[h, i, j]; ``fixed`` keeps R at its random initial value."""
+  num_heads: int
+  max_length: int
+  fixed: bool = False
+
+  @nn.compact
+  def __call__(self, x, q_positions, k_positions):
+    check_length(k_positions.shape[-1], self.max_length)
+    l = self.max_length
+    r = _per_head(self, 'random_logits', (self.num_heads, l, l), ('heads', 'length', 'key_length'),
+                  nn.initializers.variance_scaling(1.0, 'fan_in', 'normal', 2, 1, batch_axis=0))
+    if self.fixed:
+      r = jax.lax.stop_gradient(r)
+    logits = r[:, q_positions[:, :, None], k_positions[:, None, :]]  # (heads, batch, q, k)
+    return jnp.transpose(logits, (1, 0, 2, 3)).astype(x.dtype)
+
+
+class FactorizedRandomSynthesizer(nn.Module):
+  num_heads: int
+  max_length: int
+  rank: int = 8
+
+  @nn.compact
+  def __call__(self, x, q_positions, k_positions):
+    check_length(k_positions.shape[-1], self.max_length)
+    shape = (self.num_heads, self.max_length, self.rank)
+    init = nn.initializers.variance_scaling(1.0, 'fan_in', 'normal', 2, 1, batch_axis=0)
+    r1 = _per_head(self, 'random_factor_1', shape, ('heads', 'length', 'rank'), init)
+    r2 = _per_head(self, 'random_factor_2', shape, ('heads', 'length', 'rank'), init)
+    logits = jnp.einsum('hbqr,hbkr->bhqk', r1[:, q_positions], r2[:, k_positions])
+    return logits.astype(x.dtype)

@@ -1,0 +1,19 @@
+"""Architectures: encoder-decoder (T5), decoder-only LM, encoder-only MLM.
+
+Imports only jax, flax, numpy and gin.
+"""
+from t5x_variants.models.config import TransformerConfig
+from t5x_variants.models.decoder_only import DecoderOnly
+from t5x_variants.models.encoder_decoder import EncoderDecoder
+from t5x_variants.models.encoder_only import EncoderOnly
+
+ARCHITECTURE_CLASSES = {
+    'encoder_decoder': EncoderDecoder,
+    'decoder_only': DecoderOnly,
+    'encoder_only': EncoderOnly,
+}
+
+
+def build_model(config: TransformerConfig):
+  """The Flax module of ``config.architecture``."""
+  return ARCHITECTURE_CLASSES[config.architecture](config)

@@ -1,0 +1,30 @@
+"""What the three architectures share: the token embedding and the output logits."""
+import flax.linen as nn
+import jax.numpy as jnp
+
+from t5x_variants.layers.dense import Dense
+from t5x_variants.layers.embedding import Embed
+from t5x_variants.models.config import TransformerConfig
+
+
+def default_positions(tokens, positions):
+  return jnp.arange(tokens.shape[-1], dtype=jnp.int32)[None] if positions is None else positions
+
+
+class LanguageModel(nn.Module):
+  """Embedding E (vocab, embed); logits x W_out (untied, T5 v1.1) or x E^T / sqrt(d) (tied, T5)."""
+  config: TransformerConfig
+
+  def setup(self):
+    c = self.config
+    self.token_embedder = Embed(c.vocab_size, c.d_model, c.compute_dtype)
+    if not c.tie_embeddings:
+      self.logits_dense = Dense((c.vocab_size,), ('embed',), ('vocab',), c.init_scheme,
+                                t5_distribution='truncated_normal', dtype=c.compute_dtype)
+
+  def logits(self, x):
+    if self.config.tie_embeddings:
+      y = self.token_embedder.attend(x * jnp.asarray(self.config.d_model**-0.5, x.dtype))
+    else:
+      y = self.logits_dense(x)
+    return y.astype(jnp.float32)

@@ -1,0 +1,55 @@
+"""One Transformer layer: self-attention, optional cross-attention, FFN, each wrapped in the
+configured residual placement (layers/placement.py).
+
+Cross-attention is always dot-product. Its value and output projections get the decoder's init
+gain and query/key get 1, the same rule as self-attention: its output is added to the decoder's
+residual stream, whose update size the DeepNet/Magneto analysis bounds (torchscale does the same).
+"""
+import functools
+
+import flax.linen as nn
+
+from t5x_variants.layers.attention import Attention
+from t5x_variants.layers.ffn import MlpBlock
+from t5x_variants.layers.norms import Norm
+from t5x_variants.layers.placement import normalizes_input, residual
+from t5x_variants.models.config import TransformerConfig
+
+
+class TransformerLayer(nn.Module):
+  """Returns (x, None) so it can be the body of ``nn.scan``."""
+  config: TransformerConfig
+  stack: str  # 'encoder' or 'decoder'
+  cross_attention: bool = False
+  deterministic: bool = True
+  decode: bool = False
+
+  @nn.compact
+  def __call__(self, x, q_positions, k_positions, self_mask, self_bias, encoded, cross_mask,
+               decode_position):
+    c = self.config
+    alpha, gain = c.residual_constants()[self.stack]
+    dtype = c.compute_dtype
+    prefix = 'pre' if normalizes_input(c.placement) else 'post'
+    inner = c.norm if c.placement == 'subln' else None
+    norm = lambda name: Norm(c.norm, c.norm_epsilon, dtype, name=f'{prefix}_{name}_layer_norm')
+    drop = lambda y: nn.Dropout(c.dropout_rate, broadcast_dims=(-2,))(y, deterministic=self.deterministic)
+    attn = functools.partial(Attention, c.num_heads, c.head_dim, init_scheme=c.init_scheme, gain=gain,
+                             use_bias=c.use_bias, inner_norm=inner, norm_epsilon=c.norm_epsilon,
+                             dropout_rate=c.dropout_rate, dtype=dtype)
+    add = functools.partial(residual, placement=c.placement, alpha=alpha)
+
+    self_attention = attn(components=c.attention_components, max_length=c.max_length(self.stack),
+                          synthesizer_factor=c.synthesizer_factor,
+                          synthesizer_rank=c.synthesizer_rank, name='self_attention')
+    x = add(x, lambda h: drop(self_attention(
+        h, h, q_positions, k_positions, self_mask, self_bias, decode=self.decode,
+        decode_position=decode_position, deterministic=self.deterministic)), norm('attention'))
+    if self.cross_attention:
+      cross = attn(name='encoder_decoder_attention')
+      x = add(x, lambda h: drop(cross(h, encoded, None, None, cross_mask,
+                                      deterministic=self.deterministic)), norm('cross_attention'))
+    mlp = MlpBlock(c.activations, c.ffn_hidden_dim, c.init_scheme, gain, c.use_bias, inner,
+                   c.norm_epsilon, c.dropout_rate, dtype, name='mlp')
+    x = add(x, lambda h: drop(mlp(h, self.deterministic)), norm('mlp'))
+    return x, None

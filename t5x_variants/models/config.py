@@ -1,0 +1,126 @@
+"""The model configuration: one frozen dataclass, bound from gin files (``TransformerConfig.x``).
+
+Every variant axis is a field; each is validated here, so a wrong value fails at construction
+with its valid choices rather than deep inside a traced function.
+"""
+import dataclasses
+from typing import Dict, Optional, Tuple, Union
+
+import gin
+import jax.numpy as jnp
+
+from t5x_variants.layers import attention, ffn, init, norms, placement
+
+ARCHITECTURES = ('encoder_decoder', 'decoder_only', 'encoder_only')
+REMAT = ('none', 'minimal', 'full')
+DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
+
+
+def _check(name, value, valid):
+  if value not in valid:
+    raise ValueError(f'unknown {name} {value!r}; valid: {", ".join(valid)}')
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+  """Defaults are T5-base v1.1 style (RMSNorm, Pre-LN, no biases, untied logits) with ReLU FFN.
+
+  Attributes (non-obvious ones):
+    d_ff: hidden width of the two-matrix FFNs (relu, gelu, swish, ...).
+    d_ff_glu: hidden width of the gated three-matrix FFNs (glu, reglu, geglu, swiglu, bilinear);
+      None means round(2/3 * d_ff), which keeps the parameter count of the two-matrix FFN.
+    ffn: a variant name from layers/ffn.FFN_VARIANTS or a tuple of activation names.
+    self_attention: 'dot_product', a synthesizer name, or a tuple of them (learned mixture).
+    encoder_max_length / decoder_max_length: the synthesizer length l of each stack.
+    encoder_alpha, encoder_gain, decoder_alpha, decoder_gain: override the placement's residual
+      scale alpha and init gain (DeepNorm beta / Sub-LN gamma); None uses the papers' formulas.
+    synthesizer_factor: a in a x b = l for factorized dense; None picks a near sqrt(l).
+    synthesizer_rank: k of the factorized random synthesizer.
+  """
+  architecture: str = 'encoder_decoder'
+  vocab_size: int = 32128
+  d_model: int = 768
+  num_heads: int = 12
+  head_dim: int = 64
+  d_ff: int = 3072
+  d_ff_glu: Optional[int] = None
+  num_encoder_layers: int = 12
+  num_decoder_layers: int = 12
+  ffn: Union[str, Tuple[str, ...]] = 'relu'
+  self_attention: Union[str, Tuple[str, ...]] = 'dot_product'
+  norm: str = 'rmsnorm'
+  norm_epsilon: float = 1e-6
+  placement: str = 'pre'
+  init_scheme: str = 't5'
+  encoder_alpha: Optional[float] = None
+  encoder_gain: Optional[float] = None
+  decoder_alpha: Optional[float] = None
+  decoder_gain: Optional[float] = None
+  use_bias: bool = False
+  tie_embeddings: bool = False
+  relative_attention_num_buckets: int = 32
+  relative_attention_max_distance: int = 128
+  encoder_max_length: int = 512
+  decoder_max_length: int = 114
+  synthesizer_factor: Optional[int] = None
+  synthesizer_rank: int = 8
+  dropout_rate: float = 0.0
+  scan_layers: bool = True
+  remat: str = 'none'
+  dtype: str = 'float32'
+
+  def __post_init__(self):
+    _check('architecture', self.architecture, ARCHITECTURES)
+    _check('norm', self.norm, norms.NORMS)
+    _check('placement', self.placement, placement.PLACEMENTS)
+    _check('init_scheme', self.init_scheme, init.INITS)
+    _check('remat', self.remat, REMAT)
+    _check('dtype', self.dtype, tuple(DTYPES))
+    ffn.resolve_activations(self.ffn)
+    attention.resolve_components(self.self_attention)
+    for stack in self.stacks:
+      if self.num_layers(stack) < 1:
+        raise ValueError(f'{self.architecture} needs num_{stack}_layers >= 1')
+    if 'factorized_dense' in self.attention_components:
+      for stack in self.stacks:
+        attention.synth.factor_pair(self.max_length(stack), self.synthesizer_factor)
+
+  @property
+  def activations(self) -> Tuple[str, ...]:
+    return ffn.resolve_activations(self.ffn)
+
+  @property
+  def ffn_hidden_dim(self) -> int:
+    if len(self.activations) == 1:
+      return self.d_ff
+    return self.d_ff_glu if self.d_ff_glu is not None else round(2 * self.d_ff / 3)
+
+  @property
+  def attention_components(self) -> Tuple[str, ...]:
+    return attention.resolve_components(self.self_attention)
+
+  @property
+  def compute_dtype(self):
+    return DTYPES[self.dtype]
+
+  @property
+  def stacks(self) -> Tuple[str, ...]:
+    return {'encoder_decoder': ('encoder', 'decoder'), 'decoder_only': ('decoder',),
+            'encoder_only': ('encoder',)}[self.architecture]
+
+  def num_layers(self, stack: str) -> int:
+    return self.num_encoder_layers if stack == 'encoder' else self.num_decoder_layers
+
+  def max_length(self, stack: str) -> int:
+    return self.encoder_max_length if stack == 'encoder' else self.decoder_max_length
+
+  def residual_constants(self) -> Dict[str, Tuple[float, float]]:
+    """{stack: (alpha, gain)} from the papers' formulas, with the gin overrides applied."""
+    consts = placement.residual_constants(self.placement, self.architecture,
+                                          self.num_encoder_layers, self.num_decoder_layers)
+    out = {}
+    for stack, (alpha, gain) in consts.items():
+      a, g = getattr(self, f'{stack}_alpha'), getattr(self, f'{stack}_gain')
+      out[stack] = (alpha if a is None else a, gain if g is None else g)
+    return out

@@ -1,0 +1,46 @@
+"""Encoder-decoder Transformer (T5, Raffel et al. 2020) with a shared token embedding."""
+import jax.numpy as jnp
+
+from t5x_variants.layers.attention import causal_mask, pair_mask, segment_mask
+from t5x_variants.models.base import LanguageModel, default_positions
+from t5x_variants.models.stack import Stack
+
+
+class EncoderDecoder(LanguageModel):
+  """Tokens are int arrays (batch, length); id 0 is padding in the encoder input."""
+
+  def setup(self):
+    super().setup()
+    self.encoder = Stack(self.config, 'encoder')
+    self.decoder = Stack(self.config, 'decoder', causal=True, cross_attention=True)
+
+  def encode(self, encoder_input_tokens, encoder_segment_ids=None, encoder_positions=None,
+             enable_dropout: bool = False):
+    valid = encoder_input_tokens > 0
+    mask = pair_mask(valid, valid)
+    if encoder_segment_ids is not None:
+      mask = mask & segment_mask(encoder_segment_ids, encoder_segment_ids)
+    return self.encoder(self.token_embedder(encoder_input_tokens),
+                        default_positions(encoder_input_tokens, encoder_positions), mask,
+                        deterministic=not enable_dropout)
+
+  def decode(self, encoded, encoder_input_tokens, decoder_input_tokens, encoder_segment_ids=None,
+             decoder_segment_ids=None, decoder_positions=None, enable_dropout: bool = False,
+             decode: bool = False):
+    """Logits (batch, target_length, vocab). With ``decode=True`` after cache init, one step."""
+    positions = default_positions(decoder_input_tokens, decoder_positions)
+    mask = causal_mask(positions, positions)
+    cross = pair_mask(jnp.ones(decoder_input_tokens.shape, bool), encoder_input_tokens > 0)
+    if decoder_segment_ids is not None:
+      mask = mask & segment_mask(decoder_segment_ids, decoder_segment_ids)
+      cross = cross & segment_mask(decoder_segment_ids, encoder_segment_ids)
+    x = self.decoder(self.token_embedder(decoder_input_tokens), positions, mask, encoded, cross,
+                     deterministic=not enable_dropout, decode=decode)
+    return self.logits(x)
+
+  def __call__(self, encoder_input_tokens, decoder_input_tokens, encoder_segment_ids=None,
+               decoder_segment_ids=None, encoder_positions=None, decoder_positions=None,
+               enable_dropout: bool = False, decode: bool = False):
+    encoded = self.encode(encoder_input_tokens, encoder_segment_ids, encoder_positions, enable_dropout)
+    return self.decode(encoded, encoder_input_tokens, decoder_input_tokens, encoder_segment_ids,
+                       decoder_segment_ids, decoder_positions, enable_dropout, decode)

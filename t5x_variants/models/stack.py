@@ -1,0 +1,76 @@
+"""A stack of Transformer layers: relative position bias, layers (scanned or unrolled, with
+optional remat), final norm for Pre-LN / Sub-LN, and the decode-time position counter.
+
+Scanning stacks the layer parameters on a leading ``layers`` axis, so a 1000-layer model
+compiles one layer body; the unrolled form names them ``layers_0``, ``layers_1``, ...
+"""
+import jax
+import jax.numpy as jnp
+import flax.linen as nn
+
+from t5x_variants.layers.attention import causal_mask
+from t5x_variants.layers.norms import Norm
+from t5x_variants.layers.placement import has_final_norm
+from t5x_variants.layers.position import RelativePositionBias
+from t5x_variants.models.block import TransformerLayer
+from t5x_variants.models.config import TransformerConfig
+
+REMAT_POLICIES = {
+    'minimal': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    'full': jax.checkpoint_policies.nothing_saveable,
+}
+
+
+class Stack(nn.Module):
+  config: TransformerConfig
+  stack: str  # 'encoder' or 'decoder'
+  causal: bool = False
+  cross_attention: bool = False
+
+  def _decode_positions(self, q_positions, k_positions, self_mask):
+    """In a cached decode step, the query is the token at the counter and keys are the cache."""
+    initialized = self.has_variable('cache', 'position')
+    position = self.variable('cache', 'position', lambda: jnp.zeros((), jnp.int32))
+    keys = self.variable('cache', 'key_positions', lambda: k_positions[:1].astype(jnp.int32))
+    if not initialized:
+      return q_positions, k_positions, self_mask, None
+    index = position.value
+    position.value = index + 1
+    q = jnp.reshape(index, (1, 1))
+    return q, keys.value, causal_mask(q, keys.value), index
+
+  @nn.compact
+  def __call__(self, x, positions, self_mask, encoded=None, cross_mask=None,
+               deterministic: bool = True, decode: bool = False):
+    c = self.config
+    q_positions = k_positions = positions
+    decode_position = None
+    if decode:
+      q_positions, k_positions, self_mask, decode_position = self._decode_positions(
+          q_positions, k_positions, self_mask)
+    bias = None
+    if 'dot_product' in c.attention_components:
+      bias = RelativePositionBias(c.num_heads, c.relative_attention_num_buckets,
+                                  c.relative_attention_max_distance, bidirectional=not self.causal,
+                                  name='relpos_bias')(q_positions, k_positions)
+    x = nn.Dropout(c.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
+
+    layer = TransformerLayer
+    if c.remat != 'none':
+      layer = nn.remat(layer, policy=REMAT_POLICIES[c.remat], prevent_cse=not c.scan_layers)
+    kwargs = dict(config=c, stack=self.stack, cross_attention=self.cross_attention,
+                  deterministic=deterministic, decode=decode)
+    args = (q_positions, k_positions, self_mask, bias, encoded, cross_mask, decode_position)
+    if c.scan_layers:
+      layer = nn.scan(layer, variable_axes={'params': 0, 'cache': 0},
+                      split_rngs={'params': True, 'dropout': True}, in_axes=(nn.broadcast,) * len(args),
+                      length=c.num_layers(self.stack), metadata_params={nn.PARTITION_NAME: 'layers'})
+      x, _ = layer(**kwargs, name='layers')(x, *args)
+    else:
+      for i in range(c.num_layers(self.stack)):
+        x, _ = layer(**kwargs, name=f'layers_{i}')(x, *args)
+
+    if has_final_norm(c.placement):
+      x = Norm(c.norm, c.norm_epsilon, c.compute_dtype, name=f'{self.stack}_norm')(x)
+      x = nn.Dropout(c.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
+    return x
