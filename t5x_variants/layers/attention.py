@@ -1,7 +1,7 @@
 """Multi-head attention whose logits come from dot products, synthesizers or a mixture of them.
 
-softmax(sum_i w_i S_i(X)) G(X) with w = softmax(learned mixture weights) (Synthesizer, Eq. 6);
-S = Q K^T / sqrt(d_h) + relative position bias for ``dot_product`` (Vaswani et al. 2017, Eq. 1),
+softmax(sum_i w_i S_i(X)) G(X) with w = softmax(learned mixture weights) (Tay et al. 2021, Sec. 3);
+S = Q K^T / sqrt(d_h) + relative position bias for ``dot_product`` (Vaswani et al. 2017),
 and G(X) the shared value projection. Logits and softmax are in float32.
 
 Decoding: with ``decode=True`` keys and values live in the ``cache`` collection. The first call

@@ -1,4 +1,4 @@
-"""Position-wise feed-forward network and its GLU variants (Shazeer 2020, Eq. 1-6).
+"""Position-wise feed-forward network and its GLU variants (Shazeer 2020).
 
 FFN(x) = (act_0(x W_0) * act_1(x W_1) * ...) W_2: one activation gives the two-matrix FFN
 (ReLU, GELU, Swish), two give the gated three-matrix family (GLU, Bilinear, ReGLU, GEGLU,

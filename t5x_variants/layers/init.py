@@ -3,7 +3,7 @@
 - ``t5``: T5/T5X defaults, variance_scaling(1, fan_in) (normal for attention, truncated normal
   for the FFN and logits), multiplied by the placement's gain.
 - ``xavier``: xavier-normal, std = gain * sqrt(2 / (fan_in + fan_out)), as in the DeepNet
-  (Wang et al. 2022, Fig. 2) and Magneto (Wang et al. 2022, Alg. 1) pseudocode.
+  (Wang et al. 2022) and Magneto (Wang et al. 2022) pseudocode.
 
 Which projections receive the gain (beta for DeepNorm, gamma for Sub-LN, 1 otherwise) is decided
 by the caller: FFN weights and the value and output projections get it, query and key get 1.

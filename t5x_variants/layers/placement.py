@@ -2,8 +2,8 @@
 
 - ``post`` (Vaswani et al. 2017):        x <- LN(x + f(x))
 - ``pre``  (Xiong et al. 2020):          x <- x + f(LN(x)), final LN on the stack
-- ``deepnorm`` (DeepNet, Wang et al. 2022, Eq. 4): x <- LN(alpha * x + f(x)), with init gain beta
-- ``subln`` (Magneto, Wang et al. 2022, Eq. 2/3): x <- x + f(LN(x)) where f also has an LN before
+- ``deepnorm`` (DeepNet, Wang et al. 2022): x <- LN(alpha * x + f(x)), with init gain beta
+- ``subln`` (Magneto, Wang et al. 2022): x <- x + f(LN(x)) where f also has an LN before
   its output projection (attention ``out``, FFN ``wo``), final LN on the stack, init gain gamma.
 """
 import math
@@ -35,7 +35,7 @@ def residual(x, f: Callable, norm: Callable, placement: str, alpha: float = 1.0)
 
 
 def deepnorm_constants(architecture: str, n: int, m: int) -> Dict[str, Tuple[float, float]]:
-  """DeepNet Table 1: {stack: (alpha, beta)} for N encoder and M decoder layers."""
+  """The DeepNet paper's table: {stack: (alpha, beta)} for N encoder and M decoder layers."""
   if architecture == 'encoder_only':
     return {'encoder': ((2 * n)**0.25, (8 * n)**-0.25)}
   if architecture == 'decoder_only':

@@ -8,7 +8,7 @@ addressed by position, so full-sequence, packed and cached step-by-step calls sh
 - dense:             B = W_2 relu(W_1 x + b_1) + b_2, W_1: d x d (split over heads), W_2: d_h x l
 - random:            B = R, R: l x l per head, trained
 - fixed_random:      B = R, R: l x l per head, never trained (a stop-gradient parameter)
-- factorized_dense:  B = H_A(A) * H_B(B), A = W_A h, B = W_B h, a x b = l (Eq. 5)
+- factorized_dense:  B = H_A(A) * H_B(B), A = W_A h, B = W_B h, a x b = l
 - factorized_random: B = R_1 R_2^T, R_1, R_2: l x k per head
 """
 import functools

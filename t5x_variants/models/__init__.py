@@ -2,6 +2,8 @@
 
 Imports only jax, flax, numpy and gin.
 """
+import jax.numpy as jnp
+
 from t5x_variants.models.config import TransformerConfig
 from t5x_variants.models.decoder_only import DecoderOnly
 from t5x_variants.models.encoder_decoder import EncoderDecoder
@@ -17,3 +19,9 @@ ARCHITECTURE_CLASSES = {
 def build_model(config: TransformerConfig):
   """The Flax module of ``config.architecture``."""
   return ARCHITECTURE_CLASSES[config.architecture](config)
+
+
+def init_inputs(config: TransformerConfig, batch: int = 1):
+  """Positional token inputs of the architecture's ``__call__``, for ``init`` / ``eval_shape``."""
+  tokens = lambda stack: jnp.ones((batch, min(8, config.max_length(stack))), jnp.int32)
+  return tuple(tokens(s) for s in config.stacks)

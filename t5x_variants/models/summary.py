@@ -1,0 +1,57 @@
+"""Parameter table and variant summary of a model, built abstractly (``jax.eval_shape``: no
+weights are materialised), in the spirit of T5X's model-info.txt."""
+import math
+from typing import List, Tuple
+
+import flax.linen as nn
+import jax
+
+from t5x_variants.models import build_model, init_inputs
+from t5x_variants.models.config import TransformerConfig
+
+
+def abstract_params(config: TransformerConfig):
+  """Boxed (LogicallyPartitioned) ShapeDtypeStructs of the model's parameters."""
+  model = build_model(config)
+  variables = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), *init_inputs(config)))
+  return variables['params']
+
+
+def param_rows(params) -> List[Tuple[str, Tuple[int, ...], Tuple[str, ...], int]]:
+  """(path, shape, logical axes, count) for every parameter, sorted by path."""
+  flat, _ = jax.tree_util.tree_flatten_with_path(params, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+  rows = []
+  for path, leaf in flat:
+    name = '/'.join(str(getattr(k, 'key', k)) for k in path)
+    axes = tuple(leaf.names) if isinstance(leaf, nn.Partitioned) else ()
+    shape = tuple(nn.unbox(leaf).shape)
+    rows.append((name, shape, axes, math.prod(shape)))
+  return sorted(rows)
+
+
+def variant_summary(config: TransformerConfig) -> List[str]:
+  c = config
+  gain_name = {'deepnorm': 'beta', 'subln': 'gamma'}.get(c.placement, 'gain')
+  lines = [f'architecture: {c.architecture}',
+           f'layers: encoder={c.num_encoder_layers if "encoder" in c.stacks else 0} '
+           f'decoder={c.num_decoder_layers if "decoder" in c.stacks else 0}',
+           f'd_model={c.d_model} heads={c.num_heads} head_dim={c.head_dim} vocab={c.vocab_size}',
+           f'norm placement: {c.placement} (norm: {c.norm}, init: {c.init_scheme})']
+  for stack, (alpha, gain) in c.residual_constants().items():
+    lines.append(f'  {stack}: alpha={alpha:.6g} {gain_name}={gain:.6g}')
+  lines += [f'ffn: {c.ffn} activations={c.activations} d_ff={c.ffn_hidden_dim}',
+            f'self-attention: {"+".join(c.attention_components)} '
+            f'(cross-attention: {"dot_product" if c.architecture == "encoder_decoder" else "none"})',
+            f'execution: scan_layers={c.scan_layers} remat={c.remat} dtype={c.dtype} (params float32)']
+  return lines
+
+
+def model_info(config: TransformerConfig) -> str:
+  """The text of model-info.txt: variant summary, then one row per parameter and the total."""
+  rows = param_rows(abstract_params(config))
+  width = max(len(r[0]) for r in rows)
+  out = variant_summary(config) + ['', f'{"parameter":<{width}}  {"count":>12}  shape / logical axes']
+  for name, shape, axes, count in rows:
+    out.append(f'{name:<{width}}  {count:>12,}  {shape} {axes}')
+  out.append(f'Total number of parameters: {sum(r[3] for r in rows):,}')
+  return '\n'.join(out)
