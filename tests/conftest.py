@@ -1,0 +1,42 @@
+"""Shared helpers: tiny configs and init/apply shortcuts."""
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from t5x_variants.models import TransformerConfig, build_model
+
+TINY = dict(vocab_size=50, d_model=32, num_heads=4, head_dim=8, d_ff=64, num_encoder_layers=2,
+            num_decoder_layers=2, encoder_max_length=12, decoder_max_length=12)
+
+
+def tiny(**overrides) -> TransformerConfig:
+  return TransformerConfig(**{**TINY, **overrides})
+
+
+def tokens(batch, length, vocab=50, seed=0):
+  """Random ids in [1, vocab): no padding."""
+  return jnp.asarray(np.random.RandomState(seed).randint(1, vocab, (batch, length)), jnp.int32)
+
+
+def init_params(config, *inputs, seed=0):
+  model = build_model(config)
+  return model, nn.unbox(model.init(jax.random.PRNGKey(seed), *inputs)['params'])
+
+
+def count(tree) -> int:
+  return sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(nn.unbox(tree)))
+
+
+@pytest.fixture(autouse=True)
+def _clear_gin():
+  import gin
+  gin.clear_config()
+  yield
+  gin.clear_config()
+
+
+__all__ = ['tiny', 'tokens', 'init_params', 'count', 'dataclasses']

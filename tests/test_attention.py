@@ -1,0 +1,100 @@
+"""Relative position buckets, synthesizer formulas, mixtures and length errors."""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import tiny, tokens
+from t5x_variants.layers import synthesizer as synth
+from t5x_variants.layers.attention import Attention, resolve_components
+from t5x_variants.layers.position import relative_position_bucket
+from t5x_variants.models import build_model
+
+
+@pytest.mark.parametrize('rel,bidirectional,bucket', [
+    (0, True, 0), (-1, True, 1), (1, True, 17), (-7, True, 7), (-8, True, 8), (-16, True, 10),
+    (-200, True, 15), (200, True, 31), (5, False, 0), (-5, False, 5), (-20, False, 17),
+    (-1000, False, 31),
+])
+def test_t5_relative_position_buckets(rel, bidirectional, bucket):
+  # key_pos - query_pos = rel; 32 buckets, max distance 128 (T5 defaults), values by hand.
+  assert int(relative_position_bucket(jnp.asarray(rel), bidirectional, 32, 128)) == bucket
+
+
+def _x(b=2, l=6, d=32, seed=0):
+  return jnp.asarray(np.random.RandomState(seed).randn(b, l, d), jnp.float32)
+
+
+def _positions(l):
+  return jnp.arange(l)[None]
+
+
+def test_dense_synthesizer_formula():
+  m = synth.DenseSynthesizer(num_heads=2, head_dim=4, max_length=10, use_bias=True)
+  x, pos = _x(d=8), _positions(6)
+  p = nn.unbox(m.init(jax.random.PRNGKey(0), x, pos, pos)['params'])
+  p = jax.tree_util.tree_map(lambda v: v + 0.1, p)  # nonzero biases
+  w1, b1 = p['hidden']['w1']['kernel'], p['hidden']['w1']['bias']
+  w2, b2 = p['w2']['kernel'], p['w2']['bias']
+  h = np.maximum(np.einsum('bld,dhk->blhk', x, w1) + b1, 0)
+  want = (np.einsum('blhk,hkm->bhlm', h, w2) + b2[None, :, None, :])[..., :6]
+  np.testing.assert_allclose(m.apply({'params': p}, x, pos, pos), want, rtol=1e-5, atol=1e-5)
+
+
+def test_factorized_dense_is_an_outer_product_over_a_times_b():
+  m = synth.FactorizedDenseSynthesizer(num_heads=2, head_dim=4, max_length=12, factor=3)
+  x, pos = _x(d=8, l=12), _positions(12)
+  p = nn.unbox(m.init(jax.random.PRNGKey(0), x, pos, pos)['params'])
+  h = np.maximum(np.einsum('bld,dhk->blhk', x, p['hidden']['w1']['kernel']), 0)
+  a = np.einsum('blhk,hkm->bhlm', h, p['w_a']['kernel'])  # (..., 3)
+  b = np.einsum('blhk,hkm->bhlm', h, p['w_b']['kernel'])  # (..., 4)
+  want = (b[..., :, None] * a[..., None, :]).reshape(a.shape[:-1] + (12,))  # j = a_idx + 3 * b_idx
+  np.testing.assert_allclose(m.apply({'params': p}, x, pos, pos), want, rtol=1e-5, atol=1e-6)
+
+
+def test_random_synthesizers_index_r_by_position_and_fixed_gets_no_gradient():
+  for fixed in (False, True):
+    m = synth.RandomSynthesizer(num_heads=2, max_length=8, fixed=fixed)
+    x, q, k = _x(l=3), jnp.asarray([[2, 3, 5]]), jnp.asarray([[0, 1, 4, 7]])
+    p = nn.unbox(m.init(jax.random.PRNGKey(0), x, q, k)['params'])
+    r = np.asarray(p['random_logits'])
+    np.testing.assert_allclose(m.apply({'params': p}, x, q, k)[0], r[:, [2, 3, 5]][:, :, [0, 1, 4, 7]])
+    g = jax.grad(lambda p: m.apply({'params': p}, x, q, k).sum())(p)
+    assert (np.abs(np.asarray(g['random_logits'])).sum() == 0) == fixed
+  m = synth.FactorizedRandomSynthesizer(num_heads=2, max_length=8, rank=3)
+  p = nn.unbox(m.init(jax.random.PRNGKey(0), x, q, k)['params'])
+  r1, r2 = np.asarray(p['random_factor_1']), np.asarray(p['random_factor_2'])
+  want = np.einsum('hqr,hkr->hqk', r1[:, [2, 3, 5]], r2[:, [0, 1, 4, 7]])
+  np.testing.assert_allclose(m.apply({'params': p}, x, q, k)[0], want, rtol=1e-5, atol=1e-6)
+
+
+def test_mixture_is_softmax_weighted_sum_of_logits():
+  """softmax(w_1 S_1 + w_2 S_2) V with w = softmax(mixture_weights) (Synthesizer R+V)."""
+  att = Attention(num_heads=2, head_dim=4, components=('random', 'dot_product'), max_length=6)
+  x, pos = _x(d=8), _positions(6)
+  p = nn.unbox(att.init(jax.random.PRNGKey(0), x, x, pos, pos)['params'])
+  p['mixture_weights'] = jnp.asarray([0.3, -0.5])
+  w = np.exp([0.3, -0.5]) / np.exp([0.3, -0.5]).sum()
+  q = np.einsum('bld,dhk->blhk', x, p['query']['kernel'])
+  k = np.einsum('bld,dhk->blhk', x, p['key']['kernel'])
+  v = np.einsum('bld,dhk->blhk', x, p['value']['kernel'])
+  s = w[0] * np.asarray(p['random']['random_logits'])[None] + w[1] * np.einsum('bqhd,bkhd->bhqk', q, k) / 2.0
+  a = np.exp(s - s.max(-1, keepdims=True))
+  y = np.einsum('bhqk,bkhd->bqhd', a / a.sum(-1, keepdims=True), v)
+  want = np.einsum('bqhd,hdo->bqo', y, p['out']['kernel'])
+  np.testing.assert_allclose(att.apply({'params': p}, x, x, pos, pos), want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize('variant', synth.SYNTHESIZERS)
+def test_sequence_longer_than_synthesizer_length_is_an_error(variant):
+  c = tiny(architecture='encoder_only', self_attention=variant, encoder_max_length=6)
+  with pytest.raises(ValueError, match='exceeds the synthesizer maximum length 6'):
+    build_model(c).init(jax.random.PRNGKey(0), tokens(1, 7))
+
+
+def test_invalid_attention_names():
+  with pytest.raises(ValueError, match='dot_product, dense, random'):
+    resolve_components('linformer')
+  with pytest.raises(ValueError, match='distinct'):
+    resolve_components(('dense', 'dense'))

@@ -1,0 +1,178 @@
+"""Architecture-level equivalences: causality, cached decoding, packing, scan vs unrolled, remat,
+dropout, bf16 and a very deep scanned model."""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import count, init_params, tiny, tokens
+from t5x_variants.layers.synthesizer import SYNTHESIZERS
+
+VARIANTS = ['dot_product', *SYNTHESIZERS, ('random', 'dense', 'dot_product')]
+L = 8
+
+
+def _ids(v):
+  return v if isinstance(v, str) else '+'.join(v)
+
+
+@pytest.mark.parametrize('variant', VARIANTS, ids=_ids)
+@pytest.mark.parametrize('arch', ['decoder_only', 'encoder_decoder'])
+def test_changing_future_tokens_leaves_earlier_outputs_unchanged(arch, variant):
+  c = tiny(architecture=arch, self_attention=variant, decoder_max_length=L)
+  enc = (tokens(2, 5, seed=3),) if arch == 'encoder_decoder' else ()
+  dec = tokens(2, L)
+  model, params = init_params(c, *enc, dec)
+  t = 4
+  changed = dec.at[:, t:].set(tokens(2, L - t, seed=9))
+  a = model.apply({'params': params}, *enc, dec)
+  b = model.apply({'params': params}, *enc, changed)
+  np.testing.assert_allclose(a[:, :t], b[:, :t], rtol=1e-5, atol=1e-5)
+  assert not np.allclose(a[:, t:], b[:, t:])  # the future does change later outputs
+
+
+def _decode_stepwise(model, params, enc, dec):
+  """Feeds dec one token at a time through the cache; returns the stacked logits."""
+  cache = model.init(jax.random.PRNGKey(1), *enc, dec, decode=True)['cache']
+  if enc:
+    encoded = model.apply({'params': params}, enc[0], method=model.encode)
+    fn = lambda p, cache, tok: model.apply({'params': p, 'cache': cache}, encoded, enc[0], tok,
+                                           decode=True, method=model.decode, mutable=['cache'])
+  else:
+    fn = lambda p, cache, tok: model.apply({'params': p, 'cache': cache}, tok, decode=True,
+                                           mutable=['cache'])
+  step = jax.jit(fn)
+  out = []
+  for i in range(dec.shape[1]):
+    logits, mutated = step(params, cache, dec[:, i:i + 1])
+    cache = mutated['cache']
+    out.append(logits[:, 0])
+  return jnp.stack(out, axis=1)
+
+
+@pytest.mark.parametrize('variant', VARIANTS, ids=_ids)
+@pytest.mark.parametrize('arch', ['decoder_only', 'encoder_decoder'])
+def test_cached_decoding_equals_full_forward(arch, variant):
+  c = tiny(architecture=arch, self_attention=variant, decoder_max_length=L, placement='subln')
+  enc = (tokens(2, 5, seed=3),) if arch == 'encoder_decoder' else ()
+  dec = tokens(2, L)
+  model, params = init_params(c, *enc, dec)
+  full = model.apply({'params': params}, *enc, dec)
+  np.testing.assert_allclose(_decode_stepwise(model, params, enc, dec), full, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize('placement', ['post', 'deepnorm'])
+def test_cached_decoding_other_placements_unrolled(placement):
+  c = tiny(architecture='decoder_only', placement=placement, scan_layers=False, decoder_max_length=L)
+  dec = tokens(2, L)
+  model, params = init_params(c, dec)
+  np.testing.assert_allclose(_decode_stepwise(model, params, (), dec),
+                             model.apply({'params': params}, dec), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize('variant', VARIANTS, ids=_ids)
+def test_packed_segments_equal_separate_sequences(variant):
+  """Two sequences packed in one row (segment ids, restarting positions) give the same logits
+  as each run alone: masks and position-addressed synthesizers respect segments."""
+  c = tiny(architecture='decoder_only', self_attention=variant, decoder_max_length=L)
+  a, b = tokens(1, 5, seed=1), tokens(1, 3, seed=2)
+  model, params = init_params(c, a)
+  packed = model.apply({'params': params}, jnp.concatenate([a, b], 1),
+                       decoder_segment_ids=jnp.asarray([[1] * 5 + [2] * 3]),
+                       decoder_positions=jnp.asarray([[0, 1, 2, 3, 4, 0, 1, 2]]))
+  np.testing.assert_allclose(packed[:, :5], model.apply({'params': params}, a), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(packed[:, 5:], model.apply({'params': params}, b), rtol=1e-5, atol=1e-5)
+
+
+def test_encoder_padding_does_not_change_outputs():
+  c = tiny()
+  enc, dec = tokens(2, 5, seed=3), tokens(2, 6)
+  model, params = init_params(c, enc, dec)
+  padded = jnp.concatenate([enc, jnp.zeros((2, 4), jnp.int32)], 1)
+  np.testing.assert_allclose(model.apply({'params': params}, padded, dec),
+                             model.apply({'params': params}, enc, dec), rtol=1e-5, atol=1e-5)
+
+
+def _unstack_layers(tree, n):
+  out = {}
+  for k, v in tree.items():
+    if k == 'layers':
+      out.update({f'layers_{i}': jax.tree_util.tree_map(lambda a: a[i], v) for i in range(n)})
+    else:
+      out[k] = _unstack_layers(v, n) if isinstance(v, dict) else v
+  return out
+
+
+@pytest.mark.parametrize('arch', ['encoder_decoder', 'decoder_only', 'encoder_only'])
+def test_scan_and_unrolled_give_the_same_outputs(arch):
+  kw = dict(architecture=arch, num_encoder_layers=3, num_decoder_layers=3, placement='deepnorm',
+            self_attention=('dense', 'dot_product'))
+  inputs = [tokens(2, 6, seed=s) for s in range(2 if arch == 'encoder_decoder' else 1)]
+  scanned, params = init_params(tiny(**kw), *inputs)
+  unrolled, own = init_params(tiny(scan_layers=False, **kw), *inputs)
+  converted = _unstack_layers(params, 3)
+  assert jax.tree_util.tree_structure(converted) == jax.tree_util.tree_structure(own)
+  assert count(converted) == count(own)
+  np.testing.assert_allclose(unrolled.apply({'params': converted}, *inputs),
+                             scanned.apply({'params': params}, *inputs), rtol=1e-5, atol=1e-5)
+
+
+def _loss_and_grads(config, params, inputs):
+  from t5x_variants.models import build_model
+  model = build_model(config)
+  loss = lambda p: jnp.mean(jax.nn.log_softmax(model.apply({'params': p}, *inputs))[..., 3])
+  return jax.value_and_grad(loss)(params)
+
+
+@pytest.mark.parametrize('scan', [True, False])
+def test_remat_leaves_values_and_gradients_unchanged(scan):
+  inputs = (tokens(2, 6, seed=1), tokens(2, 6, seed=2))
+  _, params = init_params(tiny(scan_layers=scan), *inputs)
+  ref_loss, ref_grads = _loss_and_grads(tiny(scan_layers=scan), params, inputs)
+  for policy in ('minimal', 'full'):
+    loss, grads = _loss_and_grads(tiny(scan_layers=scan, remat=policy), params, inputs)
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
+                           grads, ref_grads)
+
+
+def test_dropout_is_active_only_when_enabled():
+  c = tiny(dropout_rate=0.3)
+  inputs = (tokens(2, 6, seed=1), tokens(2, 6, seed=2))
+  model, params = init_params(c, *inputs)
+  det = model.apply({'params': params}, *inputs)
+  np.testing.assert_array_equal(det, model.apply({'params': params}, *inputs))
+  drop = model.apply({'params': params}, *inputs, enable_dropout=True,
+                     rngs={'dropout': jax.random.PRNGKey(0)})
+  assert not np.allclose(drop, det)
+
+
+def test_bfloat16_compute_keeps_float32_params_and_logits():
+  inputs = (tokens(2, 6, seed=1), tokens(2, 6, seed=2))
+  model32, params = init_params(tiny(), *inputs)
+  model16, params16 = init_params(tiny(dtype='bfloat16'), *inputs)
+  assert all(p.dtype == jnp.float32 for p in jax.tree_util.tree_leaves(params16))
+  out16 = model16.apply({'params': params}, *inputs)
+  out32 = model32.apply({'params': params}, *inputs)
+  assert out16.dtype == jnp.float32
+  np.testing.assert_allclose(out16, out32, atol=0.1 * float(np.abs(out32).max()))
+
+
+def test_tied_embeddings_share_the_table():
+  inputs = (tokens(1, 4, seed=1), tokens(1, 4, seed=2))
+  _, params = init_params(tiny(tie_embeddings=True), *inputs)
+  assert 'logits_dense' not in params
+
+
+def test_deep_scanned_deepnorm_model_runs_forward_and_backward():
+  """200 + 200 layers: scan compiles one layer body per stack."""
+  c = tiny(d_model=16, num_heads=2, head_dim=8, d_ff=32, vocab_size=32, num_encoder_layers=200,
+           num_decoder_layers=200, placement='deepnorm', init_scheme='xavier', norm='layernorm')
+  inputs = (tokens(2, 8, vocab=32, seed=1), tokens(2, 8, vocab=32, seed=2))
+  _, params = init_params(c, *inputs)
+  assert params['encoder']['layers']['mlp']['wi']['kernel'].shape == (200, 16, 32)
+  loss, grads = jax.jit(lambda p: _loss_and_grads(c, p, inputs))(params)
+  assert np.isfinite(float(loss))
+  assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree_util.tree_leaves(grads))
+  assert float(np.abs(np.asarray(grads['encoder']['layers']['mlp']['wi']['kernel'][0])).sum()) > 0

@@ -1,0 +1,79 @@
+"""Parameter counts equal closed-form formulas, built abstractly (no weights materialised)."""
+import pytest
+
+from conftest import count, tiny
+from t5x_variants.models import TransformerConfig
+from t5x_variants.models.summary import abstract_params
+
+
+def t5_count(d, h, dh, f, v, n, m, n_ffn_in=1, tied=False, buckets=32):
+  """T5 v1.1-style encoder-decoder, RMSNorm, no biases: the count written out by hand."""
+  attn = 4 * d * h * dh
+  ffn = (n_ffn_in + 1) * d * f
+  enc = n * (attn + ffn + 2 * d) + h * buckets + d
+  dec = m * (2 * attn + ffn + 3 * d) + h * buckets + d
+  return v * d + enc + dec + (0 if tied else d * v)
+
+
+def test_t5_base_matches_the_published_count():
+  # The original T5-base (tied logits, ReLU, d_ff 3072) has 222,903,552 parameters.
+  c = TransformerConfig(tie_embeddings=True)
+  assert count(abstract_params(c)) == 222_903_552 == t5_count(768, 12, 64, 3072, 32128, 12, 12, tied=True)
+
+
+def test_t5_base_relu_3072_equals_geglu_2048():
+  relu = count(abstract_params(TransformerConfig(ffn='relu', d_ff=3072)))
+  geglu = count(abstract_params(TransformerConfig(ffn='geglu', d_ff=3072, d_ff_glu=2048)))
+  assert relu == geglu == t5_count(768, 12, 64, 3072, 32128, 12, 12)
+  assert count(abstract_params(TransformerConfig(ffn='swiglu', d_ff=3072))) == relu  # 2/3 default
+
+
+@pytest.mark.parametrize('arch', ['decoder_only', 'encoder_only'])
+def test_single_stack_counts(arch):
+  c = tiny(architecture=arch, num_encoder_layers=3, num_decoder_layers=3)
+  d, f, v = c.d_model, c.d_ff, c.vocab_size
+  layer = 4 * d * d + 2 * d * f + 2 * d
+  expected = v * d + 3 * layer + c.num_heads * 32 + d + d * v
+  if arch == 'encoder_only':
+    expected += d * d + d  # MLM transform and its norm
+  assert count(abstract_params(c)) == expected
+
+
+def test_layernorm_biases_subln_norms_and_dense_biases():
+  base = tiny(architecture='decoder_only', num_decoder_layers=1)
+  d, f, v, hd = base.d_model, base.d_ff, base.vocab_size, base.num_heads * base.head_dim
+  plain = count(abstract_params(base))
+  assert count(abstract_params(tiny(architecture='decoder_only', num_decoder_layers=1,
+                                    norm='layernorm'))) == plain + 3 * d
+  # Sub-LN: one extra norm over the attention output (heads * head_dim) and one over d_ff.
+  assert count(abstract_params(tiny(architecture='decoder_only', num_decoder_layers=1,
+                                    placement='subln'))) == plain + hd + f
+  # Post-LN / DeepNorm: no final stack norm.
+  assert count(abstract_params(tiny(architecture='decoder_only', num_decoder_layers=1,
+                                    placement='post'))) == plain - d
+  # Biases on q, k, v (heads * head_dim each), out (d), wi (f), wo (d); logits stay bias-free.
+  assert count(abstract_params(tiny(architecture='decoder_only', num_decoder_layers=1,
+                                    use_bias=True))) == plain + 3 * hd + d + f + d
+
+
+L, K = 12, 8
+
+
+@pytest.mark.parametrize('variant,synth_params', [
+    ('dot_product', lambda d, h: 2 * d * d),                   # W_Q, W_K
+    ('dense', lambda d, h: d * d + d * L),                      # paper: d^2 + d l
+    ('random', lambda d, h: h * L * L),                         # paper: l^2 per head
+    ('fixed_random', lambda d, h: h * L * L),                   # stored, never trained
+    ('factorized_dense', lambda d, h: d * d + d * (3 + 4)),     # paper: d^2 + d(a + b), a*b = l
+    ('factorized_random', lambda d, h: h * 2 * L * K),          # paper: 2 l k per head
+    (('random', 'dot_product'), lambda d, h: h * L * L + 2 * d * d + 2),  # R+V, 2 mixture weights
+    (('dense', 'random', 'dot_product'), lambda d, h: d * d + d * L + h * L * L + 2 * d * d + 3),
+])
+def test_synthesizer_counts_follow_the_paper_table(variant, synth_params):
+  c = tiny(architecture='encoder_only', num_encoder_layers=1, self_attention=variant,
+           encoder_max_length=L, synthesizer_rank=K)
+  params = abstract_params(c)
+  d, h = c.d_model, c.num_heads
+  # Every variant shares the value and output projections G(X) (2 d^2).
+  assert count(params['encoder']['layers']['self_attention']) == synth_params(d, h) + 2 * d * d
+  assert ('relpos_bias' in params['encoder']) == ('dot_product' in c.attention_components)
