@@ -24,7 +24,13 @@ def tokens(batch, length, vocab=50, seed=0):
 
 def init_params(config, *inputs, seed=0):
   model = build_model(config)
-  return model, nn.unbox(model.init(jax.random.PRNGKey(seed), *inputs)['params'])
+  variables = jax.jit(model.init)(jax.random.PRNGKey(seed), *inputs)
+  return model, nn.unbox(variables['params'])
+
+
+def jit_apply(model, **static):
+  """model.apply compiled once (eager Flax dispatches op by op, which is slow on 2 cores)."""
+  return jax.jit(lambda variables, *args: model.apply(variables, *args, **static))
 
 
 def count(tree) -> int:
@@ -39,4 +45,4 @@ def _clear_gin():
   gin.clear_config()
 
 
-__all__ = ['tiny', 'tokens', 'init_params', 'count', 'dataclasses']
+__all__ = ['tiny', 'tokens', 'init_params', 'jit_apply', 'count', 'dataclasses']

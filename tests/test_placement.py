@@ -52,13 +52,16 @@ def test_pre_and_post_have_unit_constants_and_gin_overrides_apply():
   assert consts['encoder'][1] == pytest.approx(0.87 * (2**4 * 2)**(-1 / 16))
 
 
-def test_xavier_init_std_matches_the_gains():
-  """xavier-normal std = gain * sqrt(2 / (fan_in + fan_out)): gain beta on FFN, value and output
-  projections (cross-attention too, with the decoder's beta); gain 1 on query and key."""
+@pytest.mark.parametrize('placement', ['deepnorm', 'subln'])
+def test_xavier_init_std_matches_the_gains(placement):
+  """xavier-normal std = gain * sqrt(2 / (fan_in + fan_out)): gain beta (DeepNorm) or gamma
+  (Sub-LN) on FFN, value and output projections (cross-attention too, with the decoder's gain);
+  gain 1 on query and key."""
   c = tiny(d_model=256, num_heads=4, head_dim=64, d_ff=1024, vocab_size=16, num_encoder_layers=6,
-           num_decoder_layers=6, placement='deepnorm', init_scheme='xavier')
+           num_decoder_layers=6, placement=placement, init_scheme='xavier')
   model, params = init_params(c, jnp.ones((1, 4), jnp.int32), jnp.ones((1, 4), jnp.int32))
   consts = c.residual_constants()
+  assert consts == residual_constants(placement, 'encoder_decoder', 6, 6)
   xavier = lambda fi, fo: math.sqrt(2 / (fi + fo))
   checks = [
       ('encoder', ('self_attention', 'query'), 1.0, xavier(256, 256)),

@@ -1,0 +1,88 @@
+"""Every gin file parses and builds; t5xv-info reports the model; bad gin input fails clearly."""
+import glob
+import os
+
+import gin
+import pytest
+
+from conftest import count
+from t5x_variants import gin_utils, info
+from t5x_variants.models.summary import abstract_params, param_rows
+
+GIN_DIR = os.path.join(os.path.dirname(gin_utils.__file__), 'gin')
+ALL_GIN = sorted(os.path.relpath(p, os.path.dirname(GIN_DIR))
+                 for p in glob.glob(os.path.join(GIN_DIR, '**', '*.gin'), recursive=True))
+
+
+def test_the_repo_gin_folder_is_the_package_one():
+  repo_gin = os.path.join(os.path.dirname(__file__), '..', 'gin')
+  if os.path.exists(repo_gin):
+    assert os.path.samefile(repo_gin, GIN_DIR)
+  assert len(ALL_GIN) >= 30
+
+
+@pytest.mark.parametrize('path', ALL_GIN)
+def test_every_gin_file_parses_and_builds(path):
+  # Size files build as they are (abstractly); variant files on top of the tiny size.
+  files = [path] if path.startswith('gin/models/') else ['gin/models/t5_tiny.gin', path]
+  gin_utils.parse_gin(files, [])
+  config = gin_utils.build_config()
+  assert count(abstract_params(config)) > 0
+
+
+@pytest.mark.parametrize('arch', ['encoder_decoder', 'decoder_only', 'encoder_only'])
+def test_variant_files_compose(arch):
+  gin_utils.parse_gin(['gin/models/t5_tiny.gin', f'gin/architectures/{arch}.gin',
+                       'gin/variants/norm/subln.gin', 'gin/variants/norm/layernorm.gin',
+                       'gin/variants/ffn/swiglu.gin', 'gin/variants/attention/synth_random_plus_v.gin'],
+                      ['TransformerConfig.encoder_max_length = 64', 'TransformerConfig.decoder_max_length = 64'])
+  c = gin_utils.build_config()
+  assert (c.architecture, c.placement, c.norm, c.init_scheme, c.activations, c.attention_components) == (
+      arch, 'subln', 'layernorm', 'xavier', ('swish', 'linear'), ('random', 'dot_product'))
+  assert c.ffn_hidden_dim == 128  # t5_tiny's d_ff_glu
+
+
+def test_base_geglu_uses_d_ff_2048_and_relu_3072():
+  for ffn, width in (('relu', 3072), ('geglu', 2048)):
+    gin.clear_config()
+    gin_utils.parse_gin(['gin/models/t5_base.gin', f'gin/variants/ffn/{ffn}.gin'], [])
+    assert gin_utils.build_config().ffn_hidden_dim == width
+
+
+def test_t5xv_info_prints_table_constants_and_total(capsys):
+  code = info.main(['--gin_file=gin/models/t5_tiny.gin', '--gin_file=gin/variants/norm/deepnorm.gin',
+                    '--gin.TransformerConfig.decoder_gain=0.5'])
+  out = capsys.readouterr().out
+  assert code == 0
+  gin.clear_config()
+  gin_utils.parse_gin(['gin/models/t5_tiny.gin', 'gin/variants/norm/deepnorm.gin'],
+                      ['TransformerConfig.decoder_gain = 0.5'])
+  config = gin_utils.build_config()
+  rows = param_rows(abstract_params(config))
+  alpha, beta = config.residual_constants()['encoder']
+  assert f'encoder: alpha={alpha:.6g} beta={beta:.6g}' in out
+  assert 'decoder: alpha=1.56508 beta=0.5' in out  # alpha = (3M)^(1/4), M = 2; gain overridden
+  assert f'Total number of parameters: {sum(r[3] for r in rows):,}' in out
+  assert "encoder/layers/mlp/wi/kernel" in out and "('layers', 'embed', 'mlp')" in out
+  assert all(axes for _, _, axes, _ in rows)  # every parameter has logical axis names
+
+
+@pytest.mark.parametrize('argv,message', [
+    (['--gin.TransformerConfig.d_modl=8'], "doesn't have a parameter named 'd_modl'"),
+    (['--gin.TransformerConfig.d_modl=8'], 'Valid parameters: architecture'),
+    (['--gin.Transformer.d_model=8'], "No configurable matching 'Transformer'"),
+    (["--gin.TransformerConfig.placement='prenorm'"], "unknown placement 'prenorm'; valid: post, pre, deepnorm, subln"),
+    (["--gin.TransformerConfig.self_attention='synth'"], 'invalid self_attention'),
+    (["--gin.TransformerConfig.norm='batchnorm'"], 'valid: rmsnorm, layernorm'),
+    (['--gin_file=gin/variants/ffn/nope.gin'], 'cannot read gin file'),
+])
+def test_bad_gin_input_fails_with_one_clear_message(argv, message, capsys):
+  assert info.main(['--gin_file=gin/models/t5_tiny.gin', *argv]) == 2
+  err = capsys.readouterr().err
+  assert message in err and 'Traceback' not in err
+
+
+def test_gin_files_resolve_from_any_working_directory(tmp_path, monkeypatch, capsys):
+  monkeypatch.chdir(tmp_path)
+  assert info.main(['--gin_file=gin/models/t5_tiny.gin']) == 0
+  assert 'Total number of parameters' in capsys.readouterr().out
