@@ -86,3 +86,25 @@ def test_gin_files_resolve_from_any_working_directory(tmp_path, monkeypatch, cap
   monkeypatch.chdir(tmp_path)
   assert info.main(['--gin_file=gin/models/t5_tiny.gin']) == 0
   assert 'Total number of parameters' in capsys.readouterr().out
+
+
+def test_variant_counts_script_all_ffns_match_at_tiny_and_base():
+  import importlib.util
+  path = os.path.join(os.path.dirname(__file__), '..', 'scripts', 'variant_counts.py')
+  spec = importlib.util.spec_from_file_location('variant_counts', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  for size in ('t5_tiny', 't5_base'):
+    rows = module.variant_counts([f'gin/models/{size}.gin'])
+    ffn_counts = {total for axis, _, total in rows if axis == 'ffn'}
+    assert len(ffn_counts) == 1 and len(rows) == 14
+
+
+def test_console_entry_point_runs():
+  import subprocess
+  import sys
+  out = subprocess.run([sys.executable, '-m', 't5x_variants.info', '--gin_file=gin/models/t5_tiny.gin'],
+                       capture_output=True, text=True, check=True).stdout
+  assert 'Total number of parameters: 4,310,016' in out  # t5_tiny, by the closed form below
+  from test_param_counts import t5_count
+  assert t5_count(64, 4, 16, 192, 32128, 2, 2) == 4_310_016

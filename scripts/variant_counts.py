@@ -1,0 +1,40 @@
+"""Prints a markdown table of parameter counts for every FFN and self-attention variant of one
+model size (abstract build, nothing materialised).
+
+  python scripts/variant_counts.py --gin_file=gin/models/t5_base.gin
+"""
+import argparse
+import sys
+
+import gin
+
+from t5x_variants import gin_utils
+from t5x_variants.layers.attention import ATTENTION_COMPONENTS
+from t5x_variants.layers.ffn import FFN_VARIANTS
+from t5x_variants.models.summary import abstract_params, param_rows
+
+
+def variant_counts(gin_files, bindings=()):
+  """[(axis, variant, total parameters)] for each FFN and each single self-attention variant."""
+  rows = []
+  for axis, field, names in (('ffn', 'ffn', FFN_VARIANTS), ('self-attention', 'self_attention',
+                                                             ATTENTION_COMPONENTS)):
+    for name in names:
+      gin.clear_config()
+      gin_utils.parse_gin(gin_files, [*bindings, f"TransformerConfig.{field} = '{name}'"])
+      total = sum(r[3] for r in param_rows(abstract_params(gin_utils.build_config())))
+      rows.append((axis, name, total))
+  return rows
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  gin_utils.add_gin_flags(parser)
+  args = gin_utils.parse_args(parser, sys.argv[1:] if argv is None else argv)
+  print('| axis | variant | parameters |\n|---|---|---:|')
+  for axis, name, total in variant_counts(args.gin_file, args.gin_bindings):
+    print(f'| {axis} | {name} | {total:,} |')
+
+
+if __name__ == '__main__':
+  main()
