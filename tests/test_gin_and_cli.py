@@ -59,9 +59,10 @@ def test_t5xv_info_prints_table_constants_and_total(capsys):
                       ['TransformerConfig.decoder_gain = 0.5'])
   config = gin_utils.build_config()
   rows = param_rows(abstract_params(config))
-  alpha, beta = config.residual_constants()['encoder']
-  assert f'encoder: alpha={alpha:.6g} beta={beta:.6g}' in out
-  assert 'decoder: alpha=1.56508 beta=0.5' in out  # alpha = (3M)^(1/4), M = 2; gain overridden
+  # N = M = 2: encoder alpha = 0.81 (N^4 M)^(1/16), beta = 0.87 (N^4 M)^(-1/16); decoder alpha =
+  # (3M)^(1/4) with its gain overridden by the binding.
+  assert 'encoder: alpha=1.0059 beta=0.700563' in out
+  assert 'decoder: alpha=1.56508 beta=0.5' in out
   assert f'Total number of parameters: {sum(r[3] for r in rows):,}' in out
   assert "encoder/layers/mlp/wi/kernel" in out and "('layers', 'embed', 'mlp')" in out
   assert all(axes for _, _, axes, _ in rows)  # every parameter has logical axis names
@@ -103,7 +104,8 @@ def test_variant_counts_script_all_ffns_match_at_tiny_and_base():
 def test_console_entry_point_runs():
   import subprocess
   import sys
-  out = subprocess.run([sys.executable, '-m', 't5x_variants.info', '--gin_file=gin/models/t5_tiny.gin'],
+  script = os.path.join(os.path.dirname(sys.executable), 't5xv-info')  # installed by pip
+  out = subprocess.run([script, '--gin_file=gin/models/t5_tiny.gin'],
                        capture_output=True, text=True, check=True).stdout
   assert 'Total number of parameters: 4,310,016' in out  # t5_tiny, by the closed form below
   from test_param_counts import t5_count

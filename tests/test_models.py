@@ -89,14 +89,47 @@ def test_packed_segments_equal_separate_sequences(variant):
   np.testing.assert_allclose(packed[:, 5:], apply({'params': params}, b), rtol=1e-5, atol=1e-5)
 
 
-def test_encoder_padding_does_not_change_outputs():
-  c = tiny()
+def test_restarting_positions_without_segment_ids_do_not_open_the_future():
+  """The causal mask follows token order, not position values."""
+  c = tiny(architecture='decoder_only', decoder_max_length=L)
+  dec = tokens(1, L)
+  model, params = init_params(c, dec)
+  positions = jnp.asarray([[0, 1, 2, 3, 4, 0, 1, 2]])
+  apply = jit_apply(model)
+  a = apply({'params': params}, dec, None, positions)
+  b = apply({'params': params}, dec.at[:, 6].set(7), None, positions)
+  np.testing.assert_allclose(a[:, :6], b[:, :6], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize('arch', ['encoder_decoder', 'encoder_only'])
+def test_encoder_padding_does_not_change_outputs(arch):
   enc, dec = tokens(2, 5, seed=3), tokens(2, 6)
-  model, params = init_params(c, enc, dec)
+  rest = (dec,) if arch == 'encoder_decoder' else ()
+  model, params = init_params(tiny(architecture=arch), enc, *rest)
   padded = jnp.concatenate([enc, jnp.zeros((2, 4), jnp.int32)], 1)
   apply = jit_apply(model)
-  np.testing.assert_allclose(apply({'params': params}, padded, dec),
-                             apply({'params': params}, enc, dec), rtol=1e-5, atol=1e-5)
+  a, b = apply({'params': params}, padded, *rest), apply({'params': params}, enc, *rest)
+  if arch == 'encoder_only':
+    a = a[:, :5]
+  np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_decoding_with_a_padded_encoder_input_equals_full_forward():
+  c = tiny(decoder_max_length=L)
+  enc = tokens(2, 7, seed=3).at[1, 4:].set(0)
+  dec = tokens(2, L)
+  model, params = init_params(c, enc, dec)
+  np.testing.assert_allclose(_decode_stepwise(model, params, (enc,), dec),
+                             jit_apply(model)({'params': params}, enc, dec), rtol=1e-4, atol=1e-4)
+
+
+def test_a_cached_decode_step_takes_one_token():
+  c = tiny(architecture='decoder_only', decoder_max_length=L)
+  dec = tokens(2, L)
+  model, params = init_params(c, dec)
+  cache = model.init(jax.random.PRNGKey(1), dec, decode=True)['cache']
+  with pytest.raises(ValueError, match='one token per step, got 2'):
+    model.apply({'params': params, 'cache': cache}, dec[:, :2], decode=True, mutable=['cache'])
 
 
 def _unstack_layers(tree, n):
@@ -155,6 +188,22 @@ def test_dropout_is_active_only_when_enabled():
   assert not np.allclose(a, det) and not np.allclose(a, b)
 
 
+def test_bfloat16_output_logits_and_synthesizer_logits_are_float32():
+  """The vocabulary projection and the attention logits are computed in float32, not rounded
+  through bfloat16 first."""
+  inputs = (tokens(2, 6, seed=1), tokens(2, 6, seed=2))
+  model, params = init_params(tiny(dtype='bfloat16'), *inputs)
+  x = jnp.asarray(np.random.RandomState(0).randn(2, 3, 32), jnp.float32)
+  logits = model.apply({'params': params}, x, method=lambda m, h: m.logits(h))
+  np.testing.assert_allclose(logits, np.asarray(x, np.float64) @ np.asarray(params['logits_dense']['kernel']),
+                             rtol=1e-5, atol=1e-5)
+  from t5x_variants.layers.synthesizer import FactorizedRandomSynthesizer, RandomSynthesizer
+  pos = jnp.arange(3)[None]
+  for m in (RandomSynthesizer(2, 4), FactorizedRandomSynthesizer(2, 4, 2)):
+    out, _ = m.init_with_output(jax.random.PRNGKey(0), x.astype(jnp.bfloat16), pos, pos)
+    assert out.dtype == jnp.float32
+
+
 def test_bfloat16_compute_keeps_float32_params_and_logits():
   inputs = (tokens(2, 6, seed=1), tokens(2, 6, seed=2))
   model32, params = init_params(tiny(), *inputs)
@@ -166,10 +215,14 @@ def test_bfloat16_compute_keeps_float32_params_and_logits():
   np.testing.assert_allclose(out16, out32, atol=0.1 * float(np.abs(out32).max()))
 
 
-def test_tied_embeddings_share_the_table():
+def test_tied_logits_are_x_times_embedding_transpose_over_sqrt_d():
   inputs = (tokens(1, 4, seed=1), tokens(1, 4, seed=2))
-  _, params = init_params(tiny(tie_embeddings=True), *inputs)
+  model, params = init_params(tiny(tie_embeddings=True), *inputs)
   assert 'logits_dense' not in params
+  x = np.random.RandomState(0).randn(1, 3, 32).astype(np.float32)
+  want = x @ np.asarray(params['token_embedder']['embedding']).T / np.sqrt(32)
+  np.testing.assert_allclose(model.apply({'params': params}, x, method=lambda m, h: m.logits(h)),
+                             want, rtol=1e-5, atol=1e-5)
 
 
 def test_deep_scanned_deepnorm_model_runs_forward_and_backward():

@@ -32,9 +32,10 @@ def resolve_components(self_attention) -> Tuple[str, ...]:
   return comps
 
 
-def causal_mask(q_positions, k_positions):
-  """(batch|1, 1, q_len, k_len): key position <= query position."""
-  return (k_positions[:, None, :] <= q_positions[:, :, None])[:, None]
+def causal_mask(q_index, k_index):
+  """(batch|1, 1, q_len, k_len): key index <= query index. Indices are token order in the row,
+  not position values, so restarting positions in a packed row cannot open the future."""
+  return (k_index[:, None, :] <= q_index[:, :, None])[:, None]
 
 
 def pair_mask(q_valid, k_valid):

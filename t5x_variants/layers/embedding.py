@@ -20,5 +20,5 @@ class Embed(nn.Module):
     return jnp.take(self.embedding, ids, axis=0).astype(self.dtype)
 
   def attend(self, x):
-    """x E^T: logits over the vocabulary."""
-    return jnp.einsum('...d,vd->...v', x, self.embedding.astype(self.dtype))
+    """x E^T: logits over the vocabulary, in the dtype of x."""
+    return jnp.einsum('...d,vd->...v', x, self.embedding.astype(x.dtype))

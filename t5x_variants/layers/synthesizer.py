@@ -1,9 +1,10 @@
 """Synthesizer attention logits (Tay et al. 2021, Sec. 3), per head, without query-key products.
 
 Each module maps query inputs x (batch, q_len, embed) and integer positions of the queries
-(batch|1, q_len) and keys (batch|1, k_len) to logits (batch, heads, q_len, k_len). Keys are
-addressed by position, so full-sequence, packed and cached step-by-step calls share one code path.
-``max_length`` is the paper's l: a key position at or past it is an error, never a truncation.
+(batch|1, q_len) and keys (batch|1, k_len) to float32 logits (batch, heads, q_len, k_len). Keys
+are addressed by position, so full-sequence, packed and cached step-by-step calls share one code
+path. ``max_length`` is the paper's l: a sequence longer than l is an error, never a truncation
+(position values, which restart in packed rows, are below the row length and so below l).
 
 - dense:             B = W_2 relu(W_1 x + b_1) + b_2, W_1: d x d (split over heads), W_2: d_h x l
 - random:            B = R, R: l x l per head, trained
@@ -79,10 +80,10 @@ class _PerHeadProjection(nn.Module):
     heads, head_dim = h.shape[-2:]
     w = _per_head(self, 'kernel', (heads, head_dim, self.features), ('heads', 'kv', 'length'),
                   init_lib.kernel_init(self.init_scheme, 1.0, 1, 2, batch_axis=0))
-    y = jnp.einsum('bqhd,hdl->bhql', h, w.astype(self.dtype))
+    y = jnp.einsum('bqhd,hdl->bhql', h, w.astype(self.dtype), preferred_element_type=jnp.float32)
     if self.use_bias:
       y = y + _per_head(self, 'bias', (heads, self.features), ('heads', 'length'),
-                        nn.initializers.zeros)[None, :, None, :].astype(self.dtype)
+                        nn.initializers.zeros)[None, :, None, :]
     return y
 
 
@@ -137,7 +138,7 @@ class RandomSynthesizer(nn.Module):
     if self.fixed:
       r = jax.lax.stop_gradient(r)
     logits = r[:, q_positions[:, :, None], k_positions[:, None, :]]  # (heads, batch, q, k)
-    return jnp.transpose(logits, (1, 0, 2, 3)).astype(x.dtype)
+    return jnp.transpose(logits, (1, 0, 2, 3))
 
 
 class FactorizedRandomSynthesizer(nn.Module):
@@ -152,5 +153,4 @@ class FactorizedRandomSynthesizer(nn.Module):
     init = nn.initializers.variance_scaling(1.0, 'fan_in', 'normal', 2, 1, batch_axis=0)
     r1 = _per_head(self, 'random_factor_1', shape, ('heads', 'length', 'rank'), init)
     r2 = _per_head(self, 'random_factor_2', shape, ('heads', 'length', 'rank'), init)
-    logits = jnp.einsum('hbqr,hbkr->bhqk', r1[:, q_positions], r2[:, k_positions])
-    return logits.astype(x.dtype)
+    return jnp.einsum('hbqr,hbkr->bhqk', r1[:, q_positions], r2[:, k_positions])

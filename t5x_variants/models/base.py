@@ -7,8 +7,13 @@ from t5x_variants.layers.embedding import Embed
 from t5x_variants.models.config import TransformerConfig
 
 
+def token_index(tokens):
+  """(1, length): each token's index in its row."""
+  return jnp.arange(tokens.shape[-1], dtype=jnp.int32)[None]
+
+
 def default_positions(tokens, positions):
-  return jnp.arange(tokens.shape[-1], dtype=jnp.int32)[None] if positions is None else positions
+  return token_index(tokens) if positions is None else positions
 
 
 class LanguageModel(nn.Module):
@@ -20,11 +25,11 @@ class LanguageModel(nn.Module):
     self.token_embedder = Embed(c.vocab_size, c.d_model, c.compute_dtype)
     if not c.tie_embeddings:
       self.logits_dense = Dense((c.vocab_size,), ('embed',), ('vocab',), c.init_scheme,
-                                t5_distribution='truncated_normal', dtype=c.compute_dtype)
+                                t5_distribution='truncated_normal', dtype=jnp.float32)
 
   def logits(self, x):
+    """Float32 logits whatever the compute dtype (as T5X), for a stable softmax over the vocab."""
+    x = x.astype(jnp.float32)
     if self.config.tie_embeddings:
-      y = self.token_embedder.attend(x * jnp.asarray(self.config.d_model**-0.5, x.dtype))
-    else:
-      y = self.logits_dense(x)
-    return y.astype(jnp.float32)
+      return self.token_embedder.attend(x * self.config.d_model**-0.5)
+    return self.logits_dense(x)

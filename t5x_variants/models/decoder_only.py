@@ -1,6 +1,6 @@
 """Decoder-only causal language model (GPT-style) on the same stack."""
 from t5x_variants.layers.attention import causal_mask, segment_mask
-from t5x_variants.models.base import LanguageModel, default_positions
+from t5x_variants.models.base import LanguageModel, default_positions, token_index
 from t5x_variants.models.stack import Stack
 
 
@@ -14,7 +14,7 @@ class DecoderOnly(LanguageModel):
                enable_dropout: bool = False, decode: bool = False):
     """Logits (batch, length, vocab). With ``decode=True`` after cache init, one step."""
     positions = default_positions(decoder_input_tokens, decoder_positions)
-    mask = causal_mask(positions, positions)
+    mask = causal_mask(token_index(decoder_input_tokens), token_index(decoder_input_tokens))
     if decoder_segment_ids is not None:
       mask = mask & segment_mask(decoder_segment_ids, decoder_segment_ids)
     x = self.decoder(self.token_embedder(decoder_input_tokens), positions, mask,

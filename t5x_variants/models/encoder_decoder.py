@@ -2,7 +2,7 @@
 import jax.numpy as jnp
 
 from t5x_variants.layers.attention import causal_mask, pair_mask, segment_mask
-from t5x_variants.models.base import LanguageModel, default_positions
+from t5x_variants.models.base import LanguageModel, default_positions, token_index
 from t5x_variants.models.stack import Stack
 
 
@@ -29,7 +29,7 @@ class EncoderDecoder(LanguageModel):
              decode: bool = False):
     """Logits (batch, target_length, vocab). With ``decode=True`` after cache init, one step."""
     positions = default_positions(decoder_input_tokens, decoder_positions)
-    mask = causal_mask(positions, positions)
+    mask = causal_mask(token_index(decoder_input_tokens), token_index(decoder_input_tokens))
     cross = pair_mask(jnp.ones(decoder_input_tokens.shape, bool), encoder_input_tokens > 0)
     if decoder_segment_ids is not None:
       mask = mask & segment_mask(decoder_segment_ids, decoder_segment_ids)

@@ -1,5 +1,6 @@
 """Encoder-only masked language model (BERT-style) with an MLM head:
-logits = W_out LN(gelu(W_t h)) (Devlin et al. 2019, Sec. 3.1 / their released head)."""
+logits = W_out Norm(gelu(W_t h)), BERT's transform (Devlin et al. 2019) with the configured norm
+and no output bias (T5 convention)."""
 import flax.linen as nn
 
 from t5x_variants.layers.attention import pair_mask, segment_mask

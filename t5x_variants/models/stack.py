@@ -27,15 +27,19 @@ class Stack(nn.Module):
   causal: bool = False
   cross_attention: bool = False
 
-  def _decode_positions(self, q_positions, k_positions, self_mask):
-    """In a cached decode step, the query is the token at the counter and keys are the cache."""
+  def _decode_positions(self, x, positions, self_mask):
+    """In a cached decode step the query is the one token at the counter and the keys are the
+    whole cache (its length fixed when ``init`` ran with ``decode=True``). Decoding past the
+    cache length is undefined: callers stop at it."""
     initialized = self.has_variable('cache', 'position')
-    position = self.variable('cache', 'position', lambda: jnp.zeros((), jnp.int32))
-    keys = self.variable('cache', 'key_positions', lambda: k_positions[:1].astype(jnp.int32))
+    counter = self.variable('cache', 'position', lambda: jnp.zeros((), jnp.int32))
+    keys = self.variable('cache', 'key_positions', lambda: jnp.arange(x.shape[1], dtype=jnp.int32)[None])
     if not initialized:
-      return q_positions, k_positions, self_mask, None
-    index = position.value
-    position.value = index + 1
+      return positions, positions, self_mask, None
+    if x.shape[1] != 1:
+      raise ValueError(f'cached decoding takes one token per step, got {x.shape[1]}')
+    index = counter.value
+    counter.value = index + 1
     q = jnp.reshape(index, (1, 1))
     return q, keys.value, causal_mask(q, keys.value), index
 
@@ -47,7 +51,7 @@ class Stack(nn.Module):
     decode_position = None
     if decode:
       q_positions, k_positions, self_mask, decode_position = self._decode_positions(
-          q_positions, k_positions, self_mask)
+          x, positions, self_mask)
     bias = None
     if 'dot_product' in c.attention_components:
       bias = RelativePositionBias(c.num_heads, c.relative_attention_num_buckets,
