@@ -11,7 +11,7 @@ import inspect
 import logging
 import os
 import re
-from typing import List, Sequence
+from typing import Callable, List, Mapping, Sequence
 
 import gin
 
@@ -28,14 +28,14 @@ class GinConfigError(ValueError):
   """A gin file or binding that cannot be applied, with what to do about it."""
 
 
-def _explain(message: str) -> str:
+def _explain(message: str, configurables: Mapping[str, Callable]) -> str:
   """Adds the valid choices to gin's message about an unknown configurable or parameter."""
   unknown_param = re.search(r"Configurable '([\w.]+)' doesn't have a parameter", message)
-  if unknown_param and unknown_param.group(1) in CONFIGURABLES:
-    params = inspect.signature(CONFIGURABLES[unknown_param.group(1)]).parameters
+  if unknown_param and unknown_param.group(1) in configurables:
+    params = inspect.signature(configurables[unknown_param.group(1)]).parameters
     return f'{message}\nValid parameters: {", ".join(params)}'
   if 'No configurable matching' in message:
-    return f'{message}\nValid configurables: {", ".join(CONFIGURABLES)}'
+    return f'{message}\nValid configurables: {", ".join(configurables)}'
   return message
 
 
@@ -71,13 +71,13 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str]):
   return args
 
 
-def parse_gin(gin_files: List[str], bindings: List[str], search_paths: Sequence[str] = ()):
-  """Applies gin files then bindings; any failure becomes one GinConfigError naming the culprit."""
+def parse_gin(gin_files: List[str], bindings: List[str], search_paths: Sequence[str] = (),
+              configurables: Mapping[str, Callable] = None):
+  """Applies gin files then bindings; any failure becomes one GinConfigError naming the culprit.
+
+  ``configurables`` adds the caller's own configurables to those named in error messages."""
   for path in [os.getcwd(), *[p for p in search_paths if p], PACKAGE_DIR]:
     gin.add_config_file_search_path(path)
-  if not gin_files:
-    raise GinConfigError('no --gin_file given; start from one of gin/models/*.gin '
-                         f'(shipped in {os.path.join(PACKAGE_DIR, "gin")})')
   try:
     with _quiet_search():
       gin.parse_config_files_and_bindings(gin_files, bindings)
@@ -85,7 +85,8 @@ def parse_gin(gin_files: List[str], bindings: List[str], search_paths: Sequence[
     raise GinConfigError(f'cannot read gin file: {e}. Paths are resolved against the working '
                          f'directory, --gin_search_paths and {PACKAGE_DIR}') from e
   except (ValueError, SyntaxError, NameError, TypeError, KeyError) as e:
-    raise GinConfigError(f'invalid gin configuration: {_explain(str(e))}') from e
+    known = {**CONFIGURABLES, **(configurables or {})}
+    raise GinConfigError(f'invalid gin configuration: {_explain(str(e), known)}') from e
 
 
 def build_config():

@@ -1,0 +1,4 @@
+"""Data: vocabularies, corpora, T5 objectives, seqio tasks and mixtures, feature conversion.
+
+The only package that imports TensorFlow, seqio and tensorflow-datasets.
+"""

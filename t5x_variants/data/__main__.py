@@ -1,0 +1,87 @@
+"""t5xv-data: print decoded examples of a seqio task or mixture and their statistics.
+
+  t5xv-data --task=embedded_span_corruption [--split=validation] [--n=5] [--gin_file=...]
+"""
+import argparse
+import sys
+
+import numpy as np
+
+from t5x_variants import gin_utils
+from t5x_variants.data import corpus, span_corruption, tasks, vocab
+
+
+def _decode(vocabulary, ids) -> str:
+  """Text of the ids up to padding; sentinels read <extra_id_i>, EOS reads </s>."""
+  ids = [int(i) for i in ids if i != 0]
+  pieces, run = [], []
+  for i in ids + [None]:
+    if i is None or i == 1 or i >= vocabulary.vocab_size - vocabulary.extra_ids:
+      if run:
+        pieces.append(vocabulary.decode(run))
+        run = []
+      if i == 1:
+        pieces.append('</s>')
+      elif i is not None:
+        pieces.append(f'<extra_id_{vocabulary.vocab_size - 1 - i}>')
+    else:
+      run.append(i)
+  return ' '.join(pieces)
+
+
+def inspect_task(name, split='validation', n=5, lengths=None, out=None):
+  """Prints n examples and statistics (to stdout by default); returns the statistics dict."""
+  out = out or sys.stdout
+  task = tasks.get_task_or_mixture(name)
+  targets = span_corruption.input_and_target_lengths(512)[1] if name.endswith('span_corruption') else 512
+  lengths = lengths or {'inputs': 512, 'targets': targets}
+  with tasks.explain_missing_data(task):
+    ds = task.get_dataset(lengths, split=split, shuffle=False, seed=0)
+  examples = [{k: np.asarray(v) for k, v in ex.items()} for ex in ds.take(n).as_numpy_iterator()]
+  if not examples:
+    raise ValueError(f'{name} {split} produced no examples with lengths {lengths}')
+  vocabulary = task.output_features['targets'].vocabulary
+  for i, ex in enumerate(examples):
+    print(f'--- example {i}', file=out)
+    for key in ('inputs', 'targets'):
+      if key in ex:
+        print(f'{key} ({int((ex[key] != 0).sum())} tokens): {_decode(vocabulary, ex[key])}', file=out)
+  stats = {'examples': len(examples)}
+  for key in ('inputs', 'targets'):
+    if key in examples[0]:
+      stats[f'mean_{key}_length'] = float(np.mean([(ex[key] != 0).sum() for ex in examples]))
+  if name.endswith('span_corruption'):
+    stats.update(span_corruption.noise_statistics([ex['inputs'] for ex in examples],
+                                                  [ex['targets'] for ex in examples],
+                                                  vocabulary.vocab_size))
+  print('--- statistics', file=out)
+  for key, value in stats.items():
+    print(f'{key}: {value:.4g}' if isinstance(value, float) else f'{key}: {value}', file=out)
+  return stats
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(prog='t5xv-data', description=__doc__.splitlines()[0])
+  parser.add_argument('--task', required=True, help='task or mixture name')
+  parser.add_argument('--split', default='validation')
+  parser.add_argument('--n', type=int, default=5, help='examples to print and sample')
+  parser.add_argument('--inputs_length', type=int, default=None)
+  parser.add_argument('--targets_length', type=int, default=None)
+  gin_utils.add_gin_flags(parser)
+  args = gin_utils.parse_args(parser, sys.argv[1:] if argv is None else argv)
+  try:
+    gin_utils.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_paths.split(','),
+                        configurables={'vocabulary': vocab.vocabulary,
+                                       'local_corpus_files': corpus.local_corpus_files})
+    lengths = None
+    if args.inputs_length or args.targets_length:
+      lengths = {'inputs': args.inputs_length or 512, 'targets': args.targets_length or 114}
+    inspect_task(args.task, args.split, args.n, lengths)
+  except (gin_utils.GinConfigError, ValueError, FileNotFoundError) as e:
+    print(f't5xv-data: error: {e}', file=sys.stderr)
+    return 2
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

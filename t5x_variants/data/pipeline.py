@@ -1,0 +1,106 @@
+"""From a registered task or mixture to this host's numpy batches, resumably.
+
+Feature conversion follows the architecture: encoder-decoder (seqio.EncDecFeatureConverter),
+decoder-only (seqio.LMFeatureConverter) or encoder-only MLM (``MLMFeatureConverter``: the loss
+sits on every position BERT selected, also the 10% replaced at random and the 10% kept). With
+``pack=True`` several examples share a row, told apart by ``*_segment_ids`` and ``*_positions``.
+
+``BatchIterator`` saves and restores its exact position with tf.data iterator checkpointing, so
+a resumed run sees the same batches as an uninterrupted one.
+"""
+from typing import Dict, Iterator, Mapping, Optional
+
+import numpy as np
+import seqio
+import tensorflow as tf
+
+from t5x_variants.data import tasks
+
+ARCHITECTURES = ('encoder_decoder', 'decoder_only', 'encoder_only')
+
+
+class MLMFeatureConverter(seqio.FeatureConverter):
+  """inputs/targets/mlm_weights -> encoder_input_tokens, encoder_target_tokens,
+  encoder_loss_weights (+ encoder_segment_ids / encoder_positions when packed)."""
+  TASK_FEATURES = {
+      'inputs': seqio.FeatureConverter.FeatureSpec(dtype=tf.int32),
+      'targets': seqio.FeatureConverter.FeatureSpec(dtype=tf.int32),
+      'mlm_weights': seqio.FeatureConverter.FeatureSpec(dtype=tf.float32),
+  }
+  MODEL_FEATURES = {
+      'encoder_input_tokens': seqio.FeatureConverter.FeatureSpec(dtype=tf.int32),
+      'encoder_target_tokens': seqio.FeatureConverter.FeatureSpec(dtype=tf.int32),
+      'encoder_loss_weights': seqio.FeatureConverter.FeatureSpec(dtype=tf.int32),
+  }
+  PACKING_FEATURE_DTYPES = {'encoder_segment_ids': tf.int32, 'encoder_positions': tf.int32}
+
+  def _convert_features(self, ds, task_feature_lengths):
+    ds = self._pack_or_pad(ds, task_feature_lengths)
+
+    def convert(ex):
+      out = {'encoder_input_tokens': ex['inputs'], 'encoder_target_tokens': ex['targets'],
+             'encoder_loss_weights': tf.cast(ex['mlm_weights'], tf.int32)}
+      if self.pack:
+        out['encoder_segment_ids'] = ex['inputs_segment_ids']
+        out['encoder_positions'] = ex['inputs_positions']
+      return out
+    return ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE)
+
+  def get_model_feature_lengths(self, task_feature_lengths):
+    n = task_feature_lengths['inputs']
+    names = list(self.MODEL_FEATURES) + (list(self.PACKING_FEATURE_DTYPES) if self.pack else [])
+    return {name: n for name in names}
+
+
+def feature_converter(architecture: str, pack: bool) -> seqio.FeatureConverter:
+  if architecture not in ARCHITECTURES:
+    raise ValueError(f'unknown architecture {architecture!r}; valid: {", ".join(ARCHITECTURES)}')
+  return {'encoder_decoder': seqio.EncDecFeatureConverter, 'decoder_only': seqio.LMFeatureConverter,
+          'encoder_only': MLMFeatureConverter}[architecture](pack=pack)
+
+
+def get_dataset(name: str, task_feature_lengths: Mapping[str, int], architecture: str,
+                split: str = 'train', shuffle: bool = True, seed: Optional[int] = 0,
+                num_epochs: Optional[int] = None, pack: bool = True, shard_index: int = 0,
+                num_shards: int = 1) -> tf.data.Dataset:
+  """Model-ready examples of this shard (host) of a task or mixture, deterministic given seed."""
+  task = tasks.get_task_or_mixture(name)
+  if architecture == 'encoder_only':  # the MLM weights are as long as the inputs
+    task_feature_lengths = dict(task_feature_lengths, mlm_weights=task_feature_lengths['inputs'])
+  with tasks.explain_missing_data(task):
+    return seqio.get_dataset(task, task_feature_lengths, feature_converter(architecture, pack),
+                             dataset_split=split, shuffle=shuffle, num_epochs=num_epochs,
+                             shard_info=seqio.ShardInfo(shard_index, num_shards), seed=seed,
+                             verbose=False)
+
+
+class BatchIterator(Iterator[Dict[str, np.ndarray]]):
+  """Numpy batches of one host's share of the global batch; ``save``/``restore`` its position."""
+
+  def __init__(self, dataset: tf.data.Dataset, global_batch_size: int, num_hosts: int = 1):
+    if global_batch_size % num_hosts:
+      raise ValueError(f'global batch size {global_batch_size} is not divisible by the '
+                       f'{num_hosts} hosts')
+    self.batch_size = global_batch_size // num_hosts
+    self._iterator = iter(dataset.batch(self.batch_size, drop_remainder=True))
+    self._checkpoint = tf.train.Checkpoint(iterator=self._iterator)
+
+  def __next__(self) -> Dict[str, np.ndarray]:
+    return {k: v.numpy() for k, v in next(self._iterator).items()}
+
+  def save(self, prefix: str) -> str:
+    """Writes the iterator position under ``prefix`` (a path stem); returns the written path."""
+    return self._checkpoint.write(prefix)
+
+  def restore(self, prefix: str):
+    self._checkpoint.read(prefix).assert_consumed()
+
+
+def batches(name: str, task_feature_lengths: Mapping[str, int], architecture: str,
+            global_batch_size: int, split: str = 'train', shuffle: bool = True, seed: int = 0,
+            num_epochs: Optional[int] = None, pack: bool = True, host_index: int = 0,
+            num_hosts: int = 1) -> BatchIterator:
+  """The iterator a trainer consumes: this host's batches of ``name``."""
+  ds = get_dataset(name, task_feature_lengths, architecture, split, shuffle, seed, num_epochs, pack,
+                   host_index, num_hosts)
+  return BatchIterator(ds, global_batch_size, num_hosts)

@@ -1,0 +1,171 @@
+"""T5 span corruption as seqio preprocessors (Raffel et al. 2020, Sec. 3.1.4 and 3.3).
+
+A chunk of raw tokens gets a random noise mask of contiguous spans; the inputs keep the
+non-noise tokens with every noise span replaced by one sentinel, the targets list every noise
+span after its sentinel. Sentinels count down from the top of the vocabulary (span i uses
+``vocab_size - 1 - i``, i.e. ``<extra_id_i>`` of a seqio vocabulary with extra ids). EOS is left to
+``seqio.preprocessors.append_eos_after_trim``, which runs after ``span_corruption``.
+"""
+from typing import Dict, Sequence, Tuple
+
+import numpy as np
+import seqio
+import tensorflow as tf
+
+
+def _corrupted_lengths(raw_length: int, noise_density: float, mean_noise_span_length: float):
+  """(inputs, targets, noise spans) for ``raw_length`` tokens, EOS included.
+
+  Rounds and clips exactly as ``random_spans_noise_mask`` so that the lengths are exact.
+  """
+  num_noise = min(max(int(round(raw_length * noise_density)), 1), raw_length - 1)
+  num_spans = min(max(int(round(num_noise / mean_noise_span_length)), 1), raw_length - num_noise)
+  return raw_length - num_noise + num_spans + 1, num_noise + num_spans + 1, num_spans
+
+
+def input_and_target_lengths(inputs_length: int, noise_density: float = 0.15,
+                             mean_noise_span_length: float = 3.0) -> Tuple[int, int]:
+  """(raw_tokens_length, targets_length) so that corrupted inputs plus EOS fill ``inputs_length``.
+
+  raw_tokens_length is the largest raw chunk whose inputs (non-noise tokens, one sentinel per
+  span, EOS) fit. With noise_density <= 0.5 the inputs length grows by 0 or 1 per raw token, so
+  it hits ``inputs_length`` exactly. 512 gives (568, 114) as in T5.
+  """
+  if not 0 < noise_density < 1 or mean_noise_span_length < 1:
+    raise ValueError(f'need 0 < noise_density < 1 and mean_noise_span_length >= 1, got '
+                     f'{noise_density} and {mean_noise_span_length}')
+  lengths = lambda raw: _corrupted_lengths(raw, noise_density, mean_noise_span_length)
+  raw = 2  # the shortest chunk holding a non-noise token and a noise span
+  if lengths(raw)[0] > inputs_length:
+    raise ValueError(f'inputs_length={inputs_length} is too short for span corruption: one noise '
+                     f'span needs {lengths(raw)[0]} positions (a token, a sentinel and EOS)')
+  while lengths(raw + 1)[0] <= inputs_length:
+    raw += 1
+  return raw, lengths(raw)[1]
+
+
+def _random_segmentation(num_items, num_segments, seed):
+  """Lengths (each >= 1, summing to ``num_items``) of a uniformly random split into segments.
+
+  The segments start at position 0 and at ``num_segments - 1`` distinct random cut points.
+  """
+  scores = tf.random.stateless_uniform([num_items - 1], seed=seed)
+  is_cut = tf.argsort(tf.argsort(scores)) < num_segments - 1
+  starts = tf.concat([[True], is_cut], axis=0)
+  segment_ids = tf.cumsum(tf.cast(starts, tf.int32)) - 1
+  return tf.math.unsorted_segment_sum(tf.ones([num_items], tf.int32), segment_ids, num_segments)
+
+
+def random_spans_noise_mask(length, noise_density: float, mean_noise_span_length: float, seeds):
+  """Bool [length] mask, True at round(length * noise_density) noise tokens (at least 1).
+
+  The noise tokens form round(num_noise / mean_noise_span_length) spans (1 to the number of
+  non-noise tokens), alternating
+  with as many non-noise spans, starting with non-noise and ending with noise (T5's convention).
+  ``seeds``: two stateless seeds, one for each of the two random segmentations. ``length`` >= 2.
+  """
+  num_noise = tf.cast(tf.round(tf.cast(length, tf.float64) * noise_density), tf.int32)
+  num_noise = tf.clip_by_value(num_noise, 1, length - 1)
+  num_spans = tf.cast(tf.round(tf.cast(num_noise, tf.float64) / mean_noise_span_length), tf.int32)
+  num_spans = tf.clip_by_value(num_spans, 1, length - num_noise)  # a non-noise token per span
+  noise_lengths = _random_segmentation(num_noise, num_spans, seeds[0])
+  kept_lengths = _random_segmentation(length - num_noise, num_spans, seeds[1])
+  span_lengths = tf.reshape(tf.stack([kept_lengths, noise_lengths], axis=1), [-1])
+  span_is_noise = tf.tile([False, True], [num_spans])
+  return tf.reshape(tf.repeat(span_is_noise, span_lengths), [length])
+
+
+def split_tokens(dataset: tf.data.Dataset, length: int, feature: str = 'targets') -> tf.data.Dataset:
+  """Concatenates ``feature`` over the stream of documents and cuts it into ``length``-token chunks.
+
+  As T5 does, documents are joined (no separator) and a final partial chunk is dropped; only
+  ``feature`` is kept, since other features cannot follow tokens across document borders.
+  """
+  tokens = dataset.map(lambda ex: ex[feature], num_parallel_calls=tf.data.AUTOTUNE).unbatch()
+  return tokens.batch(length, drop_remainder=True).map(lambda chunk: {feature: chunk})
+
+
+def _replace_spans(tokens, span_mask, vocab_size):
+  """Drops the masked tokens, putting sentinel ``vocab_size - i`` where the i-th masked span began."""
+  previous = tf.concat([[False], span_mask[:-1]], axis=0)
+  starts = span_mask & ~previous
+  sentinels = vocab_size - tf.cumsum(tf.cast(starts, tf.int32))
+  return tf.boolean_mask(tf.where(starts, sentinels, tokens), ~span_mask | starts)
+
+
+def span_corruption(dataset: tf.data.Dataset, sequence_length: Dict[str, int],
+                    output_features: Dict[str, seqio.Feature], noise_density: float = 0.15,
+                    mean_noise_span_length: float = 3.0) -> tf.data.Dataset:
+  """Tokenized 'targets' documents -> span-corrupted {'inputs', 'targets'} (both without EOS).
+
+  Chunking: documents are concatenated and split into chunks of
+  ``input_and_target_lengths(sequence_length['inputs'])[0]`` tokens, dropping the last partial
+  one, so every example's inputs plus EOS are exactly ``sequence_length['inputs']`` long. Random
+  state comes from seqio's seed (``map_over_dataset`` seeds into stateless ops).
+  """
+  raw_length, _ = input_and_target_lengths(sequence_length['inputs'], noise_density,
+                                           mean_noise_span_length)
+  vocabulary = output_features['targets'].vocabulary
+  num_spans = _corrupted_lengths(raw_length, noise_density, mean_noise_span_length)[2]
+  if vocabulary.extra_ids and vocabulary.extra_ids < num_spans:
+    raise ValueError(f'{num_spans} noise spans per example need as many sentinels, but the '
+                     f'vocabulary has {vocabulary.extra_ids} extra ids')
+  vocab_size = vocabulary.vocab_size
+
+  @seqio.map_over_dataset(num_seeds=2)
+  def corrupt(features, seeds):
+    tokens = features['targets']
+    noise = random_spans_noise_mask(raw_length, noise_density, mean_noise_span_length, seeds)
+    # Targets: the non-noise span before noise span i becomes that span's sentinel.
+    return {'inputs': _replace_spans(tokens, noise, vocab_size),
+            'targets': _replace_spans(tokens, ~noise, vocab_size)}
+
+  return corrupt(split_tokens(dataset, raw_length))
+
+
+def _strip(ids) -> np.ndarray:
+  """Tokens before the first EOS (1) or padding (0)."""
+  ids = np.asarray(ids)
+  ends = np.flatnonzero(ids <= 1)
+  return ids[:ends[0]] if ends.size else ids
+
+
+def _noise_spans(targets, vocab_size: int):
+  """Noise spans of one targets row, in order; sentinels must be vocab_size - 1, - 2, ..."""
+  spans = []
+  for token in _strip(targets):
+    if token == vocab_size - 1 - len(spans):
+      spans.append([])
+    elif spans:
+      spans[-1].append(int(token))
+    else:
+      raise ValueError(f'targets must start with sentinel {vocab_size - 1}, got {token}')
+  return spans
+
+
+def merge_span_corruption(inputs, targets, vocab_size: int) -> np.ndarray:
+  """Original chunk of one example: each sentinel in ``inputs`` replaced by its targets span."""
+  spans, merged = _noise_spans(targets, vocab_size), []
+  for token in _strip(inputs):
+    index = vocab_size - 1 - int(token)
+    if 0 <= index < len(spans):
+      merged.extend(spans[index])
+    else:
+      merged.append(int(token))
+  return np.asarray(merged, np.int32)
+
+
+def _rows(x) -> Sequence:
+  return [x] if np.ndim(x[0]) == 0 else list(x)
+
+
+def noise_statistics(inputs, targets, vocab_size: int) -> Dict[str, float]:
+  """Noise fraction, mean span length and span count over one example or a batch of rows."""
+  num_kept = num_noise = num_spans = 0
+  for row_inputs, row_targets in zip(_rows(inputs), _rows(targets)):
+    spans = _noise_spans(row_targets, vocab_size)
+    num_spans += len(spans)
+    num_noise += sum(len(span) for span in spans)
+    num_kept += len(_strip(row_inputs)) - len(spans)
+  return dict(noise_fraction=num_noise / max(num_noise + num_kept, 1),
+              mean_span_length=num_noise / max(num_spans, 1), num_spans=num_spans)

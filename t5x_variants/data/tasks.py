@@ -1,0 +1,120 @@
+"""Registered seqio tasks: {c4, local, embedded} x {span_corruption, lm, mlm}, GLUE/SuperGLUE.
+
+Names: ``c4_span_corruption`` (T5 pretraining), ``c4_lm`` (decoder-only), ``c4_mlm``
+(encoder-only), the same three for ``local_`` (files bound by ``local_corpus_files.pattern``) and
+``embedded_`` (the embedded default corpus), plus the tasks and mixtures of data/glue.py.
+``register_tasks()`` registers them all once, with the gin-bound vocabulary.
+"""
+import contextlib
+import functools
+import os
+from typing import List
+
+import gin
+import seqio
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from t5x_variants.data import corpus, mlm, span_corruption, vocab
+
+C4_TFDS_NAME = 'c4/en:3.1.0'
+SOURCES = ('c4', 'local', 'embedded')
+OBJECTIVES = ('span_corruption', 'lm', 'mlm')
+
+
+class DataNotFoundError(FileNotFoundError):
+  """A TFDS dataset that is not prepared locally, with how to prepare it and the alternatives."""
+
+
+def _text_source(files_fn) -> seqio.DataSource:
+  """Documents of local files, read into memory at dataset time (so the tf.data iterator can be
+  checkpointed); for corpora of many GB prepare a TFDS dataset instead."""
+  def dataset_fn(split, shuffle_files, seed=None):
+    del shuffle_files, seed  # examples are shuffled downstream by seqio when asked
+    docs = list(corpus.read_documents(files_fn(), split))
+    if not docs:
+      raise corpus.CorpusError(f'the {split} split of {files_fn()} holds no documents')
+    return tf.data.Dataset.from_tensor_slices({'text': tf.constant(docs)})
+  return seqio.FunctionDataSource(dataset_fn, splits=corpus.SPLITS)
+
+
+def _source(name: str) -> seqio.DataSource:
+  if name == 'c4':
+    return seqio.TfdsDataSource(C4_TFDS_NAME, read_only=True)
+  if name == 'local':
+    return _text_source(corpus.local_corpus_files)
+  return _text_source(lambda: [corpus.embedded_corpus_file()])
+
+
+def lm(dataset, sequence_length):
+  """Causal LM: the document token stream cut into chunks of targets_length - 1 (room for EOS)."""
+  return span_corruption.split_tokens(dataset, sequence_length['targets'] - 1)
+
+
+def _task(name: str, source: str, objective: str, vocabulary: seqio.Vocabulary) -> seqio.Task:
+  """text -> 'targets' tokens -> the objective -> EOS appended (after trimming to length)."""
+  objective_fn = {'span_corruption': span_corruption.span_corruption,
+                  'lm': lm, 'mlm': mlm.mlm}[objective]
+  keys = ('targets',) if objective == 'lm' else ('inputs', 'targets')
+  return seqio.Task(
+      name, _source(source),
+      output_features={k: seqio.Feature(vocabulary, add_eos=True) for k in keys},
+      preprocessors=[functools.partial(seqio.preprocessors.rekey, key_map={'targets': 'text'}),
+                     seqio.preprocessors.tokenize, objective_fn,
+                     seqio.preprocessors.append_eos_after_trim],
+      metric_fns=[])
+
+
+@gin.configurable
+def register_tasks(vocabulary: seqio.Vocabulary = None) -> List[str]:
+  """Registers every task and mixture (idempotent); returns the names registered by this call."""
+  from t5x_variants.data import glue  # pylint: disable=g-import-not-at-top
+  vocabulary = vocabulary or vocab.vocabulary()
+  added = []
+  for source in SOURCES:
+    for objective in OBJECTIVES:
+      name = f'{source}_{objective}'
+      if name not in seqio.TaskRegistry.names():
+        seqio.TaskRegistry.add_provider(name, _task(name, source, objective, vocabulary))
+        added.append(name)
+  features = {k: seqio.Feature(vocabulary, add_eos=True) for k in ('inputs', 'targets')}
+  before = set(seqio.TaskRegistry.names()) | set(seqio.MixtureRegistry.names())
+  glue.register_glue_tasks(features)
+  added += sorted((set(seqio.TaskRegistry.names()) | set(seqio.MixtureRegistry.names())) - before)
+  return added
+
+
+def get_task_or_mixture(name: str):
+  """The registered task or mixture ``name``, or one error listing the registered names."""
+  register_tasks()
+  if name in seqio.MixtureRegistry.names():
+    return seqio.get_mixture_or_task(name)
+  if name in seqio.TaskRegistry.names():
+    return seqio.get_mixture_or_task(name)
+  known = sorted(set(seqio.TaskRegistry.names()) | set(seqio.MixtureRegistry.names()))
+  raise ValueError(f'unknown task or mixture {name!r}; registered: {", ".join(known)}')
+
+
+def _tfds_sources(task_or_mixture):
+  tasks = getattr(task_or_mixture, 'tasks', [task_or_mixture])
+  return [t.source for t in tasks if isinstance(t.source, seqio.TfdsDataSource)]
+
+
+@contextlib.contextmanager
+def explain_missing_data(task_or_mixture):
+  """Turns a failure to read an unprepared TFDS dataset into one DataNotFoundError."""
+  try:
+    yield
+  except Exception as e:  # pylint: disable=broad-except
+    missing = [s.tfds_dataset.name for s in _tfds_sources(task_or_mixture)
+               if not tfds.builder(s.tfds_dataset.name, data_dir=s.tfds_dataset.data_dir).is_prepared()]
+    if not missing:
+      raise
+    data_dir = os.environ.get('TFDS_DATA_DIR', '~/tensorflow_datasets')
+    raise DataNotFoundError(
+        f'TFDS dataset(s) {", ".join(missing)} not prepared in {data_dir} '
+        '(set TFDS_DATA_DIR to where they are, e.g. a gs:// bucket on TPU). Prepare them with '
+        '`tfds build <name> --data_dir=...` (C4 needs `tfds build c4/en` with Apache Beam, or a copy '
+        'of a prepared c4/en:3.1.0). Offline alternatives: the embedded_* tasks (no download) or '
+        'local_* tasks over your own files (local_corpus_files.pattern), and *_local GLUE/SuperGLUE '
+        'tasks from the original distribution files (GLUE_DIR / SUPER_GLUE_DIR).') from e

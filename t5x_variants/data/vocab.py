@@ -1,0 +1,47 @@
+"""Vocabularies, all with 100 extra ids (T5's sentinels, counting down from the top id).
+
+- ``embedded`` (default): a SentencePiece unigram model trained once on the embedded corpus and
+  cached; T5's id layout (pad 0, eos 1, unk 2), 4000 pieces + 100 sentinels. No network.
+- ``t5``: T5's standard 32k SentencePiece model, for users who can reach its GCS path.
+- ``file``: a SentencePiece model file of your own (``path``).
+- ``bytes``: UTF-8 bytes (seqio.ByteVocabulary).
+"""
+import os
+
+import gin
+import seqio
+
+from t5x_variants.data import cache, corpus
+
+KINDS = ('embedded', 't5', 'file', 'bytes')
+T5_SPM_PATH = 'gs://t5-data/vocabs/cc_all.32000/sentencepiece.model'
+EXTRA_IDS = 100
+EMBEDDED_PIECES = 4000
+
+
+def embedded_spm_file(pieces: int = EMBEDDED_PIECES) -> str:
+  """The cached SentencePiece model of the embedded corpus, trained on first use (~1 min)."""
+  def build(tmp):
+    import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+    prefix = tmp + '.spm'
+    spm.SentencePieceTrainer.train(
+        input=corpus.embedded_corpus_file(), model_prefix=prefix, vocab_size=pieces,
+        model_type='unigram', pad_id=0, eos_id=1, unk_id=2, bos_id=-1, character_coverage=1.0,
+        num_threads=2, input_sentence_size=200_000, shuffle_input_sentence=True, seed_sentencepiece_size=200_000,
+        minloglevel=2)
+    os.replace(prefix + '.model', tmp)
+    os.remove(prefix + '.vocab')
+  tag = os.path.splitext(os.path.basename(corpus.embedded_corpus_file()))[0]
+  return cache.build_once(os.path.join(cache.cache_dir(), f'{tag}_spm{pieces}.model'), build)
+
+
+@gin.configurable
+def vocabulary(kind: str = 'embedded', path: str = None) -> seqio.Vocabulary:
+  if kind not in KINDS:
+    raise ValueError(f'unknown vocabulary kind {kind!r}; valid: {", ".join(KINDS)}')
+  if kind == 'bytes':
+    return seqio.ByteVocabulary(extra_ids=EXTRA_IDS)
+  if kind == 'file' and not path:
+    raise ValueError("vocabulary(kind='file') needs path= a SentencePiece .model file")
+  spm_path = {'embedded': embedded_spm_file, 't5': lambda: T5_SPM_PATH, 'file': lambda: path}[kind]()
+  return seqio.SentencePieceVocabulary(spm_path, extra_ids=EXTRA_IDS)

@@ -1,0 +1,128 @@
+"""Data pipeline: the embedded corpus, tasks end to end, packing, host sharding, exact resume,
+t5xv-data, and the errors for bad input."""
+import numpy as np
+import pytest
+
+seqio = pytest.importorskip('seqio')
+
+from t5x_variants.data import corpus, pipeline, span_corruption, tasks  # noqa: E402
+from t5x_variants.data.__main__ import main as data_main  # noqa: E402
+
+SC_LENGTHS = {'inputs': 64, 'targets': span_corruption.input_and_target_lengths(64)[1]}
+
+
+def test_embedded_corpus_is_real_prose_split_stably():
+  docs = corpus.harvest_stdlib_prose()
+  assert len(docs) > 3000 and sum(len(d.split()) for d in docs) > 100_000
+  assert all('\n' not in d for d in docs[:100])
+  train = list(corpus.read_documents([corpus.embedded_corpus_file()], 'train'))
+  validation = list(corpus.read_documents([corpus.embedded_corpus_file()], 'validation'))
+  assert not set(train) & set(validation)
+  assert 0.02 < len(validation) / (len(train) + len(validation)) < 0.08
+
+
+def _take(iterator, n):
+  return [next(iterator) for _ in range(n)]
+
+
+def test_iterator_resume_gives_the_batches_of_an_uninterrupted_run(tmp_path):
+  make = lambda: pipeline.batches('embedded_span_corruption', SC_LENGTHS, 'encoder_decoder',
+                                  global_batch_size=4, seed=3)
+  straight = _take(make(), 6)
+  first = make()
+  _take(first, 3)
+  prefix = first.save(str(tmp_path / 'iterator'))
+  resumed = make()
+  resumed.restore(prefix)
+  for a, b in zip(_take(resumed, 3), straight[3:]):
+    assert a.keys() == b.keys()
+    for k in a:
+      np.testing.assert_array_equal(a[k], b[k])
+
+
+@pytest.fixture
+def short_pairs_task():
+  """A task of short byte-level (inputs, targets) texts, so that packing has work to do."""
+  import tensorflow as tf
+  texts = [f'question {i}' * (1 + i % 3) for i in range(50)]
+  source = seqio.FunctionDataSource(
+      lambda split, shuffle_files, seed=None: tf.data.Dataset.from_tensor_slices(
+          {'inputs': texts, 'targets': [t.upper() for t in texts]}), splits=['train'])
+  features = {k: seqio.Feature(seqio.ByteVocabulary(), add_eos=True) for k in ('inputs', 'targets')}
+  seqio.TaskRegistry.add('test_short_pairs', source, output_features=features,
+                         preprocessors=[seqio.preprocessors.tokenize,
+                                        seqio.preprocessors.append_eos_after_trim])
+  yield 'test_short_pairs'
+  seqio.TaskRegistry.remove('test_short_pairs')
+
+
+def test_packed_encoder_decoder_batches_keep_segments_apart(short_pairs_task):
+  batch = next(pipeline.batches(short_pairs_task, {'inputs': 64, 'targets': 64},
+                                'encoder_decoder', global_batch_size=2, seed=0))
+  for prefix in ('encoder', 'decoder'):
+    seg, pos = batch[f'{prefix}_segment_ids'], batch[f'{prefix}_positions']
+    for s_row, p_row in zip(seg, pos):
+      for s in set(s_row[s_row > 0].tolist()):
+        np.testing.assert_array_equal(p_row[s_row == s], np.arange((s_row == s).sum()))
+  assert (batch['encoder_segment_ids'].max(axis=1) >= 2).all()  # short examples were packed
+  # Each decoder segment starts from BOS (0) and is its targets shifted right.
+  seg, inp, tgt = batch['decoder_segment_ids'], batch['decoder_input_tokens'], batch['decoder_target_tokens']
+  for s_row, i_row, t_row in zip(seg, inp, tgt):
+    for s in set(s_row[s_row > 0].tolist()):
+      i, t = i_row[s_row == s], t_row[s_row == s]
+      assert i[0] == 0 and (i[1:] == t[:-1]).all()
+  assert (batch['decoder_loss_weights'] == (batch['decoder_target_tokens'] > 0)).all()
+
+
+def test_hosts_get_their_own_share_of_the_global_batch():
+  make = lambda host: pipeline.batches('embedded_lm', {'targets': 32}, 'decoder_only',
+                                       global_batch_size=4, shuffle=False, host_index=host, num_hosts=2)
+  a, b = next(make(0)), next(make(1))
+  assert a['decoder_target_tokens'].shape == (2, 32)
+  assert not np.array_equal(a['decoder_target_tokens'], b['decoder_target_tokens'])
+  with pytest.raises(ValueError, match='not divisible'):
+    pipeline.batches('embedded_lm', {'targets': 32}, 'decoder_only', 3, num_hosts=2)
+
+
+def test_mlm_batches_weight_exactly_the_selected_positions():
+  batch = next(pipeline.batches('embedded_mlm', {'inputs': 64, 'targets': 64}, 'encoder_only',
+                                global_batch_size=2, pack=False, seed=0))
+  w, inp, tgt = batch['encoder_loss_weights'], batch['encoder_input_tokens'], batch['encoder_target_tokens']
+  assert 0.08 < w.sum() / (tgt > 0).sum() < 0.25
+  assert (inp[w == 0] == tgt[w == 0]).all()  # unselected positions are untouched
+  assert (inp[w == 1] != tgt[w == 1]).mean() > 0.6  # most selected ones are corrupted
+
+
+def test_t5xv_data_prints_examples_and_statistics(capsys):
+  assert data_main(['--task=embedded_span_corruption', '--n=8']) == 0
+  out = capsys.readouterr().out
+  assert out.count('--- example') == 8 and '<extra_id_0>' in out and '</s>' in out
+  stats = dict(line.split(': ') for line in out.split('--- statistics\n')[1].strip().splitlines())
+  assert stats['mean_inputs_length'] == '512' and stats['mean_targets_length'] == '114'
+  assert abs(float(stats['noise_fraction']) - 0.15) < 0.01
+  assert abs(float(stats['mean_span_length']) - 3) < 0.5
+
+
+@pytest.mark.parametrize('argv,message', [
+    (['--task=nope'], "unknown task or mixture 'nope'; registered: "),
+    (['--task=local_lm', '--gin.local_corpus_files.pattern="/nonexistent/dir"'], 'no .txt or .jsonl files match'),
+    (['--task=embedded_span_corruption', '--inputs_length=2'], 'inputs'),
+    (['--task=c4_span_corruption'], 'not prepared'),
+    (['--task=embedded_lm', '--gin.vocabulary.kind="wordpiece"'], "unknown vocabulary kind 'wordpiece'"),
+])
+def test_bad_input_gives_one_clear_error(argv, message, capsys):
+  assert data_main(argv) == 2
+  err = capsys.readouterr().err
+  assert message in err and 'Traceback' not in err
+
+
+def test_local_corpus_from_txt_and_jsonl(tmp_path, capsys):
+  (tmp_path / 'a.txt').write_text('\n'.join(f'plain document number {i} about cats.' for i in range(300)))
+  (tmp_path / 'b.jsonl').write_text('\n'.join(f'{{"text": "json document {i} about dogs."}}' for i in range(300)))
+  files = corpus.local_corpus_files(str(tmp_path))
+  assert [f.rsplit('/', 1)[1] for f in files] == ['a.txt', 'b.jsonl']
+  docs = list(corpus.read_documents(files, 'train')) + list(corpus.read_documents(files, 'validation'))
+  assert len(docs) == 600 and any('dogs' in d for d in docs)
+  (tmp_path / 'bad.jsonl').write_text('{"body": 1}\n')
+  with pytest.raises(corpus.CorpusError, match='bad.jsonl:1'):
+    list(corpus.read_documents(corpus.local_corpus_files(str(tmp_path)), 'train'))

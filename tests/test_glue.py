@@ -1,0 +1,273 @@
+"""GLUE/SuperGLUE tasks: TFDS (mocked) and local-file sources, postprocessors, metrics, mixtures."""
+import json
+import math
+import re
+
+import pytest
+import seqio
+import tensorflow_datasets as tfds
+
+from t5x_variants.data import glue, metrics
+from t5x_variants.data import super_glue as sg
+
+VOCAB = seqio.ByteVocabulary()
+FEATURES = {k: seqio.Feature(VOCAB) for k in ('inputs', 'targets')}
+
+
+TASK_NAMES = [f'{benchmark}_{t}{suffix}' for benchmark, specs in (('glue', glue.GLUE_TASKS),
+                                                              ('super_glue', glue.SUPER_GLUE_TASKS))
+              for t in specs for suffix in ('', '_local')]
+MIXTURE_NAMES = [f'{b}_proportional{suffix}' for b in ('glue', 'super_glue') for suffix in ('', '_local')]
+
+
+@pytest.fixture
+def register(monkeypatch):
+  """register_glue_tasks with FEATURES and without GLUE_DIR/SUPER_GLUE_DIR from the environment.
+  Its names are unregistered afterwards; registrations made elsewhere (other tests calling
+  tasks.register_tasks) are set aside meanwhile and restored."""
+  monkeypatch.delenv('GLUE_DIR', raising=False)
+  monkeypatch.delenv('SUPER_GLUE_DIR', raising=False)
+  registries = ((seqio.TaskRegistry, TASK_NAMES), (seqio.MixtureRegistry, MIXTURE_NAMES))
+  saved = [(r, n, r.get(n)) for r, names in registries for n in names if n in r.names()]
+  for r, n, _ in saved:
+    r.remove(n)
+  yield lambda **kwargs: glue.register_glue_tasks(FEATURES, **kwargs)
+  for r, names in registries:
+    for n in names:
+      r.remove(n)
+  for r, n, provider in saved:
+    r.add_provider(n, provider)
+
+
+def _examples(name, split='train', n=5):
+  task = seqio.get_mixture_or_task(name)
+  ds = task.get_dataset(None, split=split, shuffle=False, try_in_mem_cache=False)
+  return list(ds.take(n).as_numpy_iterator())
+
+
+def _text(ex, key):
+  return ex[key + '_pretokenized'].decode()
+
+
+def _is_stsb_score(text):
+  return re.fullmatch(r'-?\d+\.\d', text) is not None and math.isclose(float(text) * 5, round(float(text) * 5))
+
+
+MOCKED = {
+    'glue_cola': ('cola sentence: ', {'acceptable', 'unacceptable'}),
+    'glue_stsb': ('stsb sentence1: ', _is_stsb_score),
+    'glue_mnli': ('mnli hypothesis: ', {'entailment', 'neutral', 'contradiction'}),
+    'glue_mrpc': ('mrpc sentence1: ', {'equivalent', 'not_equivalent'}),
+    'super_glue_boolq': ('boolq passage: ', {'True', 'False'}),
+    'super_glue_cb': ('cb hypothesis: ', {'entailment', 'contradiction', 'neutral'}),
+    'super_glue_multirc': ('multirc question: ', {'True', 'False'}),
+    'super_glue_record': ('record query: ', None),
+    'super_glue_copa': ('copa choice1: ', {'choice1', 'choice2'}),
+    'super_glue_wsc': ('wsc: ', None),
+}
+
+
+@pytest.mark.parametrize('name', sorted(MOCKED))
+def test_tfds_task_loads_with_mock_data(register, name):
+  register()
+  prefix, valid = MOCKED[name]
+  task = seqio.get_mixture_or_task(name)
+  with tfds.testing.mock_data(num_examples=5):
+    examples = _examples(name)
+  assert len(examples) == 5 or (name == 'super_glue_wsc' and examples)  # WSC's train: label 1 only
+  for ex in examples:
+    target = VOCAB.decode(ex['targets'].tolist())
+    assert target == _text(ex, 'targets')
+    assert _text(ex, 'inputs').startswith(prefix)
+    if name == 'super_glue_record':
+      assert target in [a.decode() for a in ex['answers']]
+      assert task.postprocess_fn(target, example=ex, is_target=True) == [a.decode() for a in ex['answers']]
+    elif name == 'super_glue_wsc':
+      assert ex['label'] == 1 and task.postprocess_fn(target, example=ex, is_target=False) == 1
+      with tfds.testing.mock_data(num_examples=5):
+        assert task.num_input_examples('train') == len(examples)
+    elif callable(valid):
+      assert valid(target), target
+    else:
+      assert target in valid
+      post = task.postprocess_fn(target, example=ex, is_target=True)
+      assert (post['value'] if isinstance(post, dict) else post) != -1
+
+
+def test_mnli_validation_splits(register):
+  register()
+  task = seqio.get_mixture_or_task('glue_mnli')
+  assert {'train', 'validation', 'validation_matched', 'validation_mismatched'} <= set(task.splits)
+  with tfds.testing.mock_data(num_examples=3):
+    assert len(_examples('glue_mnli', 'validation_mismatched')) == 3
+
+
+def _write(path, lines):
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(''.join(line + '\n' for line in lines))
+
+
+def _jsonl(path, rows):
+  _write(path, [json.dumps(r) for r in rows])
+
+
+@pytest.fixture
+def glue_dir(tmp_path):
+  root = tmp_path / 'glue'
+  _write(root / 'CoLA/train.tsv', ['gj04\t1\t\tThe cat sat.', 'gj04\t0\t*\tCat the sat.', 'gj04\t1\t\tIt rains.'])
+  _write(root / 'CoLA/test.tsv', ['index\tsentence', '0\tDogs bark.'])
+  _write(root / 'SST-2/train.tsv', ['sentence\tlabel', 'a gorgeous film \t1'])
+  stsb_header = 'index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore'
+  _write(root / 'STS-B/train.tsv', [stsb_header, '0\tmain-captions\tMSRvid\t2012test\t0001\tnone\tnone\t'
+                                    'A plane takes off.\tAn air plane is taking off.\t3.750'])
+  mnli_header = ('index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\t'
+                 'sentence1_parse\tsentence2_parse\tsentence1\tsentence2\tlabel1\tgold_label')
+  row = '0\t1\t1e\tfiction\t( p )\t( h )\t(ROOT p)\t(ROOT h)\tThe premise.\tThe hypothesis.\tneutral\tneutral'
+  _write(root / 'MNLI/train.tsv', [mnli_header, row])
+  _write(root / 'MNLI/dev_mismatched.tsv', [mnli_header, row.replace('neutral', 'contradiction')])
+  _write(root / 'MRPC/train.tsv', ['Quality\t#1 ID\t#2 ID\t#1 String\t#2 String', '1\t1\t2\tHe left.\tHe went.'])
+  return root
+
+
+@pytest.fixture
+def super_glue_dir(tmp_path):
+  root = tmp_path / 'super_glue'
+  _jsonl(root / 'BoolQ/train.jsonl', [{'question': 'is it', 'passage': 'It is.', 'idx': 0, 'label': True}])
+  _jsonl(root / 'COPA/val.jsonl', [{'premise': 'It rained.', 'choice1': 'Sun.', 'choice2': 'Wet.',
+                                    'question': 'effect', 'idx': 7, 'label': 1}])
+  paragraph = {'text': '<b>Sent 1: </b>Tom ran.<br><b>Sent 2: </b>He won.', 'questions': [
+      {'question': 'Who ran?', 'idx': 0, 'answers': [{'text': 'Tom', 'idx': 0, 'label': 1},
+                                                    {'text': 'Ann', 'idx': 1, 'label': 0}]}]}
+  _jsonl(root / 'MultiRC/val.jsonl', [{'idx': 3, 'version': 1.1, 'passage': paragraph}])
+  text = 'Obama met Merkel in Berlin.\n@highlight\nTalks went well'
+  entities = [{'start': 0, 'end': 4}, {'start': 10, 'end': 15}, {'start': 20, 'end': 25}]
+  _jsonl(root / 'ReCoRD/val.jsonl', [{'idx': 5, 'passage': {'text': text, 'entities': entities}, 'qas': [
+      {'query': '@placeholder met Merkel.', 'idx': 9, 'answers': [{'start': 0, 'end': 4, 'text': 'Obama'}]},
+      {'query': 'Merkel met @placeholder.', 'idx': 10}]}])
+  wsc = [{'text': "The trophy didn't fit in the suitcase because it was too big.", 'idx': i, 'label': label,
+          'target': {'span1_text': span1, 'span1_index': 0, 'span2_text': 'it', 'span2_index': 8}}
+         for i, (span1, label) in enumerate([('The trophy', True), ('the suitcase', False)])]
+  _jsonl(root / 'WSC/train.jsonl', wsc)
+  return root
+
+
+def test_local_glue_tasks(register, glue_dir):
+  names = register(glue_dir=str(glue_dir))
+  assert 'glue_cola_local' in names and 'glue_proportional_local' in names
+  cola = _examples('glue_cola_local')
+  assert [(_text(e, 'inputs'), _text(e, 'targets'), e['idx']) for e in cola] == [
+      ('cola sentence: The cat sat.', 'acceptable', 0), ('cola sentence: Cat the sat.', 'unacceptable', 1),
+      ('cola sentence: It rains.', 'acceptable', 2)]
+  assert _text(_examples('glue_cola_local', 'test')[0], 'targets') == glue.NO_LABEL
+  assert _text(_examples('glue_sst2_local')[0], 'targets') == 'positive'
+  stsb = _examples('glue_stsb_local')[0]
+  assert _text(stsb, 'inputs') == 'stsb sentence1: A plane takes off. sentence2: An air plane is taking off.'
+  assert _text(stsb, 'targets') == '3.8'
+  mnli = _examples('glue_mnli_local')[0]
+  assert _text(mnli, 'inputs') == 'mnli hypothesis: The hypothesis. premise: The premise.'
+  assert _text(mnli, 'targets') == 'neutral'
+  assert _text(_examples('glue_mnli_local', 'validation_mismatched')[0], 'targets') == 'contradiction'
+  assert _text(_examples('glue_mrpc_local')[0], 'inputs') == 'mrpc sentence1: He left. sentence2: He went.'
+
+
+def test_local_super_glue_tasks(register, super_glue_dir):
+  register(super_glue_dir=str(super_glue_dir))
+  boolq = _examples('super_glue_boolq_local')[0]
+  assert (_text(boolq, 'inputs'), _text(boolq, 'targets')) == ('boolq passage: It is. question: is it', 'True')
+  copa = _examples('super_glue_copa_local', 'validation')[0]
+  assert _text(copa, 'inputs') == 'copa choice1: Sun. choice2: Wet. premise: It rained. question: effect'
+  assert (_text(copa, 'targets'), copa['idx']) == ('choice2', 7)
+  multirc = _examples('super_glue_multirc_local', 'validation')
+  assert [_text(e, 'inputs') for e in multirc] == [
+      f'multirc question: Who ran? answer: {a} paragraph: Sent 1: Tom ran. Sent 2: He won.' for a in ('Tom', 'Ann')]
+  assert [_text(e, 'targets') for e in multirc] == ['True', 'False']
+  post = seqio.get_mixture_or_task('super_glue_multirc_local').postprocess_fn('False', example=multirc[1])
+  assert post == {'group': (3, 0), 'value': 0}
+  answered, unanswered = _examples('super_glue_record_local', 'validation')
+  assert _text(answered, 'inputs') == ('record query: @placeholder met Merkel. entities: Berlin, Merkel, Obama '
+                                       'passage: Obama met Merkel in Berlin. Talks went well')
+  assert _text(answered, 'targets') == 'Obama' and answered['idx']['query'] == 9
+  assert _text(unanswered, 'targets') == sg.NO_LABEL and len(unanswered['answers']) == 0
+  wsc = _examples('super_glue_wsc_local')  # train keeps only the correct referent
+  assert [(_text(e, 'inputs'), _text(e, 'targets')) for e in wsc] == [
+      ("wsc: The trophy didn't fit in the suitcase because *it* was too big.", 'The trophy')]
+
+
+def test_missing_local_file_names_it(register, glue_dir):
+  register(glue_dir=str(glue_dir))
+  with pytest.raises(FileNotFoundError, match=re.escape(str(glue_dir / 'QQP' / 'train.tsv'))):
+    _examples('glue_qqp_local')
+  with pytest.raises(FileNotFoundError, match='gluebenchmark.com'):
+    _examples('glue_cola_local', 'validation')
+
+
+def test_mixtures_and_idempotence(register, glue_dir, super_glue_dir):
+  names = register()
+  assert 'glue_cola_local' not in names and 'glue_proportional_local' not in seqio.MixtureRegistry.names()
+  glue_tasks = {f'glue_{t}' for t in ('cola', 'sst2', 'mrpc', 'qqp', 'stsb', 'mnli', 'qnli', 'rte', 'wnli')}
+  super_tasks = {f'super_glue_{t}' for t in ('boolq', 'cb', 'copa', 'multirc', 'record', 'rte', 'wic', 'wsc')}
+  assert {t.name for t in seqio.get_mixture_or_task('glue_proportional').tasks} == glue_tasks
+  assert {t.name for t in seqio.get_mixture_or_task('super_glue_proportional').tasks} == super_tasks
+  assert register() == []
+  local = register(glue_dir=str(glue_dir), super_glue_dir=str(super_glue_dir), mixing_maximum=2)
+  assert set(local) == {f'{t}_local' for t in glue_tasks | super_tasks} | {
+      'glue_proportional_local', 'super_glue_proportional_local'}
+  mixture = seqio.get_mixture_or_task('glue_proportional_local')
+  rates = {t.name: mixture.get_rate(t) for t in mixture.tasks if t.name in ('glue_cola_local', 'glue_sst2_local')}
+  assert rates == {'glue_cola_local': 2.0, 'glue_sst2_local': 1.0}  # 3 CoLA rows capped at 2; 1 SST-2 row
+  wsc = seqio.get_mixture_or_task('super_glue_proportional_local')
+  assert wsc.get_rate(seqio.get_mixture_or_task('super_glue_wsc_local')) == 1.0  # the label-1 example
+
+
+def test_postprocessors():
+  assert glue.label_postprocess('acceptable', ('unacceptable', 'acceptable')) == 1
+  assert glue.label_postprocess('maybe', ('unacceptable', 'acceptable')) == -1
+  assert glue.float_postprocess('3.8') == 3.8 and glue.float_postprocess('high') == -1
+  example = {'idx': {'paragraph': 2, 'question': 4, 'answer': 0}}
+  assert sg.multirc_postprocess('True', example=example) == {'group': (2, 4), 'value': 1}
+  assert sg.multirc_postprocess('yes', example=example)['value'] == -1
+  assert sg.record_postprocess('x', example={'answers': [b'Obama', b'Barack Obama']}, is_target=True) == [
+      'Obama', 'Barack Obama']
+  assert sg.record_postprocess('Obama', example={}) == 'Obama'
+  wsc = {'targets_pretokenized': b'The city councilmen', 'label': 0}
+  assert sg.wsc_postprocess('the councilmen', example=wsc) == 1
+  assert sg.wsc_postprocess('the demonstrators', example=wsc) == 0
+  assert sg.wsc_postprocess('', example=wsc) == 0
+  assert sg.wsc_postprocess('The city councilmen', example=wsc, is_target=True) == 0
+
+
+def test_classification_metrics():
+  # TP=3 FN=1 TN=3 FP=1: MCC = (3*3 - 1*1) / sqrt(4*4*4*4) = 0.5.
+  t, p = [1, 1, 1, 0, 0, 0, 1, 0], [1, 1, 0, 0, 0, 1, 1, 0]
+  assert metrics.matthews_corrcoef(t, p) == pytest.approx({'matthews_corrcoef': 50.0})
+  assert metrics.matthews_corrcoef(t, [1 - x for x in t])['matthews_corrcoef'] == pytest.approx(-100)
+  assert metrics.accuracy(t, p) == {'accuracy': 75.0}
+  # An invalid (-1) prediction is always wrong: a FN for target 1, a FP for target 0.
+  # TP=1, FN=2, FP=2: F1 = 2 / (2 + 4).
+  assert metrics.f1([1, 1, 0, 0, 1, 0], [1, 0, 1, 0, -1, -1]) == pytest.approx({'f1': 100 / 3})
+  # Class 0: TP=1 FN=1 -> 2/3; class 1: TP=1 FP=1 -> 2/3; class 2: FN=1 -> 0.
+  assert metrics.mean_multiclass_f1([0, 0, 1, 2], [0, 1, 1, -1], num_classes=3) == pytest.approx(
+      {'mean_3class_f1': 100 * 4 / 9})
+  assert metrics.exact_match(['a', 'b'], ['a', 'c']) == {'exact_match': 50.0}
+
+
+def test_correlation_metrics():
+  # Deviations (-1, 0, 1) and (-7/3, -1/3, 8/3): r = 5 / sqrt(2 * 114/9).
+  r = metrics.pearson_corrcoef([1, 2, 3], [2, 4, 7])['pearson_corrcoef']
+  assert r == pytest.approx(100 * 5 / math.sqrt(2 * 114 / 9))
+  # Rank differences (0, 1, 1, 0): rho = 1 - 6 * 2 / (4 * 15).
+  assert metrics.spearman_corrcoef([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx({'spearman_corrcoef': 80.0})
+
+
+def test_multirc_and_record_metrics():
+  group = lambda g, values: [{'group': g, 'value': v} for v in values]  # noqa: E731
+  targets = group((0, 0), [1, 0, 1]) + group((0, 1), [0, 1])
+  predictions = group((0, 0), [1, 0, 0]) + group((0, 1), [0, 1])
+  # TP=2, FN=1, FP=0 over all options: F1a = 4/5; question (0, 0) has a wrong option: EM = 1/2.
+  assert metrics.multirc_f1a(targets, predictions) == pytest.approx({'f1a': 80.0})
+  assert metrics.multirc_exact_match(targets, predictions) == {'exact_match': 50.0}
+  # 'obama' matches 'Obama' exactly; 'United Kingdom' shares 1 of 2 tokens with 'the United States'.
+  scores = metrics.max_over_answers_em_f1([['Barack Obama', 'Obama'], ['the United States']],
+                                          ['obama', 'United Kingdom'])
+  assert scores == pytest.approx({'em': 50.0, 'f1': 75.0})
+  assert metrics.normalize_answer("The  Cat's, hat!") == 'cats hat'

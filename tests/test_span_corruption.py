@@ -1,0 +1,194 @@
+"""Span corruption (Raffel et al. 2020, Sec. 3.1.4) and BERT masking (Devlin et al. 2019) in seqio."""
+import uuid
+
+import numpy as np
+import pytest
+import seqio
+import tensorflow as tf
+
+from t5x_variants.data.mlm import mlm
+from t5x_variants.data.span_corruption import (input_and_target_lengths, merge_span_corruption,
+                                               noise_statistics, random_spans_noise_mask,
+                                               span_corruption)
+
+VOCAB = seqio.ByteVocabulary(extra_ids=100)
+V = VOCAB.vocab_size  # sentinels are V - 1, V - 2, ...
+LENGTHS = {'inputs': 512, 'targets': 114}
+RAW = 568
+
+
+def _documents(num, seed, max_length=900):
+  rng = np.random.RandomState(seed)
+  letters = np.frombuffer(b'abcdefghijklmnopqrstuvwxyz ', np.uint8)
+  return [rng.choice(letters, rng.randint(1, max_length)).tobytes() for _ in range(num)]
+
+
+def _chunks(documents, length):
+  """Expected chunks: documents joined, cut into ``length`` tokens, the last partial one dropped."""
+  tokens = np.concatenate([VOCAB.encode(d.decode()) for d in documents])
+  return tokens[:len(tokens) // length * length].reshape(-1, length)
+
+
+@pytest.fixture(scope='module')
+def make_task():
+  names = []
+
+  def make(preprocessor, documents):
+    name = f'test_span_corruption_{uuid.uuid4().hex}'
+    def dataset(split, shuffle_files, seed=None):
+      return tf.data.Dataset.from_tensor_slices({'targets': documents})
+
+    feature = seqio.Feature(VOCAB)
+    seqio.TaskRegistry.add(
+        name, seqio.FunctionDataSource(dataset, splits=['train']),
+        preprocessors=[seqio.preprocessors.tokenize, preprocessor,
+                       seqio.preprocessors.append_eos_after_trim],
+        output_features={'inputs': feature, 'targets': feature})
+    names.append(name)
+    return seqio.get_mixture_or_task(name)
+
+  yield make
+  for name in names:
+    seqio.TaskRegistry.remove(name)
+
+
+def _examples(task, lengths, seed):
+  dataset = task.get_dataset(lengths, split='train', shuffle=False, seed=seed)
+  return list(dataset.as_numpy_iterator())
+
+
+@pytest.fixture(scope='module')
+def corrupted(make_task):
+  documents = _documents(300, seed=0)
+  task = make_task(span_corruption, documents)
+  return task, _chunks(documents, RAW), _examples(task, LENGTHS, seed=7)
+
+
+def _sentinels(ids):
+  return [int(i) for i in ids if i >= V - VOCAB.extra_ids]
+
+
+def _spec_inputs_length(raw, density=0.15, mean_span=3.0):
+  """Inputs length with EOS for ``raw`` tokens: non-noise tokens + one sentinel per span + EOS."""
+  noise = min(max(round(raw * density), 1), raw - 1)
+  spans = min(max(round(noise / mean_span), 1), raw - noise)
+  return raw - noise + spans + 1, noise + spans + 1
+
+
+def test_lengths_for_512_match_t5():
+  assert input_and_target_lengths(512) == (568, 114)
+
+
+@pytest.mark.parametrize('inputs_length', [3, 17, 128, 256, 1024])
+def test_raw_length_is_the_largest_that_fits(inputs_length):
+  raw, targets_length = input_and_target_lengths(inputs_length)
+  fits = [n for n in range(2, 3 * inputs_length) if _spec_inputs_length(n)[0] <= inputs_length]
+  assert raw == max(fits)
+  assert _spec_inputs_length(raw) == (inputs_length, targets_length)
+
+
+@pytest.mark.parametrize('inputs_length', [0, 1, 2])
+def test_too_short_inputs_length_raises(inputs_length):
+  with pytest.raises(ValueError, match=f'inputs_length={inputs_length} is too short'):
+    input_and_target_lengths(inputs_length)
+
+
+@pytest.mark.parametrize('length', [2, 10, 100, 568])
+def test_noise_mask_counts_and_convention_in_graph_mode(length):
+  make_mask = tf.function(lambda n, seed: random_spans_noise_mask(n, 0.15, 3.0, [seed, seed + 1]))
+  noise = min(max(round(length * 0.15), 1), length - 1)
+  spans = min(max(round(noise / 3.0), 1), length - noise)
+  masks = [make_mask(tf.constant(length), tf.constant([s, 3])).numpy() for s in range(20)]
+  for mask in masks:
+    assert mask.dtype == bool and mask.shape == (length,)
+    assert mask.sum() == noise and not mask[0] and mask[-1]
+    assert np.sum(mask[1:] & ~mask[:-1]) == spans  # span starts
+  if length >= 100:
+    assert len({m.tobytes() for m in masks}) == len(masks)
+
+
+def test_merge_and_statistics_on_a_handmade_example():
+  inputs = [5, V - 1, 7, V - 2, 1, 0, 0]
+  targets = [V - 1, 6, 6, V - 2, 8, 1, 0]
+  np.testing.assert_array_equal(merge_span_corruption(inputs, targets, V), [5, 6, 6, 7, 8])
+  assert noise_statistics(inputs, targets, V) == dict(noise_fraction=0.6, mean_span_length=1.5,
+                                                     num_spans=2)
+
+
+def test_merging_by_sentinels_gives_back_the_chunks(corrupted):
+  _, chunks, examples = corrupted
+  assert len(examples) == len(chunks) >= 200
+  for example, chunk in zip(examples, chunks):
+    np.testing.assert_array_equal(merge_span_corruption(example['inputs'], example['targets'], V),
+                                  chunk)
+
+
+def test_noise_fraction_and_span_lengths(corrupted):
+  _, _, examples = corrupted
+  stats = noise_statistics([e['inputs'] for e in examples], [e['targets'] for e in examples], V)
+  assert abs(stats['noise_fraction'] - 0.15) < 0.01
+  assert abs(stats['mean_span_length'] - 3.0) < 0.2
+  assert stats['num_spans'] == 28 * len(examples)
+  # Random segmentation: span lengths vary rather than all being 3.
+  starts = [np.flatnonzero(e['targets'] >= V - VOCAB.extra_ids) for e in examples]
+  span_lengths = np.concatenate([np.diff(np.append(s, len(e['targets']) - 1)) - 1
+                                 for s, e in zip(starts, examples)])
+  assert span_lengths.min() == 1 and span_lengths.max() >= 6
+
+
+def test_sentinel_order_lengths_and_eos(corrupted):
+  _, _, examples = corrupted
+  for example in examples:
+    inputs, targets = example['inputs'], example['targets']
+    assert len(inputs) == LENGTHS['inputs'] and len(targets) <= LENGTHS['targets']
+    for ids in (inputs, targets):
+      assert ids[-1] == 1 and np.sum(ids == 1) == 1
+    sentinels = _sentinels(targets)
+    assert targets[0] == V - 1 and sentinels == list(range(V - 1, V - 1 - len(sentinels), -1))
+    assert _sentinels(inputs) == sentinels
+
+
+def test_same_seed_same_examples_other_seed_other_masks(make_task):
+  documents = _documents(40, seed=1)
+  task = make_task(span_corruption, documents)
+  first, again, other = (_examples(task, LENGTHS, seed) for seed in (3, 3, 4))
+  assert len(first) == len(other) >= 20
+  for a, b in zip(first, again):
+    for key in ('inputs', 'targets'):
+      np.testing.assert_array_equal(a[key], b[key])
+  assert all(a['inputs'].tobytes() != c['inputs'].tobytes() for a, c in zip(first, other))
+
+
+def test_sentinels_beyond_the_extra_ids_are_refused(make_task):
+  task = make_task(span_corruption, _documents(2, seed=2))
+  features = {'targets': seqio.Feature(seqio.ByteVocabulary(extra_ids=10))}
+  with pytest.raises(ValueError, match='28 noise spans'):
+    span_corruption(task.source.get_dataset('train'), LENGTHS, features)
+
+
+def test_mlm_masking(make_task):
+  documents = _documents(250, seed=5)
+  lengths = {'inputs': 129, 'targets': 129}
+  task = make_task(mlm, documents)
+  examples = _examples(task, lengths, seed=11)
+  chunks = _chunks(documents, 128)
+  assert len(examples) == len(chunks) >= 200
+  picked = []
+  for example, chunk in zip(examples, chunks):
+    inputs, targets, weights = example['inputs'], example['targets'], example['mlm_weights']
+    assert inputs[-1] == targets[-1] == 1 and np.sum(inputs == 1) == 1
+    np.testing.assert_array_equal(targets[:-1], chunk)
+    selected = weights == 1.0
+    assert weights.dtype == np.float32 and set(np.unique(weights)) <= {0.0, 1.0}
+    assert selected.sum() == round(0.15 * 128)
+    np.testing.assert_array_equal(inputs[:-1][~selected], chunk[~selected])
+    picked.append(np.stack([inputs[:-1][selected], chunk[selected]]))
+  new, old = np.concatenate(picked, axis=1)
+  masked, kept = new == V - 1, new == old
+  other = new[~masked & ~kept]
+  assert abs(masked.mean() - 0.8) < 0.03
+  assert abs(kept.mean() - 0.1) < 0.02
+  assert abs(other.size / new.size - 0.1) < 0.02
+  assert other.min() >= 3 and other.max() < V - VOCAB.extra_ids
+  again = _examples(task, lengths, seed=11)
+  assert all(a['inputs'].tobytes() == b['inputs'].tobytes() for a, b in zip(examples, again))
