@@ -271,3 +271,21 @@ def test_multirc_and_record_metrics():
                                           ['obama', 'United Kingdom'])
   assert scores == pytest.approx({'em': 50.0, 'f1': 75.0})
   assert metrics.normalize_answer("The  Cat's, hat!") == 'cats hat'
+
+
+def test_local_task_batches_resume_exactly(register, super_glue_dir, tmp_path):
+  """Local files are read into memory, so the batch iterator of a fine-tuning run (ReCoRD has
+  ragged features) can be checkpointed and resumed exactly."""
+  from t5x_variants.data import pipeline
+  register(super_glue_dir=super_glue_dir)
+  make = lambda: pipeline.batches('super_glue_record_local', {'inputs': 512, 'targets': 32},
+                                  'encoder_decoder', global_batch_size=1, split='validation', seed=5)
+  straight = [b for b, _ in zip(make(), range(3))]
+  first = make()
+  next(first)
+  prefix = first.save(str(tmp_path / 'it'))
+  resumed = make()
+  resumed.restore(prefix)
+  for a, b in zip([next(resumed), next(resumed)], straight[1:]):
+    for k in a:
+      assert (a[k] == b[k]).all(), k

@@ -213,6 +213,15 @@ class _FilteredTfdsSource(seqio.TfdsDataSource):
     return self._train_count
 
 
+def _columns(examples: List[dict], signature) -> Dict[str, Any]:
+  """Examples (dicts matching ``signature``) as one tensor per feature; lists become ragged."""
+  if isinstance(signature, dict):
+    return {k: _columns([ex[k] for ex in examples], spec) for k, spec in signature.items()}
+  if signature.shape.rank == 0:
+    return tf.constant(examples, signature.dtype, shape=[len(examples)])
+  return tf.ragged.constant(examples, signature.dtype, ragged_rank=1)
+
+
 class _LocalSource(seqio.FunctionDataSource):
   """A task's original distribution files, read by a python generator into TFDS's raw features."""
 
@@ -228,10 +237,10 @@ class _LocalSource(seqio.FunctionDataSource):
     return path
 
   def _dataset(self, split, shuffle_files, seed=None):
+    """The file read into memory (a GLUE file is small), so tf.data can checkpoint the iterator."""
     del shuffle_files, seed  # one file per split; seqio shuffles the examples
-    path = self._path(split)
-    ds = tf.data.Dataset.from_generator(lambda: self._spec.read(path, split),
-                                        output_signature=self._spec.signature)
+    examples = list(self._spec.read(self._path(split), split))
+    ds = tf.data.Dataset.from_tensor_slices(_columns(examples, self._spec.signature))
     return _filter_train(ds, split, self._spec.train_filter)
 
   def num_input_examples(self, split: str) -> int:
