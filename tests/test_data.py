@@ -74,19 +74,29 @@ def test_packed_encoder_decoder_batches_keep_segments_apart(short_pairs_task):
   assert (batch['decoder_loss_weights'] == (batch['decoder_target_tokens'] > 0)).all()
 
 
-def test_hosts_get_their_own_share_of_the_global_batch():
-  make = lambda host: pipeline.batches('embedded_lm', {'targets': 32}, 'decoder_only',
-                                       global_batch_size=4, shuffle=False, host_index=host, num_hosts=2)
-  a, b = next(make(0)), next(make(1))
-  assert a['decoder_target_tokens'].shape == (2, 32)
-  assert not np.array_equal(a['decoder_target_tokens'], b['decoder_target_tokens'])
+def test_hosts_get_disjoint_shares_that_make_up_the_whole_stream():
+  """Documents are sharded over hosts before chunking: the hosts' rows are disjoint and together
+  hold the unsharded stream's tokens, up to the partial chunk and batch each one drops."""
+  import collections
+  make = lambda host, hosts: pipeline.batches('embedded_lm', {'targets': 32}, 'decoder_only',
+                                              global_batch_size=4, split='validation', shuffle=False,
+                                              num_epochs=1, host_index=host, num_hosts=hosts)
+  batches = lambda host, hosts: [b['decoder_target_tokens'] for b in make(host, hosts)]
+  host0, host1, whole = batches(0, 2), batches(1, 2), batches(0, 1)
+  assert host0[0].shape == (2, 32)
+  rows = lambda bs: {tuple(r) for b in bs for r in b}
+  assert not rows(host0) & rows(host1)
+  tokens = lambda bs: collections.Counter(np.concatenate([b.ravel() for b in bs]).tolist())
+  missing = tokens(whole) - (tokens(host0) + tokens(host1))
+  assert sum(missing.values()) <= 2 * (2 * 32 + 32) + 4 * 32
   with pytest.raises(ValueError, match='not divisible'):
     pipeline.batches('embedded_lm', {'targets': 32}, 'decoder_only', 3, num_hosts=2)
 
 
-def test_mlm_batches_weight_exactly_the_selected_positions():
+@pytest.mark.parametrize('pack', [False, True])
+def test_mlm_batches_weight_exactly_the_selected_positions(pack):
   batch = next(pipeline.batches('embedded_mlm', {'inputs': 64, 'targets': 64}, 'encoder_only',
-                                global_batch_size=2, pack=False, seed=0))
+                                global_batch_size=4, pack=pack, seed=0))
   w, inp, tgt = batch['encoder_loss_weights'], batch['encoder_input_tokens'], batch['encoder_target_tokens']
   assert 0.08 < w.sum() / (tgt > 0).sum() < 0.25
   assert (inp[w == 0] == tgt[w == 0]).all()  # unselected positions are untouched
@@ -106,14 +116,19 @@ def test_t5xv_data_prints_examples_and_statistics(capsys):
 @pytest.mark.parametrize('argv,message', [
     (['--task=nope'], "unknown task or mixture 'nope'; registered: "),
     (['--task=local_lm', '--gin.local_corpus_files.pattern="/nonexistent/dir"'], 'no .txt or .jsonl files match'),
-    (['--task=embedded_span_corruption', '--inputs_length=2'], 'inputs'),
+    (['--task=embedded_span_corruption', '--inputs_length=2'], 'too short for span corruption'),
+    (['--task=embedded_span_corruption', '--targets_length=100'], 'makes targets of 114 tokens, but'),
+    (['--task=embedded_lm', '--targets_length=1'], 'leaves no room'),
+    (['--task=embedded_lm', '--gin.vocabulary.kind="file"', '--gin.vocabulary.path="/no/such.model"'],
+     "existing SentencePiece .model file, got '/no/such.model'"),
     (['--task=c4_span_corruption'], 'not prepared'),
     (['--task=embedded_lm', '--gin.vocabulary.kind="wordpiece"'], "unknown vocabulary kind 'wordpiece'"),
 ])
 def test_bad_input_gives_one_clear_error(argv, message, capsys):
   assert data_main(argv) == 2
   err = capsys.readouterr().err
-  assert message in err and 'Traceback' not in err
+  assert message in err and 'Traceback' not in err and 'In call to configurable' not in err
+  assert len(err.strip().splitlines()) == 1 or 'Valid' in err
 
 
 def test_local_corpus_from_txt_and_jsonl(tmp_path, capsys):
@@ -126,3 +141,10 @@ def test_local_corpus_from_txt_and_jsonl(tmp_path, capsys):
   (tmp_path / 'bad.jsonl').write_text('{"body": 1}\n')
   with pytest.raises(corpus.CorpusError, match='bad.jsonl:1'):
     list(corpus.read_documents(corpus.local_corpus_files(str(tmp_path)), 'train'))
+
+
+def test_span_corruption_targets_length_follows_the_inputs_length(capsys):
+  assert data_main(['--task=embedded_span_corruption', '--inputs_length=1024', '--n=4']) == 0
+  out = capsys.readouterr().out
+  assert 'mean_inputs_length: 1024' in out
+  assert f'mean_targets_length: {span_corruption.input_and_target_lengths(1024)[1]}' in out

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 import numpy as np
+import tensorflow as tf
 
 from t5x_variants import gin_utils
 from t5x_variants.data import corpus, span_corruption, tasks, vocab
@@ -29,12 +30,19 @@ def _decode(vocabulary, ids) -> str:
   return ' '.join(pieces)
 
 
+def default_lengths(name: str, inputs_length: int):
+  """Span corruption's targets follow from its inputs (T5: 512 -> 114); else equal lengths."""
+  if name.endswith('span_corruption'):
+    return {'inputs': inputs_length,
+            'targets': span_corruption.input_and_target_lengths(inputs_length)[1]}
+  return {'inputs': inputs_length, 'targets': inputs_length}
+
+
 def inspect_task(name, split='validation', n=5, lengths=None, out=None):
   """Prints n examples and statistics (to stdout by default); returns the statistics dict."""
   out = out or sys.stdout
   task = tasks.get_task_or_mixture(name)
-  targets = span_corruption.input_and_target_lengths(512)[1] if name.endswith('span_corruption') else 512
-  lengths = lengths or {'inputs': 512, 'targets': targets}
+  lengths = lengths or default_lengths(name, 512)
   with tasks.explain_missing_data(task):
     ds = task.get_dataset(lengths, split=split, shuffle=False, seed=0)
   examples = [{k: np.asarray(v) for k, v in ex.items()} for ex in ds.take(n).as_numpy_iterator()]
@@ -73,12 +81,14 @@ def main(argv=None):
     gin_utils.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_paths.split(','),
                         configurables={'vocabulary': vocab.vocabulary,
                                        'local_corpus_files': corpus.local_corpus_files})
-    lengths = None
-    if args.inputs_length or args.targets_length:
-      lengths = {'inputs': args.inputs_length or 512, 'targets': args.targets_length or 114}
+    lengths = default_lengths(args.task, args.inputs_length or 512)
+    if args.targets_length:
+      lengths['targets'] = args.targets_length
     inspect_task(args.task, args.split, args.n, lengths)
-  except (gin_utils.GinConfigError, ValueError, FileNotFoundError) as e:
-    print(f't5xv-data: error: {e}', file=sys.stderr)
+  except (gin_utils.GinConfigError, ValueError, FileNotFoundError, tf.errors.OpError) as e:
+    message = getattr(e, 'message', None) or str(e)  # OpError: without the op trace
+    message = message.split('\n  In call to configurable')[0]  # gin's note on where it was called
+    print(f't5xv-data: error: {message}', file=sys.stderr)
     return 2
   return 0
 

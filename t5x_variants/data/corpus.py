@@ -10,6 +10,7 @@ import glob
 import inspect
 import json
 import os
+import sys
 import sysconfig
 import zlib
 from typing import Iterator, List
@@ -73,7 +74,7 @@ def embedded_corpus_file() -> str:
       raise CorpusError(f'no docstring prose found under {sysconfig.get_paths()["stdlib"]}')
     with open(tmp, 'w', encoding='utf-8') as f:
       f.write('\n'.join(docs) + '\n')
-  tag = 'py{}{}'.format(*__import__('sys').version_info[:2])
+  tag = 'py{}.{}.{}'.format(*sys.version_info[:3])  # the stdlib, and so the corpus, of this release
   return cache.build_once(os.path.join(cache.cache_dir(), f'embedded_corpus_{tag}.txt'), build)
 
 

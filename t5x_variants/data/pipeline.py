@@ -35,11 +35,17 @@ class MLMFeatureConverter(seqio.FeatureConverter):
   PACKING_FEATURE_DTYPES = {'encoder_segment_ids': tf.int32, 'encoder_positions': tf.int32}
 
   def _convert_features(self, ds, task_feature_lengths):
-    ds = self._pack_or_pad(ds, task_feature_lengths)
+    # Packing measures a sequence by its nonzero entries, so weights travel as 1 + w, padded to
+    # the inputs' length (EOS included), and come back as w after packing.
+    def shift(ex):
+      w = tf.cast(ex['mlm_weights'], tf.int32) + 1
+      pad = tf.shape(ex['inputs'])[0] - tf.shape(w)[0]
+      return dict(ex, mlm_weights=tf.concat([w, tf.ones([pad], tf.int32)], 0))
+    ds = self._pack_or_pad(ds.map(shift, num_parallel_calls=tf.data.AUTOTUNE), task_feature_lengths)
 
     def convert(ex):
       out = {'encoder_input_tokens': ex['inputs'], 'encoder_target_tokens': ex['targets'],
-             'encoder_loss_weights': tf.cast(ex['mlm_weights'], tf.int32)}
+             'encoder_loss_weights': tf.maximum(ex['mlm_weights'] - 1, 0)}
       if self.pack:
         out['encoder_segment_ids'] = ex['inputs_segment_ids']
         out['encoder_positions'] = ex['inputs_positions']

@@ -103,8 +103,12 @@ def span_corruption(dataset: tf.data.Dataset, sequence_length: Dict[str, int],
   one, so every example's inputs plus EOS are exactly ``sequence_length['inputs']`` long. Random
   state comes from seqio's seed (``map_over_dataset`` seeds into stateless ops).
   """
-  raw_length, _ = input_and_target_lengths(sequence_length['inputs'], noise_density,
-                                           mean_noise_span_length)
+  raw_length, targets_length = input_and_target_lengths(sequence_length['inputs'], noise_density,
+                                                        mean_noise_span_length)
+  if sequence_length.get('targets', targets_length) < targets_length:
+    raise ValueError(f"span corruption of {sequence_length['inputs']} inputs makes targets of "
+                     f"{targets_length} tokens, but the targets length is {sequence_length['targets']}; "
+                     f'use input_and_target_lengths({sequence_length["inputs"]}) to set it')
   vocabulary = output_features['targets'].vocabulary
   num_spans = _corrupted_lengths(raw_length, noise_density, mean_noise_span_length)[2]
   if vocabulary.extra_ids and vocabulary.extra_ids < num_spans:

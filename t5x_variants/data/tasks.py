@@ -8,6 +8,7 @@ Names: ``c4_span_corruption`` (T5 pretraining), ``c4_lm`` (decoder-only), ``c4_m
 import contextlib
 import functools
 import os
+import random
 from typing import List
 
 import gin
@@ -30,10 +31,11 @@ def _text_source(files_fn) -> seqio.DataSource:
   """Documents of local files, read into memory at dataset time (so the tf.data iterator can be
   checkpointed); for corpora of many GB prepare a TFDS dataset instead."""
   def dataset_fn(split, shuffle_files, seed=None):
-    del shuffle_files, seed  # examples are shuffled downstream by seqio when asked
     docs = list(corpus.read_documents(files_fn(), split))
     if not docs:
       raise corpus.CorpusError(f'the {split} split of {files_fn()} holds no documents')
+    if shuffle_files:  # documents, before they are concatenated into chunks
+      random.Random(seed).shuffle(docs)
     return tf.data.Dataset.from_tensor_slices({'text': tf.constant(docs)})
   return seqio.FunctionDataSource(dataset_fn, splits=corpus.SPLITS)
 
@@ -48,6 +50,8 @@ def _source(name: str) -> seqio.DataSource:
 
 def lm(dataset, sequence_length):
   """Causal LM: the document token stream cut into chunks of targets_length - 1 (room for EOS)."""
+  if sequence_length['targets'] < 2:
+    raise ValueError(f"targets length {sequence_length['targets']} leaves no room for a token besides EOS")
   return span_corruption.split_tokens(dataset, sequence_length['targets'] - 1)
 
 

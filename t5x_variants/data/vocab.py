@@ -6,10 +6,12 @@
 - ``file``: a SentencePiece model file of your own (``path``).
 - ``bytes``: UTF-8 bytes (seqio.ByteVocabulary).
 """
+import hashlib
 import os
 
 import gin
 import seqio
+import tensorflow as tf
 
 from t5x_variants.data import cache, corpus
 
@@ -20,7 +22,11 @@ EMBEDDED_PIECES = 4000
 
 
 def embedded_spm_file(pieces: int = EMBEDDED_PIECES) -> str:
-  """The cached SentencePiece model of the embedded corpus, trained on first use (~1 min)."""
+  """The cached SentencePiece model of the embedded corpus, trained on first use (~1 s).
+
+  Its file name carries the corpus hash: the corpus is read from the installed Python's standard
+  library, so a different Python release gives a different corpus and a differently named
+  vocabulary, never silently different ids under the same name."""
   def build(tmp):
     import sentencepiece as spm  # pylint: disable=g-import-not-at-top
     prefix = tmp + '.spm'
@@ -31,8 +37,9 @@ def embedded_spm_file(pieces: int = EMBEDDED_PIECES) -> str:
         minloglevel=2)
     os.replace(prefix + '.model', tmp)
     os.remove(prefix + '.vocab')
-  tag = os.path.splitext(os.path.basename(corpus.embedded_corpus_file()))[0]
-  return cache.build_once(os.path.join(cache.cache_dir(), f'{tag}_spm{pieces}.model'), build)
+  with open(corpus.embedded_corpus_file(), 'rb') as f:
+    digest = hashlib.sha256(f.read()).hexdigest()[:12]
+  return cache.build_once(os.path.join(cache.cache_dir(), f'embedded_spm{pieces}_{digest}.model'), build)
 
 
 @gin.configurable
@@ -41,7 +48,8 @@ def vocabulary(kind: str = 'embedded', path: str = None) -> seqio.Vocabulary:
     raise ValueError(f'unknown vocabulary kind {kind!r}; valid: {", ".join(KINDS)}')
   if kind == 'bytes':
     return seqio.ByteVocabulary(extra_ids=EXTRA_IDS)
-  if kind == 'file' and not path:
-    raise ValueError("vocabulary(kind='file') needs path= a SentencePiece .model file")
+  if kind == 'file' and not (path and tf.io.gfile.exists(path)):
+    raise ValueError(f"vocabulary(kind='file') needs path= an existing SentencePiece .model file, "
+                     f'got {path!r}')
   spm_path = {'embedded': embedded_spm_file, 't5': lambda: T5_SPM_PATH, 'file': lambda: path}[kind]()
   return seqio.SentencePieceVocabulary(spm_path, extra_ids=EXTRA_IDS)
