@@ -1,0 +1,45 @@
+"""Device mesh and logical-axis rules: the one place that says how arrays are sharded.
+
+The mesh has axes ('data', 'model'). Logical names on every parameter (``embed``, ``mlp``,
+``heads``, ...) map to mesh axes by T5X's standard rules: with model=1 this is data parallelism
+with replicated parameters; with model>1 the heads / mlp / vocab dimensions are split over
+'model' (1-D parameter partitioning) and, with ``fsdp=True``, ``embed`` is also split over 'data'
+(2-D). Axes absent from the rules (``layers``, ``kv``, synthesizer ``length`` ...) are replicated.
+"""
+from typing import Sequence, Tuple
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ('data', 'model')
+
+
+def logical_axis_rules(fsdp: bool = False) -> Tuple[Tuple[str, object], ...]:
+  """(logical name, mesh axis) pairs, first match wins; activations use 'batch' and 'length'."""
+  return (('batch', 'data'), ('vocab', 'model'), ('mlp', 'model'), ('heads', 'model'),
+          ('embed', 'data' if fsdp else None), ('kv', None), ('length', None), ('layers', None))
+
+
+def make_mesh(data: int = -1, model: int = 1, devices: Sequence = None) -> Mesh:
+  """A (data, model) mesh over ``devices`` (all by default); data=-1 takes the rest."""
+  devices = list(jax.devices() if devices is None else devices)
+  if data == -1:
+    if len(devices) % model:
+      raise ValueError(f'{len(devices)} devices cannot be split into model={model} groups')
+    data = len(devices) // model
+  if data * model != len(devices):
+    raise ValueError(f'mesh data={data} x model={model} needs {data * model} devices, '
+                     f'found {len(devices)}')
+  return Mesh(np.asarray(devices).reshape(data, model), MESH_AXES)
+
+
+def param_shardings(abstract_params, mesh: Mesh, rules) -> object:
+  """NamedShardings of a boxed (LogicallyPartitioned) parameter tree."""
+  return nn.logical_to_mesh_sharding(nn.get_partition_spec(abstract_params), mesh, rules)
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  """Input batches: the leading (batch) dimension split over 'data'."""
+  return NamedSharding(mesh, PartitionSpec('data'))

@@ -1,0 +1,106 @@
+"""One training step, from a batch of model features to updated parameters.
+
+loss -> gradients (summed over microbatches, then normalised once, so accumulation equals the
+full batch) -> optional skip of a non-finite step -> Adafactor update. ``make_train_step`` jits
+it with parameters sharded by their logical axes and the batch split over the mesh's 'data' axis.
+"""
+import functools
+from typing import Any, Callable, Dict, Union
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from t5x_variants.models import losses
+from t5x_variants.models.config import TransformerConfig
+from t5x_variants.train import partitioning
+
+# Model inputs per architecture: the feature converters' names, which the models' arguments share.
+MODEL_INPUTS = {
+    'encoder_decoder': ('encoder_input_tokens', 'decoder_input_tokens', 'encoder_segment_ids',
+                        'decoder_segment_ids', 'encoder_positions', 'decoder_positions'),
+    'decoder_only': ('decoder_input_tokens', 'decoder_segment_ids', 'decoder_positions'),
+    'encoder_only': ('encoder_input_tokens', 'encoder_segment_ids', 'encoder_positions'),
+}
+TARGETS = {'encoder_decoder': 'decoder', 'decoder_only': 'decoder', 'encoder_only': 'encoder'}
+
+
+class TrainState(flax.struct.PyTreeNode):
+  step: jnp.ndarray
+  params: Any
+  opt_state: Any
+
+
+def summed_loss(model, config: TransformerConfig, params, batch, dropout_rng, label_smoothing=0.0,
+                z_loss=0.0):
+  """(summed loss, metrics sums) of one (micro)batch; dropout on when ``dropout_rng`` is given."""
+  inputs = {k: batch[k] for k in MODEL_INPUTS[config.architecture] if k in batch}
+  rngs = {'dropout': dropout_rng} if dropout_rng is not None else {}
+  logits = model.apply({'params': params}, **inputs, enable_dropout=dropout_rng is not None, rngs=rngs)
+  prefix = TARGETS[config.architecture]
+  m = losses.loss_and_metrics(logits, batch[f'{prefix}_target_tokens'], batch[f'{prefix}_loss_weights'],
+                              label_smoothing, z_loss, loss_normalizing_factor='none')
+  m['correct'] = m.pop('accuracy') * jnp.maximum(m['num_tokens'], 1.0)
+  return m['loss'], m
+
+
+def train_step(state: TrainState, batch: Dict[str, jnp.ndarray], rng, *, model, config, tx,
+               schedule: Callable, num_microbatches: int = 1, label_smoothing: float = 0.0,
+               z_loss: float = 0.0, loss_normalizing_factor: Union[str, float] = 'num_tokens',
+               skip_nonfinite: bool = True, dropout: bool = False):
+  """Returns (new state, metrics). A step whose loss or gradients are not finite leaves the state
+  unchanged when ``skip_nonfinite`` (metrics['skipped'] = 1)."""
+  grad_fn = jax.grad(functools.partial(summed_loss, model, config, label_smoothing=label_smoothing,
+                                       z_loss=z_loss), argnums=0, has_aux=True)
+  micro = jax.tree_util.tree_map(lambda x: x.reshape((num_microbatches, -1) + x.shape[1:]), batch)
+  rngs = jax.random.split(jax.random.fold_in(rng, state.step), num_microbatches)
+
+  def accumulate(carry, xs):
+    mb, r = xs
+    g, m = grad_fn(state.params, mb, r if dropout else None)
+    return jax.tree_util.tree_map(jnp.add, carry, (g, m)), None
+
+  zeros = jax.eval_shape(grad_fn, state.params, jax.tree_util.tree_map(lambda x: x[0], micro), None)
+  zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), zeros)
+  (grads, sums), _ = jax.lax.scan(accumulate, zeros, (micro, rngs))
+  factor = {'num_tokens': jnp.maximum(sums['num_tokens'], 1.0), 'none': 1.0}.get(
+      loss_normalizing_factor, loss_normalizing_factor)
+  grads = jax.tree_util.tree_map(lambda g: g / factor, grads)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  new = TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state)
+  metrics = {'loss': sums['loss'] / factor, 'z_loss': sums['z_loss'] / factor,
+             'accuracy': sums['correct'] / jnp.maximum(sums['num_tokens'], 1.0),
+             'num_tokens': sums['num_tokens'], 'learning_rate': schedule(state.step),
+             'grad_norm': optax.tree_utils.tree_norm(grads), 'param_norm': optax.tree_utils.tree_norm(new.params)}
+  finite = jnp.isfinite(metrics['loss']) & jnp.isfinite(metrics['grad_norm'])
+  if skip_nonfinite:
+    new = jax.tree_util.tree_map(lambda a, b: jnp.where(finite, a, b), new, state)
+  metrics['skipped'] = (~finite).astype(jnp.int32)
+  return new, metrics
+
+
+def init_state(model, config: TransformerConfig, tx_fn: Callable, mesh, rules, rng, init_inputs):
+  """(sharded TrainState, its shardings, tx): parameters are created directly in their shards.
+  Adafactor's factored statistics (rows + columns per matrix) are small and replicated."""
+  boxed = jax.eval_shape(lambda: model.init(rng, *init_inputs)['params'])
+  param_sharding = partitioning.param_shardings(boxed, mesh, rules)
+  tx = tx_fn(nn.unbox(boxed))
+  replicated = NamedSharding(mesh, PartitionSpec())
+
+  def create():
+    params = nn.unbox(model.init(rng, *init_inputs)['params'])
+    return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+  abstract = jax.eval_shape(create)
+  shardings = TrainState(replicated, param_sharding,
+                         jax.tree_util.tree_map(lambda _: replicated, abstract.opt_state))
+  return jax.jit(create, out_shardings=shardings)(), shardings, tx
+
+
+def make_train_step(shardings: TrainState, mesh, **kwargs):
+  """The jitted step: state in place (donated), batch split over 'data'."""
+  step = functools.partial(train_step, **kwargs)
+  return jax.jit(step, in_shardings=(shardings, partitioning.batch_sharding(mesh), None),
+                 out_shardings=(shardings, None), donate_argnums=(0,))

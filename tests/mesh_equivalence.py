@@ -1,0 +1,29 @@
+"""Run in a subprocess with 8 host-platform devices: prints the losses of 3 steps on a
+data=4 x model=2 mesh and on a single device, as JSON."""
+import json
+import os
+import sys
+
+os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'
+sys.path.insert(0, os.path.dirname(__file__))
+
+import jax  # noqa: E402
+
+from t5x_variants.train import partitioning  # noqa: E402
+from train_helpers import setup, synthetic_batch  # noqa: E402
+
+
+def losses(mesh):
+  state, step = setup(mesh)
+  out = []
+  for i in range(3):
+    state, metrics = step(state, synthetic_batch(seed=i), jax.random.PRNGKey(0))
+    out.append(float(metrics['loss']))
+  kernel = state.params['decoder']['layers']['mlp']['wi']['kernel']
+  return out, [str(s) for s in kernel.sharding.spec]
+
+
+assert len(jax.devices()) == 8
+sharded, spec = losses(partitioning.make_mesh(data=4, model=2))
+single, _ = losses(partitioning.make_mesh(devices=jax.devices()[:1]))
+print(json.dumps({'sharded': sharded, 'single': single, 'spec': spec}))

@@ -1,0 +1,124 @@
+"""Loss, schedules, Adafactor with scanned layers, and the train step (accumulation, NaN skip,
+sharded == single device)."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from conftest import init_params, tiny, tokens
+from t5x_variants.models import losses
+from t5x_variants.train import optimizer, partitioning
+from train_helpers import setup, synthetic_batch
+
+
+def test_cross_entropy_with_label_smoothing_and_z_loss_matches_the_formula():
+  rng = np.random.RandomState(0)
+  logits, targets = rng.randn(2, 3, 5), rng.randint(0, 5, (2, 3))
+  ls, zl = 0.1, 1e-3
+  per_token, z = losses.cross_entropy(jnp.asarray(logits), jnp.asarray(targets), None, ls, zl)
+  log_z = np.log(np.exp(logits).sum(-1))
+  q = np.full((2, 3, 5), ls / 4)
+  np.put_along_axis(q, targets[..., None], 1 - ls, -1)
+  want = -(q * (logits - log_z[..., None])).sum(-1) + (q * np.log(q)).sum(-1) + zl * log_z**2
+  np.testing.assert_allclose(per_token, want, rtol=1e-5)
+  np.testing.assert_allclose(z, zl * log_z**2, rtol=1e-5)
+  # A prediction equal to the smoothed target costs (almost) nothing.
+  perfect, _ = losses.cross_entropy(jnp.log(jnp.asarray(q)), jnp.asarray(targets), None, ls)
+  np.testing.assert_allclose(perfect, 0, atol=1e-5)
+  weights = np.asarray([[1, 1, 0], [1, 0, 0]])
+  m = losses.loss_and_metrics(jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights))
+  nll = -(logits - log_z[..., None])[np.arange(2)[:, None], np.arange(3)[None], targets]
+  np.testing.assert_allclose(m['loss'], (nll * weights).sum() / 3, rtol=1e-5)
+  assert float(m['num_tokens']) == 3
+  hits = (logits.argmax(-1) == targets) * weights
+  np.testing.assert_allclose(m['accuracy'], hits.sum() / 3)
+
+
+def test_schedules():
+  rsqrt = optimizer.learning_rate_schedule('rsqrt', base=1.0, warmup_steps=10_000)
+  assert float(rsqrt(0)) == pytest.approx(0.01) and float(rsqrt(10_000)) == pytest.approx(0.01)
+  assert float(rsqrt(40_000)) == pytest.approx(0.005)
+  glu = optimizer.learning_rate_schedule('rsqrt', warmup_steps=10_000, total_steps=100_000,
+                                         decay_fraction=0.1)
+  assert float(glu(40_000)) == pytest.approx(0.005)
+  assert float(glu(95_000)) == pytest.approx(0.5 / math.sqrt(95_000))
+  assert float(glu(100_000)) == 0.0
+  assert float(optimizer.learning_rate_schedule('constant', base=1e-3)(123)) == pytest.approx(1e-3)
+  with pytest.raises(ValueError, match='valid: rsqrt, constant'):
+    optimizer.learning_rate_schedule('cosine')
+
+
+def test_adafactor_never_factors_the_layers_axis_and_equals_per_layer_updates():
+  c = tiny(d_model=128, num_heads=2, head_dim=64, d_ff=256, vocab_size=16,
+           num_encoder_layers=3, architecture='encoder_only')
+  _, params = init_params(c, tokens(1, 4, vocab=16))
+  tx = optimizer.adafactor(params, learning_rate=0.01)
+  state = tx.init(params)
+  shapes = {tuple(x.shape) for x in jax.tree_util.tree_leaves(state)}
+  assert (3, 128) in shapes and (3, 256) in shapes  # v_row / v_col of wi (3, 128, 256), per layer
+  grads = jax.tree_util.tree_map(lambda p: jnp.sin(jnp.arange(p.size).reshape(p.shape) * 1.0), params)
+  updates, _ = tx.update(grads, state, params)
+  wi = params['encoder']['layers']['mlp']['wi']['kernel']
+  g = grads['encoder']['layers']['mlp']['wi']['kernel']
+  single = optax.adafactor(0.01, decay_rate=0.8, clipping_threshold=1.0, momentum=None)
+  for layer in range(3):
+    u, _ = single.update(g[layer], single.init(wi[layer]), wi[layer])
+    np.testing.assert_allclose(updates['encoder']['layers']['mlp']['wi']['kernel'][layer], u, rtol=1e-5)
+
+
+def test_fixed_random_synthesizer_gets_no_update():
+  c = tiny(architecture='encoder_only', self_attention=('fixed_random', 'dot_product'))
+  _, params = init_params(c, tokens(1, 4))
+  tx = optimizer.adafactor(params, learning_rate=0.01)
+  grads = jax.tree_util.tree_map(jnp.ones_like, params)
+  updates, _ = tx.update(grads, tx.init(params), params)
+  sa = updates['encoder']['layers']['self_attention']
+  assert float(jnp.abs(sa['fixed_random']['random_logits']).sum()) == 0
+  assert float(jnp.abs(sa['query']['kernel']).sum()) > 0
+
+
+def test_loss_falls_and_microbatches_equal_the_full_batch():
+  mesh = partitioning.make_mesh(devices=jax.devices()[:1])
+  state, step = setup(mesh)
+  batch, rng = synthetic_batch(), jax.random.PRNGKey(0)
+  first = None
+  for _ in range(20):
+    state, m = step(state, batch, rng)
+    first = first if first is not None else float(m['loss'])
+  assert float(m['loss']) < 0.8 * first and int(state.step) == 20
+  one, step1 = setup(mesh)
+  two, step2 = setup(mesh, num_microbatches=2)
+  one, m1 = step1(one, batch, rng)
+  two, m2 = step2(two, batch, rng)
+  np.testing.assert_allclose(m1['loss'], m2['loss'], rtol=1e-6)
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
+                         one.params, two.params)
+
+
+def test_a_non_finite_step_is_skipped():
+  mesh = partitioning.make_mesh(devices=jax.devices()[:1])
+  state, step = setup(mesh)
+  bad = state.replace(params=jax.tree_util.tree_map(lambda p: p, state.params))
+  bad.params['token_embedder']['embedding'] = bad.params['token_embedder']['embedding'].at[3].set(jnp.nan)
+  before = jax.tree_util.tree_map(np.asarray, bad.params)
+  after, m = step(bad, synthetic_batch(), jax.random.PRNGKey(0))
+  assert int(m['skipped']) == 1 and int(after.step) == 0
+  jax.tree_util.tree_map(np.testing.assert_array_equal, jax.tree_util.tree_map(np.asarray, after.params), before)
+
+
+def test_sharded_mesh_matches_a_single_device():
+  """data=4 x model=2 on 8 host-platform devices gives the losses of one device."""
+  script = os.path.join(os.path.dirname(__file__), 'mesh_equivalence.py')
+  out = subprocess.run([sys.executable, script], capture_output=True, text=True, check=True)
+  result = json.loads(out.stdout.strip().splitlines()[-1])
+  assert result['spec'] == ['None', 'None', 'model']  # (layers, embed, mlp): mlp over 'model'
+  np.testing.assert_allclose(result['sharded'], result['single'], rtol=1e-5)
+  assert result['sharded'][2] < result['sharded'][0]
