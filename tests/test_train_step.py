@@ -40,6 +40,9 @@ def test_cross_entropy_with_label_smoothing_and_z_loss_matches_the_formula():
   assert float(m['num_tokens']) == 3
   hits = (logits.argmax(-1) == targets) * weights
   np.testing.assert_allclose(m['accuracy'], hits.sum() / 3)
+  assert float(losses.normalizing_factor(2048.0, 3.0)) == 2048.0
+  with pytest.raises(ValueError, match="unknown loss_normalizing_factor 'tokens'"):
+    losses.normalizing_factor('tokens', 3.0)
 
 
 def test_schedules():

@@ -91,11 +91,9 @@ def register_tasks(vocabulary: seqio.Vocabulary = None) -> List[str]:
 def get_task_or_mixture(name: str):
   """The registered task or mixture ``name``, or one error listing the registered names."""
   register_tasks()
-  if name in seqio.MixtureRegistry.names():
-    return seqio.get_mixture_or_task(name)
-  if name in seqio.TaskRegistry.names():
-    return seqio.get_mixture_or_task(name)
   known = sorted(set(seqio.TaskRegistry.names()) | set(seqio.MixtureRegistry.names()))
+  if name in known:
+    return seqio.get_mixture_or_task(name)
   raise ValueError(f'unknown task or mixture {name!r}; registered: {", ".join(known)}')
 
 

@@ -30,19 +30,25 @@ def cross_entropy(logits, targets, weights=None, label_smoothing: float = 0.0,
   return (loss + z) * w, z * w
 
 
+def normalizing_factor(loss_normalizing_factor: Union[str, float], num_tokens):
+  """'num_tokens': the number of weighted tokens (at least 1); 'none': 1; a number: itself (T5's
+  constant normaliser makes the loss independent of the batch's padding)."""
+  if isinstance(loss_normalizing_factor, str):
+    if loss_normalizing_factor not in NORMALIZERS:
+      raise ValueError(f'unknown loss_normalizing_factor {loss_normalizing_factor!r}; valid: '
+                       f'{", ".join(NORMALIZERS)} or a number')
+    return jnp.maximum(num_tokens, 1.0) if loss_normalizing_factor == 'num_tokens' else 1.0
+  return loss_normalizing_factor
+
+
 def loss_and_metrics(logits, targets, weights, label_smoothing: float = 0.0, z_loss: float = 0.0,
                      loss_normalizing_factor: Union[str, float] = 'num_tokens'
                      ) -> Dict[str, jnp.ndarray]:
-  """The scalar training loss and its metrics. ``loss_normalizing_factor``: 'num_tokens' divides
-  the summed loss by the number of weighted tokens, 'none' keeps the sum, a number divides by it
-  (T5's constant normaliser makes the loss independent of the batch's padding)."""
-  if isinstance(loss_normalizing_factor, str) and loss_normalizing_factor not in NORMALIZERS:
-    raise ValueError(f'unknown loss_normalizing_factor {loss_normalizing_factor!r}; valid: '
-                     f'{", ".join(NORMALIZERS)} or a number')
+  """The scalar training loss (summed, divided by ``normalizing_factor``) and its metrics;
+  ``correct`` is the number of weighted tokens predicted right."""
   per_token, z = cross_entropy(logits, targets, weights, label_smoothing, z_loss)
   num_tokens = jnp.sum(weights.astype(jnp.float32))
-  factor = {'num_tokens': jnp.maximum(num_tokens, 1.0), 'none': 1.0}.get(
-      loss_normalizing_factor, loss_normalizing_factor)
-  correct = (jnp.argmax(logits, -1) == targets) * weights
-  return {'loss': jnp.sum(per_token) / factor, 'z_loss': jnp.sum(z) / factor,
-          'accuracy': jnp.sum(correct) / jnp.maximum(num_tokens, 1.0), 'num_tokens': num_tokens}
+  factor = normalizing_factor(loss_normalizing_factor, num_tokens)
+  correct = jnp.sum((jnp.argmax(logits, -1) == targets) * weights)
+  return {'loss': jnp.sum(per_token) / factor, 'z_loss': jnp.sum(z) / factor, 'correct': correct,
+          'accuracy': correct / jnp.maximum(num_tokens, 1.0), 'num_tokens': num_tokens}

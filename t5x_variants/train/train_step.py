@@ -43,7 +43,7 @@ def summed_loss(model, config: TransformerConfig, params, batch, dropout_rng, la
   prefix = TARGETS[config.architecture]
   m = losses.loss_and_metrics(logits, batch[f'{prefix}_target_tokens'], batch[f'{prefix}_loss_weights'],
                               label_smoothing, z_loss, loss_normalizing_factor='none')
-  m['correct'] = m.pop('accuracy') * jnp.maximum(m['num_tokens'], 1.0)
+  del m['accuracy']  # a ratio; the step sums 'correct' over microbatches instead
   return m['loss'], m
 
 
@@ -66,8 +66,7 @@ def train_step(state: TrainState, batch: Dict[str, jnp.ndarray], rng, *, model, 
   zeros = jax.eval_shape(grad_fn, state.params, jax.tree_util.tree_map(lambda x: x[0], micro), None)
   zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), zeros)
   (grads, sums), _ = jax.lax.scan(accumulate, zeros, (micro, rngs))
-  factor = {'num_tokens': jnp.maximum(sums['num_tokens'], 1.0), 'none': 1.0}.get(
-      loss_normalizing_factor, loss_normalizing_factor)
+  factor = losses.normalizing_factor(loss_normalizing_factor, sums['num_tokens'])
   grads = jax.tree_util.tree_map(lambda g: g / factor, grads)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   new = TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state)
