@@ -8,8 +8,10 @@ sits on every position BERT selected, also the 10% replaced at random and the 10
 ``BatchIterator`` saves and restores its exact position with tf.data iterator checkpointing, so
 a resumed run sees the same batches as an uninterrupted one.
 """
+import dataclasses
 from typing import Dict, Iterator, Mapping, Optional
 
+import gin
 import numpy as np
 import seqio
 import tensorflow as tf
@@ -110,3 +112,29 @@ def batches(name: str, task_feature_lengths: Mapping[str, int], architecture: st
   ds = get_dataset(name, task_feature_lengths, architecture, split, shuffle, seed, num_epochs, pack,
                    host_index, num_hosts)
   return BatchIterator(ds, global_batch_size, num_hosts)
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class DatasetConfig:
+  """A run's data, bound in gin under a scope: ``train/DatasetConfig`` (what the model trains on)
+  and ``train_eval/DatasetConfig`` (teacher-forced eval during training), as in T5X."""
+  mixture_or_task_name: Optional[str] = None
+  task_feature_lengths: Optional[Mapping[str, int]] = None
+  batch_size: int = 128
+  split: str = 'train'
+  shuffle: bool = True
+  seed: int = 0
+  pack: bool = True
+  num_epochs: Optional[int] = None  # None: repeat forever
+
+
+def config_batches(config: DatasetConfig, architecture: str, host_index: int = 0,
+                   num_hosts: int = 1) -> BatchIterator:
+  """``batches`` of a DatasetConfig."""
+  if not config.mixture_or_task_name or not config.task_feature_lengths:
+    raise ValueError('DatasetConfig needs mixture_or_task_name and task_feature_lengths (gin: '
+                     'MIXTURE_OR_TASK_NAME and TASK_FEATURE_LENGTHS)')
+  return batches(config.mixture_or_task_name, config.task_feature_lengths, architecture,
+                 config.batch_size, config.split, config.shuffle, config.seed, config.num_epochs,
+                 config.pack, host_index, num_hosts)

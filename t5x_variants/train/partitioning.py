@@ -43,3 +43,14 @@ def param_shardings(abstract_params, mesh: Mesh, rules) -> object:
 def batch_sharding(mesh: Mesh) -> NamedSharding:
   """Input batches: the leading (batch) dimension split over 'data'."""
   return NamedSharding(mesh, PartitionSpec('data'))
+
+
+def global_batch(batch, mesh: Mesh):
+  """This process's rows of a batch as arrays split over 'data' that hold every process's rows."""
+  sharding = batch_sharding(mesh)
+  return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
+
+
+def to_host(tree):
+  """Replicated (e.g. scalar metric) arrays as numpy, also when other processes hold copies."""
+  return jax.tree_util.tree_map(lambda x: np.asarray(x.addressable_data(0)), tree)

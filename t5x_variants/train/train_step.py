@@ -5,7 +5,7 @@ full batch) -> optional skip of a non-finite step -> Adafactor update. ``make_tr
 it with parameters sharded by their logical axes and the batch split over the mesh's 'data' axis.
 """
 import functools
-from typing import Any, Callable, Dict, Union
+from typing import Any, Callable, Dict, NamedTuple, Union
 
 import flax
 import flax.linen as nn
@@ -51,8 +51,9 @@ def train_step(state: TrainState, batch: Dict[str, jnp.ndarray], rng, *, model, 
                schedule: Callable, num_microbatches: int = 1, label_smoothing: float = 0.0,
                z_loss: float = 0.0, loss_normalizing_factor: Union[str, float] = 'num_tokens',
                skip_nonfinite: bool = True, dropout: bool = False):
-  """Returns (new state, metrics). A step whose loss or gradients are not finite leaves the state
-  unchanged when ``skip_nonfinite`` (metrics['skipped'] = 1)."""
+  """Returns (new state, metrics). A step whose loss or gradients are not finite leaves the
+  parameters and optimizer state unchanged when ``skip_nonfinite`` (metrics['skipped'] = 1); the
+  step count still advances."""
   grad_fn = jax.grad(functools.partial(summed_loss, model, config, label_smoothing=label_smoothing,
                                        z_loss=z_loss), argnums=0, has_aux=True)
   micro = jax.tree_util.tree_map(lambda x: x.reshape((num_microbatches, -1) + x.shape[1:]), batch)
@@ -75,27 +76,51 @@ def train_step(state: TrainState, batch: Dict[str, jnp.ndarray], rng, *, model, 
              'num_tokens': sums['num_tokens'], 'learning_rate': schedule(state.step),
              'grad_norm': optax.tree_utils.tree_norm(grads), 'param_norm': optax.tree_utils.tree_norm(new.params)}
   finite = jnp.isfinite(metrics['loss']) & jnp.isfinite(metrics['grad_norm'])
-  if skip_nonfinite:
-    new = jax.tree_util.tree_map(lambda a, b: jnp.where(finite, a, b), new, state)
+  if skip_nonfinite:  # the step still counts: it consumed a batch
+    keep = lambda a, b: jax.tree_util.tree_map(lambda x, y: jnp.where(finite, x, y), a, b)
+    new = TrainState(new.step, keep(new.params, state.params), keep(new.opt_state, state.opt_state))
   metrics['skipped'] = (~finite).astype(jnp.int32)
   return new, metrics
 
 
-def init_state(model, config: TransformerConfig, tx_fn: Callable, mesh, rules, rng, init_inputs):
-  """(sharded TrainState, its shardings, tx): parameters are created directly in their shards.
-  Adafactor's factored statistics (rows + columns per matrix) are small and replicated."""
+class StateLayout(NamedTuple):
+  """Where a TrainState lives: its abstract form (with shardings), the shardings, the optimizer."""
+  abstract: TrainState
+  shardings: TrainState
+  tx: optax.GradientTransformation
+
+
+def state_layout(model, config: TransformerConfig, tx_fn: Callable, mesh, rules, rng,
+                 init_inputs) -> StateLayout:
+  """Parameters are sharded by their logical axes; Adafactor's factored statistics (rows +
+  columns per matrix) are small and replicated."""
   boxed = jax.eval_shape(lambda: model.init(rng, *init_inputs)['params'])
-  param_sharding = partitioning.param_shardings(boxed, mesh, rules)
   tx = tx_fn(nn.unbox(boxed))
   replicated = NamedSharding(mesh, PartitionSpec())
-
-  def create():
-    params = nn.unbox(model.init(rng, *init_inputs)['params'])
-    return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
-  abstract = jax.eval_shape(create)
-  shardings = TrainState(replicated, param_sharding,
+  abstract = jax.eval_shape(lambda: _fresh(nn.unbox(boxed), tx))
+  shardings = TrainState(replicated, partitioning.param_shardings(boxed, mesh, rules),
                          jax.tree_util.tree_map(lambda _: replicated, abstract.opt_state))
-  return jax.jit(create, out_shardings=shardings)(), shardings, tx
+  with_sharding = lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
+  return StateLayout(jax.tree_util.tree_map(with_sharding, abstract, shardings), shardings, tx)
+
+
+def _fresh(params, tx) -> TrainState:
+  return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+
+
+def create_state(layout: StateLayout, model, rng, init_inputs, params=None) -> TrainState:
+  """A step-0 state built directly in its shards: freshly initialised parameters, or ``params``
+  (e.g. a pretrained checkpoint's) with a fresh optimizer state."""
+  if params is not None:
+    return jax.jit(lambda p: _fresh(p, layout.tx), out_shardings=layout.shardings)(params)
+  init = lambda: _fresh(nn.unbox(model.init(rng, *init_inputs)['params']), layout.tx)
+  return jax.jit(init, out_shardings=layout.shardings)()
+
+
+def init_state(model, config: TransformerConfig, tx_fn: Callable, mesh, rules, rng, init_inputs):
+  """(fresh sharded TrainState, its shardings, tx)."""
+  layout = state_layout(model, config, tx_fn, mesh, rules, rng, init_inputs)
+  return create_state(layout, model, rng, init_inputs), layout.shardings, layout.tx
 
 
 def make_train_step(shardings: TrainState, mesh, **kwargs):

@@ -1,0 +1,155 @@
+"""Orbax checkpoints of the train state and of every host's data-iterator position.
+
+A checkpoint is ``MODEL_DIR/checkpoint_<step>/`` holding ``state`` (the sharded TrainState,
+written asynchronously; each process writes its own shards) and ``data`` (one file set per host,
+written by the iterator's own ``save(prefix)``, e.g. tf.data iterator checkpointing), so that a
+resumed run continues with exactly the batches it would have seen. Orbax writes into a temporary
+directory and renames it when complete, so a crash never leaves a half-written checkpoint under a
+step name. A checkpoint that still cannot be read is moved aside (never deleted) and the previous
+one is used.
+"""
+import dataclasses
+import logging
+import os
+from typing import Any, Optional
+
+import gin
+import jax
+from jax.experimental import multihost_utils
+import orbax.checkpoint as ocp
+from etils import epath
+
+PREFIX = 'checkpoint'
+
+
+class CheckpointError(RuntimeError):
+  """No usable checkpoint where one was asked for."""
+
+
+def _host_file(directory) -> str:
+  return str(epath.Path(directory) / f'host-{jax.process_index():05d}-of-{jax.process_count():05d}')
+
+
+class DataIteratorHandler(ocp.CheckpointHandler):
+  """Saves / restores an iterator with ``save(prefix)`` and ``restore(prefix)`` methods."""
+
+  def save(self, directory: epath.Path, args: 'DataIteratorSave'):
+    directory.mkdir(parents=True, exist_ok=True)
+    args.iterator.save(_host_file(directory))
+
+  def restore(self, directory: epath.Path, args: 'DataIteratorRestore'):
+    args.iterator.restore(_host_file(directory))
+    return args.iterator
+
+
+@ocp.args.register_with_handler(DataIteratorHandler, for_save=True)
+@dataclasses.dataclass
+class DataIteratorSave(ocp.args.CheckpointArgs):
+  iterator: Any
+
+
+@ocp.args.register_with_handler(DataIteratorHandler, for_restore=True)
+@dataclasses.dataclass
+class DataIteratorRestore(ocp.args.CheckpointArgs):
+  iterator: Any
+
+
+def _resumable(iterator) -> bool:
+  return hasattr(iterator, 'save') and hasattr(iterator, 'restore')
+
+
+def _abstract(tree):
+  """ShapeDtypeStructs (with shardings) of arrays or of abstract arrays."""
+  return jax.tree_util.tree_map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, 'sharding', None)), tree)
+
+
+@gin.configurable
+class Checkpointer:
+  """Periodic, asynchronous, keep-N checkpoints in ``model_dir``.
+
+  ``period``: save every ``period`` steps (and always on request: the final step, SIGTERM).
+  ``keep``: how many recent checkpoints to keep (None: all).
+  """
+
+  def __init__(self, model_dir: str, period: int = 1000, keep: Optional[int] = 5,
+               async_save: bool = True):
+    self.period = period
+    self.model_dir = epath.Path(model_dir)
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=keep, save_interval_steps=1, step_prefix=PREFIX, create=True,
+        enable_async_checkpointing=async_save)
+    self.manager = ocp.CheckpointManager(self.model_dir, options=options)
+
+  def steps(self):
+    return sorted(self.manager.all_steps(read=True))
+
+  def save(self, step: int, state, data_iterator=None, force: bool = False) -> bool:
+    """Starts saving ``state`` at ``step`` if it is a period step or ``force``; True if started."""
+    if step in self.manager.all_steps() or not (force or step % self.period == 0):
+      return False
+    items = {'state': ocp.args.StandardSave(state)}
+    if _resumable(data_iterator):
+      items['data'] = DataIteratorSave(data_iterator)
+    return self.manager.save(step, args=ocp.args.Composite(**items), force=True)
+
+  def wait(self):
+    self.manager.wait_until_finished()
+
+  def close(self):
+    self.manager.wait_until_finished()
+    self.manager.close()
+
+  def restore_latest(self, abstract_state, data_iterator=None):
+    """(state, step) of the newest readable checkpoint, laid out as ``abstract_state`` says (its
+    shardings may differ from the saving run's: another mesh or device count); None if there is no
+    checkpoint. An unreadable one is renamed ``<name>.unreadable`` and the one before is tried."""
+    for step in reversed(self.steps()):
+      try:
+        return self.restore(step, abstract_state, data_iterator), step
+      except Exception as e:  # orbax raises many types for a damaged directory
+        path = self.model_dir / f'{PREFIX}_{step}'
+        logging.error('checkpoint %s cannot be read (%s: %s); falling back to the previous one',
+                      path, type(e).__name__, str(e).splitlines()[0] if str(e) else '')
+        multihost_utils.sync_global_devices(f'unreadable {step}')
+        if jax.process_index() == 0:
+          path.rename(str(path) + '.unreadable')
+        multihost_utils.sync_global_devices(f'moved {step}')
+        self.manager.reload()
+    return None
+
+  def restore(self, step: int, abstract_state, data_iterator=None):
+    items = {'state': ocp.args.StandardRestore(_abstract(abstract_state))}
+    if _resumable(data_iterator):
+      items['data'] = DataIteratorRestore(data_iterator)
+    return self.manager.restore(step, args=ocp.args.Composite(**items))['state']
+
+
+def checkpoint_path(path: str) -> epath.Path:
+  """A checkpoint directory: ``path`` itself, or the newest ``checkpoint_<step>`` inside it."""
+  path = epath.Path(path)
+  if (path / 'state').exists():
+    return path
+  steps = [int(p.name.split('_')[1]) for p in path.glob(f'{PREFIX}_*') if p.name.split('_')[1].isdigit()]
+  if not steps:
+    raise CheckpointError(f'no checkpoint at {path}: expected a {PREFIX}_<step> directory or a '
+                          f'directory containing them')
+  return path / f'{PREFIX}_{max(steps)}'
+
+
+def restore_params(path: str, abstract_params):
+  """Only the parameters of a checkpoint (fine-tuning: the optimizer state starts fresh), laid out
+  as ``abstract_params`` says."""
+  path = checkpoint_path(path)
+  target = {'params': _abstract(abstract_params)}
+  restore_args = jax.tree_util.tree_map(
+      lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding, global_shape=x.shape, dtype=x.dtype),
+      target)
+  with ocp.PyTreeCheckpointer() as ckptr:
+    try:
+      restored = ckptr.restore(path / 'state', args=ocp.args.PyTreeRestore(
+          item=target, restore_args=restore_args, partial_restore=True))
+    except Exception as e:
+      raise CheckpointError(f'cannot read the parameters of {path}: {e}. Is it a checkpoint of '
+                            f'the same model configuration?') from e
+  return restored['params']

@@ -1,0 +1,67 @@
+"""The run's record: ``metrics.jsonl`` (one JSON object per logged train step and per eval),
+TensorBoard scalars and a console progress line with throughput and ETA. Only process 0 writes."""
+import json
+import os
+import time
+from typing import Mapping, Optional
+
+import jax
+
+from t5x_variants.train.tensorboard import EventWriter
+
+
+def _format_duration(seconds: float) -> str:
+  seconds = int(seconds)
+  return f'{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}'
+
+
+class MetricsLogger:
+  """``train(step, metrics)`` and ``eval(step, name, metrics)`` append to ``metrics.jsonl``,
+  TensorBoard (tags ``train/<metric>``, ``eval/<name>/<metric>``) and the console."""
+
+  def __init__(self, model_dir: str, total_steps: Optional[int] = None, console: bool = True):
+    self.enabled = jax.process_index() == 0
+    self.total_steps = total_steps
+    self.console = console
+    if self.enabled:
+      os.makedirs(model_dir, exist_ok=True)
+      self._jsonl = open(os.path.join(model_dir, 'metrics.jsonl'), 'a')
+      self._tb = EventWriter(os.path.join(model_dir, 'tensorboard'))
+
+  def _write(self, record: Mapping, tags: Mapping[str, float]):
+    self._jsonl.write(json.dumps(record) + '\n')
+    self._jsonl.flush()
+    self._tb.scalars(record['step'], tags)
+
+  def train(self, step: int, metrics: Mapping[str, float], start_step: int, start_time: float):
+    """Logs a train step; the ETA extrapolates the speed since ``start_step``."""
+    if not self.enabled:
+      return
+    record = {'step': step, 'kind': 'train', **{k: float(v) for k, v in metrics.items()},
+              'time': time.time()}
+    self._write(record, {f'train/{k}': v for k, v in metrics.items()})
+    if self.console:
+      elapsed = time.time() - start_time
+      eta = ''
+      if self.total_steps and step > start_step:
+        eta = f' eta {_format_duration(elapsed / (step - start_step) * (self.total_steps - step))}'
+      total = f'/{self.total_steps}' if self.total_steps else ''
+      print(f'step {step}{total} loss {metrics["loss"]:.4f} acc {metrics["accuracy"]:.4f} '
+            f'lr {metrics["learning_rate"]:.2e} {metrics["tokens_per_second"]:,.0f} tok/s '
+            f'{metrics["step_time"] * 1000:.0f} ms/step elapsed {_format_duration(elapsed)}{eta}',
+            flush=True)
+
+  def eval(self, step: int, name: str, metrics: Mapping[str, float]):
+    if not self.enabled:
+      return
+    record = {'step': step, 'kind': 'eval', 'task': name, **{k: float(v) for k, v in metrics.items()},
+              'time': time.time()}
+    self._write(record, {f'eval/{name}/{k}': v for k, v in metrics.items()})
+    if self.console:
+      print(f'eval {name} step {step}: ' + ' '.join(f'{k} {v:.4f}' for k, v in metrics.items()),
+            flush=True)
+
+  def close(self):
+    if self.enabled:
+      self._jsonl.close()
+      self._tb.close()

@@ -1,0 +1,189 @@
+"""The training loop (T5X's ``train.py``): pretraining and fine-tuning, resumable.
+
+Per step: this host's next batch -> one array over the mesh -> the jitted, sharded train step ->
+metrics. On their periods: log (``metrics.jsonl``, TensorBoard, console), teacher-forced eval,
+checkpoint. At start it resumes from the newest readable checkpoint in ``model_dir`` (state and
+data position, onto whatever mesh this run has), or starts from ``init_checkpoint``'s parameters
+(fine-tuning: fresh optimizer state), or from scratch. SIGTERM / SIGINT save a checkpoint and
+return; a non-finite loss is skipped or stops the run, as ``on_nonfinite`` says.
+
+The loop reads each step's metrics before starting the next; a step waits for its host batch
+(tf.data prefetches it in the background), so step times include any input stall.
+"""
+import logging
+import os
+import shutil
+import signal
+import time
+from typing import Callable, Iterable, Iterator, Mapping, Optional, Tuple
+
+import gin
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+from t5x_variants.models import build_model, init_inputs
+from t5x_variants.models.config import TransformerConfig
+from t5x_variants.models.summary import model_info
+from t5x_variants.train import checkpoints, evaluation, optimizer, partitioning, train_step
+from t5x_variants.train.metrics import MetricsLogger
+
+NONFINITE = ('skip', 'stop')
+TOKEN_FEATURES = ('encoder_input_tokens', 'decoder_target_tokens')  # what tokens/s counts
+
+
+class NonFiniteLossError(RuntimeError):
+  """Training stopped at a step whose loss or gradients were not finite."""
+
+
+class _Preemption:
+  """Set by SIGTERM or SIGINT. With several processes, jax's preemption sync point makes all of
+  them stop after the same step (it needs jax.distributed, which registers SIGTERM itself)."""
+
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+  def __init__(self):
+    self.signal = None
+
+  def __enter__(self):
+    self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+    return self
+
+  def __exit__(self, *exc):
+    for s, handler in self._previous.items():
+      signal.signal(s, handler)
+
+  def _handle(self, signum, frame):
+    del frame
+    self.signal = signal.Signals(signum).name
+
+  def reached(self, step: int) -> bool:
+    if jax.process_count() > 1:
+      return multihost_utils.reached_preemption_sync_point(step) or self.signal is not None
+    return self.signal is not None
+
+
+def _write_run_files(model_dir: str, config: TransformerConfig, files: Mapping[str, str]):
+  """``config.gin`` (every binding of this run), ``model-info.txt`` and ``files`` (e.g. the
+  vocabulary, which a later evaluation needs) into ``model_dir``; process 0 only."""
+  if jax.process_index() != 0:
+    return
+  os.makedirs(model_dir, exist_ok=True)
+  with open(os.path.join(model_dir, 'config.gin'), 'w') as f:
+    f.write(gin.config_str())
+  with open(os.path.join(model_dir, 'model-info.txt'), 'w') as f:
+    f.write(model_info(config) + '\n')
+  for name, path in files.items():
+    shutil.copyfile(path, os.path.join(model_dir, name))
+
+
+def _host_tokens(batch) -> Tuple[int, int]:
+  """(tokens, sequences) of a host batch: input plus target positions, padding included."""
+  tokens = sum(int(np.prod(batch[k].shape)) for k in TOKEN_FEATURES if k in batch)
+  return tokens or int(np.prod(next(iter(batch.values())).shape)), len(next(iter(batch.values())))
+
+
+@gin.configurable(denylist=['config', 'train_data', 'eval_data', 'files'])
+def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
+          eval_data: Optional[Callable[[], Mapping[str, Iterable]]] = None,
+          files: Mapping[str, str] = None,
+          model_dir: str = gin.REQUIRED, total_steps: int = gin.REQUIRED,
+          mesh_shape: Tuple[int, int] = (-1, 1), fsdp: bool = False, num_microbatches: int = 1,
+          label_smoothing: float = 0.0, z_loss: float = 1e-4,
+          loss_normalizing_factor='num_tokens', on_nonfinite: str = 'skip',
+          log_period: int = 100, eval_period: int = 1000, eval_batches: Optional[int] = None,
+          init_checkpoint: Optional[str] = None, seed: int = 0):
+  """Trains to ``total_steps``; returns the last logged train metrics (with 'step').
+
+  ``train_data()``: this host's iterator of numpy batches (with ``save``/``restore`` to make the
+  data position part of checkpoints); ``eval_data()``: {name: finite iterable of batches}.
+  ``mesh_shape``: (data, model), -1 = the remaining devices. Dropout is on when
+  ``config.dropout_rate`` > 0. The optimizer and schedule are the gin-bound ``adafactor`` and
+  ``learning_rate_schedule``.
+  """
+  if on_nonfinite not in NONFINITE:
+    raise ValueError(f'unknown on_nonfinite {on_nonfinite!r}; valid: {", ".join(NONFINITE)}')
+  mesh = partitioning.make_mesh(*mesh_shape)
+  model = build_model(config)
+  rng = jax.random.PRNGKey(seed)
+  inputs = init_inputs(config)
+  schedule = optimizer.learning_rate_schedule()
+  layout = train_step.state_layout(model, config,
+                                   lambda params: optimizer.adafactor(params, learning_rate=schedule),
+                                   mesh, partitioning.logical_axis_rules(fsdp), rng, inputs)
+  _write_run_files(model_dir, config, files or {})
+  ckpt = checkpoints.Checkpointer(model_dir)
+  data = train_data()
+  restored = ckpt.restore_latest(layout.abstract, data)
+  if restored:
+    state, start = restored
+    logging.info('resumed from step %d in %s', start, model_dir)
+  else:
+    params = (checkpoints.restore_params(init_checkpoint, layout.abstract.params)
+              if init_checkpoint else None)
+    state, start = train_step.create_state(layout, model, rng, inputs, params), 0
+  step_fn = train_step.make_train_step(
+      layout.shardings, mesh, model=model, config=config, tx=layout.tx, schedule=schedule,
+      num_microbatches=num_microbatches, label_smoothing=label_smoothing, z_loss=z_loss,
+      loss_normalizing_factor=loss_normalizing_factor, dropout=config.dropout_rate > 0)
+  eval_step = evaluation.make_eval_step(model, config, layout.shardings.params, mesh, z_loss)
+  logger = MetricsLogger(model_dir, total_steps)
+
+  def run_eval(step):
+    for name, batches in (eval_data() if eval_data else {}).items():
+      logger.eval(step, name, evaluation.evaluate(eval_step, state.params, batches, mesh, eval_batches))
+
+  step, last, window = start, {}, []
+  started = time.time()
+  with _Preemption() as preemption:
+    while step < total_steps:
+      tick = time.time()
+      batch = next(data, None)
+      if batch is None:
+        logging.warning('the training data ran out after step %d', step)
+        break
+      state, metrics = step_fn(state, partitioning.global_batch(batch, mesh), rng)
+      metrics = jax.tree_util.tree_map(float, partitioning.to_host(metrics))
+      step += 1
+      if metrics['skipped']:
+        if on_nonfinite == 'stop':
+          ckpt.close()
+          raise NonFiniteLossError(
+              f'the loss or gradients at step {step} are not finite (loss {metrics["loss"]}); the '
+              f'update was not applied and the checkpoints in {model_dir} (last: step '
+              f'{ckpt.steps()[-1] if ckpt.steps() else "none"}) are intact. Lower the learning '
+              'rate, add train.z_loss or adafactor.global_norm_clip, or set '
+              "train.on_nonfinite='skip'.")
+        logging.warning('step %d: non-finite loss or gradients, update skipped', step)
+      window.append((metrics, *_host_tokens(batch), time.time() - tick))
+      if step % log_period == 0 or step == total_steps:
+        last = _summarize(step, window)
+        logger.train(step, last, start, started)
+        window = []
+      if eval_period and step % eval_period == 0:
+        run_eval(step)
+      stop = preemption.reached(step)
+      ckpt.save(step, state, data, force=stop)
+      if stop:
+        logging.warning('%s: saved a checkpoint at step %d; run the same command to resume',
+                        preemption.signal or 'preemption', step)
+        break
+  if eval_period and step % eval_period and step == total_steps:
+    run_eval(step)
+  ckpt.save(step, state, data, force=True)
+  ckpt.close()
+  logger.close()
+  return dict(last, step=step)
+
+
+def _summarize(step: int, window) -> dict:
+  """Means over the steps since the last log (learning rate and parameter norm: the latest)."""
+  seconds = sum(w[3] for w in window)
+  mean = lambda k: float(np.mean([w[0][k] for w in window]))
+  latest = window[-1][0]
+  return {'loss': mean('loss'), 'z_loss': mean('z_loss'), 'accuracy': mean('accuracy'),
+          'learning_rate': latest['learning_rate'], 'grad_norm': mean('grad_norm'),
+          'param_norm': latest['param_norm'], 'skipped': sum(w[0]['skipped'] for w in window),
+          'tokens_per_second': sum(w[1] for w in window) * jax.process_count() / seconds,
+          'sequences_per_second': sum(w[2] for w in window) * jax.process_count() / seconds,
+          'step_time': seconds / len(window), 'num_tokens': mean('num_tokens')}

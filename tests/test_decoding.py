@@ -1,0 +1,211 @@
+"""Cached decoding against full forward passes (no cache): greedy, sampling, beam search
+(exhaustive on a tiny problem), EOS padding, scanned vs unrolled caches, and jit."""
+import functools
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import init_params, jit_apply, tiny, tokens
+from test_models import _unstack_layers
+from t5x_variants.train.decoding import decode, filter_logits
+
+ARCHS = ['encoder_decoder', 'decoder_only']
+EOS, M = 1, 8
+# Right-padded prompts of lengths 3, 1, 4 and 0 (which starts from token 0); ids valid for vocab 5.
+PROMPT = np.asarray([[2, 3, 4, 0], [4, 0, 0, 0], [3, 2, 4, 4], [0, 0, 0, 0]], np.int32)
+STATIC = ('max_decode_length', 'method', 'top_k', 'num_beams', 'eos_id')
+run = jax.jit(decode, static_argnums=(0, 1), static_argnames=STATIC)
+
+
+class Setup:
+  """A random-init tiny model whose EOS logit x.w_eos is scaled up, so EOS often wins: rows end
+  at different steps."""
+
+  def __init__(self, arch, scan_layers=True, vocab=50):
+    self.config = tiny(architecture=arch, scan_layers=scan_layers, vocab_size=vocab)
+    if arch == 'encoder_decoder':
+      enc = tokens(4, 6, vocab=vocab, seed=1).at[1, 4:].set(0)
+      self.inputs = dict(encoder_input_tokens=enc)
+      self.model, params = init_params(self.config, enc, tokens(4, 4, vocab=vocab))
+    else:
+      self.inputs = dict(prompt_tokens=jnp.asarray(PROMPT))
+      self.model, params = init_params(self.config, tokens(4, 4, vocab=vocab))
+    kernel = params['logits_dense']['kernel']
+    self.params = {**params, 'logits_dense': {'kernel': kernel.at[:, EOS].multiply(3.0)}}
+    self.forward = jit_apply(self.model)
+
+  def decode(self, **kw):
+    tokens_, scores = run(self.model, self.config, self.params, **self.inputs, **kw)
+    return np.asarray(tokens_), np.asarray(scores)
+
+  def teacher_forced(self, out, repeat=1):
+    """Log-probs (rows * repeat, length, vocab) at each position of ``out`` from one full forward
+    pass on the inputs (each row repeated) followed by ``out``."""
+    out = np.asarray(out)
+    length = out.shape[1]
+    if 'encoder_input_tokens' in self.inputs:
+      enc = np.repeat(self.inputs['encoder_input_tokens'], repeat, 0)
+      logits = self.forward({'params': self.params}, enc, np.pad(out[:, :-1], ((0, 0), (1, 0))))
+      return np.asarray(jax.nn.log_softmax(logits))
+    prompt = np.repeat(PROMPT, repeat, 0)
+    n = np.maximum((prompt != 0).sum(1), 1)
+    seq = np.zeros((len(out), PROMPT.shape[1] + length - 1), np.int32)
+    for b in range(len(out)):
+      seq[b, :n[b]], seq[b, n[b]:n[b] + length - 1] = prompt[b, :n[b]], out[b, :-1]
+    logits = np.asarray(self.forward({'params': self.params}, seq))
+    return np.asarray(jax.nn.log_softmax(np.take_along_axis(
+        logits, (n[:, None] - 1 + np.arange(length))[..., None], 1)))
+
+
+@functools.lru_cache(maxsize=None)
+def setup(arch, scan_layers=True, vocab=50):
+  return Setup(arch, scan_layers, vocab)
+
+
+def upto_eos(out):
+  """True at the tokens before and at the first EOS of each row."""
+  return np.cumsum(out == EOS, 1) - (out == EOS) == 0
+
+
+def token_log_probs(log_probs, out):
+  return np.take_along_axis(log_probs, out[..., None], -1)[..., 0]
+
+
+@pytest.mark.parametrize('arch', ARCHS)
+def test_greedy_is_the_argmax_of_a_full_forward_pass_on_its_own_output(arch):
+  s = setup(arch)
+  out, scores = s.decode(max_decode_length=M)
+  log_probs, valid = s.teacher_forced(out), upto_eos(out)
+  assert 0 < (~valid).sum() and valid.all(1).any()  # some rows stop early, some run to the end
+  np.testing.assert_array_equal(out, np.where(valid, log_probs.argmax(-1), 0))
+  np.testing.assert_allclose(scores, (token_log_probs(log_probs, out) * valid).sum(1), rtol=1e-5,
+                             atol=1e-5)
+
+
+@pytest.mark.parametrize('arch', ARCHS)
+def test_beam_search_of_width_one_is_greedy(arch):
+  """Exact with length_penalty 0: only a top-ranked EOS finishes, and once greedy ends in EOS the
+  alive beam (a lower-probability continuation) cannot beat it; a positive penalty could prefer
+  a longer hypothesis."""
+  s = setup(arch)
+  greedy, greedy_scores = s.decode(max_decode_length=M)
+  beam, scores = s.decode(max_decode_length=M, method='beam', num_beams=1, length_penalty=0.0)
+  np.testing.assert_array_equal(beam, greedy)
+  np.testing.assert_allclose(scores, greedy_scores, rtol=1e-5)
+
+
+@pytest.mark.parametrize('arch', ARCHS)
+def test_beam_search_is_exact_on_a_tiny_problem(arch):
+  """Vocab 5, 3 steps, 80 beams: a step has at most 5 * 4^2 = 80 candidates (extensions of the
+  alive non-EOS prefixes), all ranked within the top 80, so every EOS-ended sequence of at most 3
+  tokens can finish and the best beam is the best of them."""
+  vocab, length, beams = 5, 3, 80
+  s = setup(arch, vocab=vocab)
+  seqs = np.asarray(list(itertools.product(range(vocab), repeat=length)), np.int32)
+  rows = len(PROMPT)
+  log_probs = s.teacher_forced(np.tile(seqs, (rows, 1)), repeat=len(seqs))
+  cum = np.cumsum(token_log_probs(log_probs, np.tile(seqs, (rows, 1))), 1).reshape(rows, len(seqs), -1)
+  has_eos = (seqs == EOS).any(1)
+  ends = np.argmax(seqs == EOS, 1)  # first EOS
+  truncated = np.where(np.arange(length) <= ends[:, None], seqs, 0)
+  greedy, _ = s.decode(max_decode_length=length)
+  differs = 0
+  for alpha in (0.0, 0.6, 2.0):
+    out, scores = s.decode(max_decode_length=length, method='beam', num_beams=beams,
+                           length_penalty=alpha)
+    brute = np.where(has_eos, cum[:, np.arange(len(seqs)), ends] / ((6.0 + ends) / 6.0)**alpha,
+                     -np.inf)
+    np.testing.assert_array_equal(out, truncated[brute.argmax(1)])
+    np.testing.assert_allclose(scores, brute.max(1), rtol=1e-5)
+    differs += (out != greedy).any(1).sum()
+  assert differs
+
+
+@pytest.mark.parametrize('arch', ARCHS)
+def test_sampling_top_k_one_or_temperature_zero_is_greedy(arch):
+  s = setup(arch)
+  greedy, scores = s.decode(max_decode_length=M)
+  rng = jax.random.PRNGKey(3)
+  for kw in (dict(top_k=1), dict(temperature=0.0)):
+    out, sample_scores = s.decode(max_decode_length=M, method='sample', rng=rng, **kw)
+    np.testing.assert_array_equal(out, greedy)
+    np.testing.assert_allclose(sample_scores, scores, rtol=1e-5)
+
+
+@pytest.mark.parametrize('arch', ARCHS)
+def test_top_k_samples_are_among_the_k_largest_logits(arch):
+  s = setup(arch)
+  for seed in range(3):
+    out, _ = s.decode(max_decode_length=M, method='sample', rng=jax.random.PRNGKey(seed), top_k=3)
+    top3 = np.argsort(s.teacher_forced(out), -1)[..., -3:]
+    valid = upto_eos(out)
+    assert ((top3 == out[..., None]).any(-1) | ~valid).all()
+    assert (out != top3[..., -1])[valid].any()  # not merely greedy
+
+
+def test_same_rng_same_sample_and_different_rng_different_sample():
+  s = setup('decoder_only')
+  sample = lambda seed: s.decode(max_decode_length=M, method='sample', rng=jax.random.PRNGKey(seed))
+  a, b, c = sample(0), sample(0), sample(1)
+  np.testing.assert_array_equal(a[0], b[0])
+  np.testing.assert_array_equal(a[1], b[1])
+  assert (a[0] != c[0]).any()
+
+
+def test_top_p_keeps_the_smallest_set_reaching_the_mass():
+  logits = jnp.log(jnp.asarray([[0.15, 0.5, 0.05, 0.3]]))
+  keep = lambda **kw: np.isfinite(np.asarray(filter_logits(logits, **kw)))[0].tolist()
+  assert keep(top_p=0.4) == [False, True, False, False]
+  assert keep(top_p=0.75) == [False, True, False, True]
+  assert keep(top_p=0.85) == [True, True, False, True]
+  assert keep(top_p=0.01) == [False, True, False, False]  # the top token always stays
+  assert keep(top_p=1.0) == [True] * 4
+  assert keep(top_k=2) == [False, True, False, True]
+  assert keep(top_k=3, top_p=0.75) == [False, True, False, True]
+  np.testing.assert_array_equal(filter_logits(logits, top_k=2, top_p=0.9)[0, 1], logits[0, 1])
+
+
+@pytest.mark.parametrize('arch', ARCHS)
+def test_every_method_pads_with_zeros_after_eos(arch):
+  s = setup(arch)
+  for kw in (dict(), dict(method='sample', rng=jax.random.PRNGKey(0)),
+             dict(method='beam', num_beams=3)):
+    out, _ = s.decode(max_decode_length=M, **kw)
+    after = ~upto_eos(out)
+    assert after.any(), kw
+    assert (out[after] == 0).all(), kw
+
+
+@pytest.mark.parametrize('arch', ARCHS)
+def test_scanned_and_unrolled_layers_decode_the_same(arch):
+  """The KV caches' batch axis is 1 under a scanned ``layers`` axis and 0 unrolled."""
+  scanned, unrolled = setup(arch), setup(arch, scan_layers=False)
+  params = _unstack_layers(scanned.params, 2)
+  for kw in (dict(), dict(method='beam', num_beams=3)):
+    a, a_scores = scanned.decode(max_decode_length=M, **kw)
+    b, b_scores = run(unrolled.model, unrolled.config, params, **unrolled.inputs,
+                      max_decode_length=M, **kw)
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(a_scores, b_scores, rtol=1e-5)
+
+
+def test_jitted_decoding_equals_eager_decoding():
+  s = setup('decoder_only')
+  for kw in (dict(method='beam', num_beams=3), dict(method='sample', rng=jax.random.PRNGKey(0))):
+    out, scores = decode(s.model, s.config, s.params, **s.inputs, max_decode_length=M, **kw)
+    want, want_scores = s.decode(max_decode_length=M, **kw)
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_allclose(scores, want_scores, rtol=1e-5)
+
+
+def test_bad_arguments_raise():
+  s = setup('decoder_only')
+  with pytest.raises(ValueError, match='valid: greedy, sample, beam'):
+    decode(s.model, s.config, s.params, **s.inputs, max_decode_length=M, method='topk')
+  with pytest.raises(ValueError, match='needs rng'):
+    decode(s.model, s.config, s.params, **s.inputs, max_decode_length=M, method='sample')
+  with pytest.raises(ValueError, match='needs a decoder'):
+    decode(s.model, tiny(architecture='encoder_only'), s.params, max_decode_length=M)
