@@ -4,7 +4,7 @@ import argparse
 import contextlib
 import logging
 import sys
-from typing import Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from t5x_variants import gin_utils, multihost
 
@@ -16,23 +16,26 @@ def parser(prog: str, doc: str) -> argparse.ArgumentParser:
   return p
 
 
-def setup(p: argparse.ArgumentParser, argv: Optional[Sequence[str]]):
-  """(args, TransformerConfig): processes joined, tasks registered, gin applied."""
+def setup(p: argparse.ArgumentParser, argv: Optional[Sequence[str]],
+          configurables: Optional[Mapping[str, Callable]] = None):
+  """(args, TransformerConfig): processes joined, gin applied. ``configurables``: the tool's own
+  (named in error messages)."""
   args = gin_utils.parse_args(p, sys.argv[1:] if argv is None else argv)
   multihost.initialize(args)
   logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(message)s')
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   tf.config.set_visible_devices([], 'GPU')  # the input pipeline must not take the accelerators
   from t5x_variants.data import corpus, pipeline, tasks, vocab  # pylint: disable=g-import-not-at-top
-  from t5x_variants.train import checkpoints, optimizer, trainer  # pylint: disable=g-import-not-at-top
-  configurables = {'train': trainer.train, 'Checkpointer': checkpoints.Checkpointer,
+  from t5x_variants.train import checkpoints, optimizer, predictor, trainer  # pylint: disable=g-import-not-at-top
+  known = {'train': trainer.train, 'Checkpointer': checkpoints.Checkpointer,
                    'adafactor': optimizer.adafactor,
                    'learning_rate_schedule': optimizer.learning_rate_schedule,
                    'DatasetConfig': pipeline.DatasetConfig, 'vocabulary': vocab.vocabulary,
                    'local_corpus_files': corpus.local_corpus_files,
-                   'register_tasks': tasks.register_tasks}
+                   'register_tasks': tasks.register_tasks,
+                   'DecodeOptions': predictor.DecodeOptions, **(configurables or {})}
   gin_utils.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_paths.split(','),
-                      configurables)
+                      known)
   return args, gin_utils.build_config()
 
 

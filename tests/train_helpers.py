@@ -1,4 +1,8 @@
 """Synthetic batches and a tiny training setup shared by the trainer tests (no TensorFlow)."""
+import json
+import os
+import time
+
 import numpy as np
 
 from t5x_variants.models import build_model, init_inputs
@@ -28,3 +32,62 @@ def setup(mesh, config=None, lr=0.01, **step_kwargs):
   step = train_step.make_train_step(shardings, mesh, model=model, config=config, tx=tx,
                                     schedule=schedule, **step_kwargs)
   return state, step
+
+
+class StepBatches:
+  """A deterministic, resumable iterator: step i's batch is ``synthetic_batch(rows, seed=i)``
+  (different every step), of which this host yields its share of rows. ``save(prefix)`` writes
+  the position to the file ``prefix``; ``restore`` reads it. ``poison``: the step whose loss
+  weights are NaN; ``delay``: seconds to wait for each batch (a slow input pipeline)."""
+
+  def __init__(self, rows=4, host=0, hosts=1, poison=None, delay=0.0):
+    self.rows, self.host, self.hosts, self.poison, self.delay = rows, host, hosts, poison, delay
+    self.position = 0
+
+  def __iter__(self):
+    return self
+
+  def __next__(self):
+    time.sleep(self.delay)
+    self.position += 1
+    batch = step_batch(self.position, self.rows)
+    if self.position == self.poison:
+      batch['decoder_loss_weights'][0, 0] = np.nan
+    share = self.rows // self.hosts
+    return {k: v[self.host * share:(self.host + 1) * share] for k, v in batch.items()}
+
+  def save(self, prefix):
+    with open(prefix, 'w') as f:
+      f.write(str(self.position))
+
+  def restore(self, prefix):
+    with open(prefix) as f:
+      self.position = int(f.read())
+
+
+def step_batch(step, rows=4):
+  """The global batch of ``step`` (1-based), with float loss weights."""
+  batch = synthetic_batch(batch=rows, seed=step)
+  batch['decoder_loss_weights'] = batch['decoder_loss_weights'].astype(np.float32)
+  return batch
+
+
+def run_train(model_dir, total_steps, period=2, batches=None, **kwargs):
+  """``trainer.train`` of a 1-layer tiny model at constant lr 0.01, logging every step and
+  checkpointing every ``period`` steps."""
+  import gin
+  from t5x_variants.train import trainer
+  gin.bind_parameter('learning_rate_schedule.name', 'constant')
+  gin.bind_parameter('learning_rate_schedule.base', 0.01)
+  gin.bind_parameter('Checkpointer.period', period)
+  gin.bind_parameter('Checkpointer.keep', None)
+  return trainer.train(tiny(num_encoder_layers=1, num_decoder_layers=1),
+                       batches or StepBatches, model_dir=str(model_dir), total_steps=total_steps,
+                       log_period=1, eval_period=0, **kwargs)
+
+
+def train_losses(model_dir):
+  """{step: loss} of the train records in ``model_dir``/metrics.jsonl (the latest per step)."""
+  with open(os.path.join(model_dir, 'metrics.jsonl')) as f:
+    records = [json.loads(line) for line in f]
+  return {r['step']: r['loss'] for r in records if r['kind'] == 'train'}

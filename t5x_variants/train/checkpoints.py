@@ -125,16 +125,23 @@ class Checkpointer:
     return self.manager.restore(step, args=ocp.args.Composite(**items))['state']
 
 
+def list_checkpoints(run_dir: str):
+  """The ``checkpoint_<step>`` directories in ``run_dir``, oldest first."""
+  found = [(int(p.name.split('_')[1]), p) for p in epath.Path(run_dir).glob(f'{PREFIX}_*')
+           if p.name.split('_')[1].isdigit()]
+  return [p for _, p in sorted(found)]
+
+
 def checkpoint_path(path: str) -> epath.Path:
   """A checkpoint directory: ``path`` itself, or the newest ``checkpoint_<step>`` inside it."""
   path = epath.Path(path)
   if (path / 'state').exists():
     return path
-  steps = [int(p.name.split('_')[1]) for p in path.glob(f'{PREFIX}_*') if p.name.split('_')[1].isdigit()]
-  if not steps:
+  found = list_checkpoints(path)
+  if not found:
     raise CheckpointError(f'no checkpoint at {path}: expected a {PREFIX}_<step> directory or a '
                           f'directory containing them')
-  return path / f'{PREFIX}_{max(steps)}'
+  return found[-1]
 
 
 def restore_params(path: str, abstract_params):

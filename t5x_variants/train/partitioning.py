@@ -40,6 +40,15 @@ def param_shardings(abstract_params, mesh: Mesh, rules) -> object:
   return nn.logical_to_mesh_sharding(nn.get_partition_spec(abstract_params), mesh, rules)
 
 
+def sharded_abstract_params(model, init_inputs, mesh: Mesh, rules, rng=None):
+  """(boxed abstract parameters, the same unboxed as ShapeDtypeStructs carrying their shardings)."""
+  rng = jax.random.PRNGKey(0) if rng is None else rng
+  boxed = jax.eval_shape(lambda: model.init(rng, *init_inputs)['params'])
+  shardings = param_shardings(boxed, mesh, rules)
+  return boxed, jax.tree_util.tree_map(
+      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), nn.unbox(boxed), shardings)
+
+
 def batch_sharding(mesh: Mesh) -> NamedSharding:
   """Input batches: the leading (batch) dimension split over 'data'."""
   return NamedSharding(mesh, PartitionSpec('data'))
@@ -49,6 +58,17 @@ def global_batch(batch, mesh: Mesh):
   """This process's rows of a batch as arrays split over 'data' that hold every process's rows."""
   sharding = batch_sharding(mesh)
   return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
+
+
+def host_rows(batch, mesh: Mesh):
+  """From a global batch that every process holds: zero rows appended so that it splits evenly
+  over 'data', then this process's contiguous share (what ``global_batch`` expects)."""
+  n = len(next(iter(batch.values())))
+  rows = -(-n // mesh.shape['data']) * mesh.shape['data']
+  local = rows // jax.process_count()
+  start = jax.process_index() * local
+  pad = lambda x: np.concatenate([x, np.zeros((rows - n,) + x.shape[1:], x.dtype)])
+  return {k: pad(v)[start:start + local] for k, v in batch.items()}
 
 
 def to_host(tree):

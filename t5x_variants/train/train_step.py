@@ -94,11 +94,11 @@ def state_layout(model, config: TransformerConfig, tx_fn: Callable, mesh, rules,
                  init_inputs) -> StateLayout:
   """Parameters are sharded by their logical axes; Adafactor's factored statistics (rows +
   columns per matrix) are small and replicated."""
-  boxed = jax.eval_shape(lambda: model.init(rng, *init_inputs)['params'])
-  tx = tx_fn(nn.unbox(boxed))
+  _, params = partitioning.sharded_abstract_params(model, init_inputs, mesh, rules, rng)
+  tx = tx_fn(params)
   replicated = NamedSharding(mesh, PartitionSpec())
-  abstract = jax.eval_shape(lambda: _fresh(nn.unbox(boxed), tx))
-  shardings = TrainState(replicated, partitioning.param_shardings(boxed, mesh, rules),
+  abstract = jax.eval_shape(lambda p: _fresh(p, tx), params)
+  shardings = TrainState(replicated, jax.tree_util.tree_map(lambda p: p.sharding, params),
                          jax.tree_util.tree_map(lambda _: replicated, abstract.opt_state))
   with_sharding = lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
   return StateLayout(jax.tree_util.tree_map(with_sharding, abstract, shardings), shardings, tx)

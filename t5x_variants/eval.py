@@ -1,0 +1,118 @@
+"""t5xv-eval: evaluate a run's checkpoints (T5X's eval.py).
+
+  t5xv-eval --gin_file=RUN/config.gin --gin_file=gin/runs/eval.gin --gin.CHECKPOINT_PATH="'RUN'"
+
+CHECKPOINT_PATH is a run directory (its newest checkpoint, or all with ``--gin.EVAL_ALL=True``)
+or one ``checkpoint_<step>`` directory. For every task of MIXTURE_OR_TASK_NAME it computes the
+teacher-forced loss, log-perplexity and token accuracy, and, for tasks with metrics (GLUE,
+SuperGLUE), decodes greedily and applies the task's postprocessor and metrics. Results go to
+RUN/metrics.jsonl (kind 'eval'), TensorBoard and RUN/eval_results.json; checkpoints already in
+eval_results.json for the same tasks are skipped.
+"""
+import json
+import os
+import sys
+from typing import Mapping, Optional
+
+import gin
+import jax
+import numpy as np
+
+from t5x_variants import cli
+from t5x_variants.infer import _text, batches, decode_examples, task_examples, use_run_vocabulary
+
+RESULTS = 'eval_results.json'
+
+
+def teacher_forced(predictor, task_name: str, split: str, lengths, batch_size: int,
+                   max_batches: Optional[int]):
+  """Loss, log-perplexity, accuracy over the split (unpacked, the last batch padded)."""
+  from t5x_variants.data import pipeline  # pylint: disable=g-import-not-at-top
+  from t5x_variants.train import evaluation, partitioning  # pylint: disable=g-import-not-at-top
+  config, mesh = predictor.config, predictor.mesh
+  ds = pipeline.get_dataset(task_name, lengths, config.architecture, split, shuffle=False,
+                            num_epochs=1, pack=False)
+  rows = list(ds.as_numpy_iterator())
+  if max_batches:
+    rows = rows[:max_batches * batch_size]
+  host_batches = (partitioning.host_rows({k: np.stack([r[k] for r in chunk]) for k in chunk[0]}, mesh)
+                  for chunk in batches(rows, batch_size))
+  step = evaluation.make_eval_step(predictor.model, config,
+                                   jax.tree_util.tree_map(lambda p: p.sharding, predictor.abstract_params),
+                                   mesh)
+  return evaluation.evaluate(step, predictor.params, host_batches, mesh)
+
+
+def inference_metrics(predictor, task, split: str, lengths, batch_size: int,
+                      max_examples: Optional[int]):
+  """The task's own metrics of greedy (or DecodeOptions) predictions, after its postprocessor."""
+  examples = task_examples(task, split, lengths, max_examples)
+  vocab = task.output_features['targets'].vocabulary
+  decoded = decode_examples(predictor, vocab, examples, lengths['inputs'], lengths['targets'],
+                            batch_size)
+  targets = [task.postprocess_fn(_text(ex['targets_pretokenized']), example=ex, is_target=True)
+             for ex in decoded]
+  predictions = [task.postprocess_fn(ex['prediction'], example=ex, is_target=False) for ex in decoded]
+  metrics = {}
+  for fn in task.predict_metric_fns:
+    metrics.update(fn(targets, predictions))
+  return {k: float(v) for k, v in metrics.items()}
+
+
+@gin.configurable(denylist=['config'])
+def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_checkpoints: bool = False,
+                         mixture_or_task_name: str = gin.REQUIRED,
+                         task_feature_lengths: Mapping[str, int] = gin.REQUIRED,
+                         split: str = 'validation', batch_size: int = 32,
+                         max_batches: Optional[int] = None, max_examples: Optional[int] = None,
+                         inference: bool = True, mesh_shape=(-1, 1)):
+  """{step: {task: metrics}} of the checkpoints evaluated by this call."""
+  from t5x_variants.data import tasks  # pylint: disable=g-import-not-at-top
+  from t5x_variants.train import checkpoints  # pylint: disable=g-import-not-at-top
+  from t5x_variants.train.metrics import MetricsLogger  # pylint: disable=g-import-not-at-top
+  from t5x_variants.train.predictor import DecodeOptions, Predictor  # pylint: disable=g-import-not-at-top
+  use_run_vocabulary(checkpoint_path)
+  paths = [checkpoints.checkpoint_path(checkpoint_path)]
+  run_dir = paths[0].parent
+  if all_checkpoints and run_dir == checkpoints.epath.Path(checkpoint_path):
+    paths = checkpoints.list_checkpoints(run_dir)
+  mixture = tasks.get_task_or_mixture(mixture_or_task_name)
+  subtasks = getattr(mixture, 'tasks', [mixture])
+  names = sorted(t.name for t in subtasks)
+  results_file = run_dir / RESULTS
+  results = json.loads(results_file.read_text()) if results_file.exists() else {}
+  predictor = Predictor(config, mesh_shape, options=DecodeOptions())
+  logger = MetricsLogger(str(run_dir), console=True)
+  new = {}
+  for path in paths:
+    step = path.name.split('_')[-1]
+    if all(n in results.get(step, {}) for n in names):
+      print(f'checkpoint {step}: already evaluated, skipped')
+      continue
+    predictor.load(str(path))
+    for task in sorted(subtasks, key=lambda t: t.name):
+      metrics = teacher_forced(predictor, task.name, split, task_feature_lengths, batch_size,
+                               max_batches)
+      if inference and task.predict_metric_fns and config.architecture != 'encoder_only':
+        metrics.update(inference_metrics(predictor, task, split, task_feature_lengths, batch_size,
+                                         max_examples))
+      logger.eval(int(step), task.name, metrics)
+      results.setdefault(step, {})[task.name] = metrics
+      new.setdefault(int(step), {})[task.name] = metrics
+    if jax.process_index() == 0:
+      results_file.write_text(json.dumps(results, indent=1, sort_keys=True))
+  logger.close()
+  return new
+
+
+def main(argv=None):
+  with cli.clear_errors('t5xv-eval'):
+    _, config = cli.setup(cli.parser('t5xv-eval', __doc__), argv,
+                           {'evaluate_checkpoints': evaluate_checkpoints})
+    results = evaluate_checkpoints(config)
+  print(f'evaluated {len(results)} checkpoint(s)')
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

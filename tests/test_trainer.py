@@ -1,0 +1,193 @@
+"""The training loop end to end on a tiny model: resume (state and data position), restore onto
+another device count, SIGTERM, non-finite steps, an unreadable checkpoint, two processes joined by
+jax.distributed, and the run's files. Every run sees the same batches (``StepBatches``: batch i at
+step i), so all of them are compared with one straight 4-step reference run."""
+import contextlib
+import functools
+import glob
+import io
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from t5x_variants.train import checkpoints, trainer
+from train_helpers import StepBatches, run_train, train_losses
+
+SCRIPT = os.path.join(os.path.dirname(__file__), 'trainer_subprocess.py')
+
+
+def records(model_dir, kind='train'):
+  with open(os.path.join(model_dir, 'metrics.jsonl')) as f:
+    return [r for r in map(json.loads, f) if r['kind'] == kind]
+
+
+def saved_state(checkpoint):
+  """The TrainState tree of a checkpoint saved on this process's devices, as numpy."""
+  with ocp.PyTreeCheckpointer() as ckptr:
+    return jax.tree_util.tree_map(np.asarray, ckptr.restore(os.path.join(checkpoint, 'state')))
+
+
+def subprocess_train(*args, **kwargs):
+  return subprocess.Popen([sys.executable, SCRIPT, *map(str, args)], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, **kwargs)
+
+
+def finish(proc, timeout=240):
+  out, _ = proc.communicate(timeout=timeout)
+  assert proc.returncode == 0, out[-3000:]
+  return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope='module')
+def reference(tmp_path_factory):
+  """(model_dir, {step: loss}, console output) of 4 straight steps on one device, checkpoints at
+  steps 2 and 4."""
+  model_dir = str(tmp_path_factory.mktemp('reference'))
+  console = io.StringIO()
+  with contextlib.redirect_stdout(console):
+    run_train(model_dir, 4)
+  return model_dir, train_losses(model_dir), console.getvalue()
+
+
+def test_resume_continues_with_the_same_state_and_data_position(reference, tmp_path):
+  """2 steps, then a new ``train`` call to 4 in the same directory, logs exactly the losses of 4
+  straight steps: the state and the iterator position (batch 3 next, not batch 1) are restored."""
+  ref_dir, ref, _ = reference
+  run_train(tmp_path, 2)
+  assert open(tmp_path / 'checkpoint_2' / 'data' / 'host-00000-of-00001').read() == '2'
+  data = StepBatches()
+  result = run_train(tmp_path, 4, batches=lambda: data)
+  assert data.position == 4 and result['step'] == 4
+  assert [r['step'] for r in records(tmp_path)] == [1, 2, 3, 4]  # steps 1-2 were not rerun
+  assert train_losses(tmp_path) == ref
+  assert len(set(ref.values())) == 4  # every step's batch differs, so a replay would show
+  jax.tree_util.tree_map(np.testing.assert_array_equal, saved_state(tmp_path / 'checkpoint_4'),
+                         saved_state(os.path.join(ref_dir, 'checkpoint_4')))
+
+
+def test_a_checkpoint_of_8_devices_resumes_on_one(reference, tmp_path):
+  """2 steps on 8 host devices (data=4 x model=2, fsdp) in a subprocess, resumed here on one
+  device: the parameters read back equal the single-device run's, and steps 3-4 continue its
+  losses."""
+  ref_dir, ref, _ = reference
+  finish(subprocess_train('mesh', tmp_path, 2))
+  sharding = json.loads(open(tmp_path / 'checkpoint_2' / 'state' / '_sharding').read())
+  specs = [json.loads(s) for s in sharding.values()]
+  assert {tuple(s['shape']) for s in specs} == {(4, 2)}
+  assert {'data', 'model'} <= {a for s in specs for a in s['partition_spec'] if isinstance(a, str)}
+  ref_params = saved_state(os.path.join(ref_dir, 'checkpoint_2'))['params']
+  one_device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  abstract = jax.tree_util.tree_map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one_device), ref_params)
+  params = checkpoints.restore_params(str(tmp_path), abstract)
+  jax.tree_util.tree_map(functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-6),
+                         jax.tree_util.tree_map(np.asarray, params), ref_params)
+  run_train(tmp_path, 4)
+  losses = train_losses(tmp_path)
+  np.testing.assert_allclose([losses[s] for s in range(1, 5)], [ref[s] for s in range(1, 5)],
+                             rtol=1e-5)
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
+  """SIGTERM to a run of 1000 slow steps: it exits with status 0 after saving
+  ``checkpoint_<k>`` for the step it stopped at (the only checkpoint: the period is 1000), and a
+  resumed run starts at step k + 1 with data position k."""
+  proc = subprocess_train('slow', tmp_path, 1000)
+  metrics = tmp_path / 'metrics.jsonl'
+  deadline = time.time() + 180
+  while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+    assert proc.poll() is None and time.time() < deadline, proc.communicate()[0][-3000:]
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGTERM)
+  result = finish(proc)
+  k = result['step']
+  assert 2 <= k < 1000 and [r['step'] for r in records(tmp_path)] == list(range(1, k + 1))
+  assert sorted(p.name for p in tmp_path.glob('checkpoint_*')) == [f'checkpoint_{k}']
+  data = StepBatches()
+  assert run_train(tmp_path, k + 1, period=1000, batches=lambda: data)['step'] == k + 1
+  assert data.position == k + 1
+  assert [r['step'] for r in records(tmp_path)] == list(range(1, k + 2))
+
+
+def test_a_non_finite_step_stops_or_is_skipped(reference, tmp_path):
+  """Batch 3 has a NaN loss weight. 'stop' raises NonFiniteLossError naming step 3 and leaves
+  checkpoints 1-2 intact; 'skip' resumes from step 2, logs step 3 as skipped with its update not
+  applied (checkpoint 3's parameters and optimizer state equal checkpoint 2's) and finishes."""
+  _, ref, _ = reference
+  poisoned = functools.partial(StepBatches, poison=3)
+  with pytest.raises(trainer.NonFiniteLossError, match=r'at step 3 .*last: step 2'):
+    run_train(tmp_path, 4, period=1, batches=poisoned, on_nonfinite='stop')
+  assert sorted(p.name for p in tmp_path.glob('checkpoint_*')) == ['checkpoint_1', 'checkpoint_2']
+  result = run_train(tmp_path, 4, period=1, batches=poisoned, on_nonfinite='skip')
+  assert result['step'] == 4
+  logged = {r['step']: r for r in records(tmp_path)}
+  assert [logged[s]['skipped'] for s in range(1, 5)] == [0, 0, 1, 0]
+  assert [logged[s]['loss'] for s in (1, 2)] == [ref[1], ref[2]]
+  assert np.isnan(logged[3]['loss']) and np.isfinite(logged[4]['loss'])
+  before, after = saved_state(tmp_path / 'checkpoint_2'), saved_state(tmp_path / 'checkpoint_3')
+  assert (before['step'], after['step']) == (2, 3)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, (after['params'], after['opt_state']),
+                         (before['params'], before['opt_state']))
+  assert not np.array_equal(
+      saved_state(tmp_path / 'checkpoint_4')['params']['decoder']['layers']['mlp']['wi']['kernel'],
+      before['params']['decoder']['layers']['mlp']['wi']['kernel'])
+
+
+def test_an_unreadable_latest_checkpoint_falls_back_to_the_previous_one(reference, tmp_path):
+  """With checkpoint_4's state files overwritten by garbage, resuming moves it to
+  ``checkpoint_4.unreadable``, restarts from checkpoint_2 (the next step logged is 3) and
+  reproduces steps 3-4."""
+  ref_dir, ref, _ = reference
+  model_dir = tmp_path / 'run'
+  shutil.copytree(ref_dir, model_dir)
+  for name in ('_METADATA', 'manifest.ocdbt'):
+    (model_dir / 'checkpoint_4' / 'state' / name).write_bytes(b'\0garbage')
+  assert run_train(model_dir, 4)['step'] == 4
+  assert (model_dir / 'checkpoint_4.unreadable' / 'state' / '_METADATA').read_bytes() == b'\0garbage'
+  assert [r['step'] for r in records(model_dir)] == [1, 2, 3, 4, 3, 4]
+  assert [r['loss'] for r in records(model_dir)[4:]] == [ref[3], ref[4]]
+  assert (model_dir / 'checkpoint_4' / 'state' / '_METADATA').read_bytes() != b'\0garbage'
+
+
+def test_two_processes_train_like_one(reference, tmp_path):
+  """Two processes joined by jax.distributed (gloo CPU collectives, 2 devices each, a data=2 x
+  model=2 mesh with fsdp), each feeding its half of every batch, log the single-process losses and
+  write one checkpoint with both hosts' data positions."""
+  _, ref, _ = reference
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    port = s.getsockname()[1]
+  procs = [subprocess_train('process', tmp_path, 3, port, i) for i in range(2)]
+  results = [finish(p) for p in procs]
+  assert [r['step'] for r in results] == [3, 3]
+  losses = train_losses(tmp_path)
+  np.testing.assert_allclose([losses[s] for s in (1, 2, 3)], [ref[s] for s in (1, 2, 3)], rtol=1e-5)
+  data = tmp_path / 'checkpoint_3' / 'data'
+  assert [(data / f'host-0000{i}-of-00002').read_text() for i in range(2)] == ['3', '3']
+  assert (tmp_path / 'checkpoint_3' / 'state' / '_METADATA').exists()
+
+
+def test_a_run_writes_its_record(reference):
+  """metrics.jsonl (one record per logged step, with throughput), config.gin, model-info.txt, a
+  TensorBoard event file and a console line with throughput and ETA."""
+  ref_dir, _, console = reference
+  logged = records(ref_dir)
+  assert [r['step'] for r in logged] == [1, 2, 3, 4]
+  assert all(r['tokens_per_second'] > 0 and r['learning_rate'] == pytest.approx(0.01)
+             and 0 <= r['accuracy'] <= 1 for r in logged)
+  assert "learning_rate_schedule.name = 'constant'" in open(os.path.join(ref_dir, 'config.gin')).read()
+  assert 'encoder_decoder' in open(os.path.join(ref_dir, 'model-info.txt')).read()
+  events = glob.glob(os.path.join(ref_dir, 'tensorboard', 'events.out.tfevents.*'))
+  assert len(events) == 1 and os.path.getsize(events[0]) > 1000
+  line = [l for l in console.splitlines() if l.startswith('step 3/4 ')]
+  assert len(line) == 1 and ' tok/s ' in line[0] and ' eta 0:00:' in line[0], console

@@ -1,0 +1,39 @@
+"""Trainer runs in child processes for tests/test_trainer.py.
+
+  python trainer_subprocess.py mesh MODEL_DIR STEPS      8 host devices, data=4 x model=2, fsdp
+  python trainer_subprocess.py slow MODEL_DIR STEPS      0.1 s per batch (to be sent SIGTERM)
+  python trainer_subprocess.py process MODEL_DIR STEPS PORT INDEX
+      one of 2 processes joined by jax.distributed (2 CPU devices each, data=2 x model=2, fsdp),
+      each feeding its half of every global batch
+
+Prints the trainer's result as JSON on the last line.
+"""
+import argparse
+import functools
+import json
+import os
+import sys
+
+mode, model_dir, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+devices = {'mesh': 8, 'slow': 1, 'process': 2}[mode]
+os.environ['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={devices}'
+sys.path.insert(0, os.path.dirname(__file__))
+
+import jax  # noqa: E402
+
+from t5x_variants import multihost  # noqa: E402
+from train_helpers import StepBatches, run_train  # noqa: E402
+
+if mode == 'mesh':
+  result = run_train(model_dir, steps, mesh_shape=(4, 2), fsdp=True)
+elif mode == 'slow':
+  result = run_train(model_dir, steps, period=1000, batches=functools.partial(StepBatches, delay=0.1))
+else:
+  port, index = sys.argv[4], int(sys.argv[5])
+  multihost.initialize(argparse.Namespace(
+      multiprocess_gpu=True, multiprocess_tpu=False, coordinator_address=f'127.0.0.1:{port}',
+      process_count=2, process_index=index))
+  assert jax.process_count() == 2 and len(jax.devices()) == 4
+  result = run_train(model_dir, steps, mesh_shape=(2, 2), fsdp=True,
+                     batches=functools.partial(StepBatches, host=index, hosts=2))
+print(json.dumps(result))
