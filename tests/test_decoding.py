@@ -105,9 +105,9 @@ def test_beam_search_is_exact_on_a_tiny_problem(arch):
   vocab, length, beams = 5, 3, 80
   s = setup(arch, vocab=vocab)
   seqs = np.asarray(list(itertools.product(range(vocab), repeat=length)), np.int32)
-  rows = len(PROMPT)
-  log_probs = s.teacher_forced(np.tile(seqs, (rows, 1)), repeat=len(seqs))
-  cum = np.cumsum(token_log_probs(log_probs, np.tile(seqs, (rows, 1))), 1).reshape(rows, len(seqs), -1)
+  rows, tiled = len(PROMPT), np.tile(seqs, (len(PROMPT), 1))
+  cum = np.cumsum(token_log_probs(s.teacher_forced(tiled, repeat=len(seqs)), tiled), 1)
+  cum = cum.reshape(rows, len(seqs), length)
   has_eos = (seqs == EOS).any(1)
   ends = np.argmax(seqs == EOS, 1)  # first EOS
   truncated = np.where(np.arange(length) <= ends[:, None], seqs, 0)

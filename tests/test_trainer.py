@@ -37,9 +37,29 @@ def saved_state(checkpoint):
     return jax.tree_util.tree_map(np.asarray, ckptr.restore(os.path.join(checkpoint, 'state')))
 
 
-def subprocess_train(*args, **kwargs):
-  return subprocess.Popen([sys.executable, SCRIPT, *map(str, args)], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, **kwargs)
+@pytest.fixture
+def subprocess_train():
+  """Starts ``trainer_subprocess.py`` with the given arguments; kills what is left at the end."""
+  procs = []
+
+  def start(*args):
+    procs.append(subprocess.Popen([sys.executable, SCRIPT, *map(str, args)], text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    return procs[-1]
+  yield start
+  for p in procs:
+    if p.poll() is None:
+      p.kill()
+      p.wait()
+
+
+def wait_for_steps(model_dir, steps, procs, timeout=180):
+  """Until ``model_dir``/metrics.jsonl has ``steps`` records; fails if a process ends first."""
+  metrics, deadline = model_dir / 'metrics.jsonl', time.time() + timeout
+  while not (metrics.exists() and len(metrics.read_text().splitlines()) >= steps):
+    for p in procs:
+      assert p.poll() is None and time.time() < deadline, p.communicate()[0][-3000:]
+    time.sleep(0.05)
 
 
 def finish(proc, timeout=240):
@@ -75,7 +95,7 @@ def test_resume_continues_with_the_same_state_and_data_position(reference, tmp_p
                          saved_state(os.path.join(ref_dir, 'checkpoint_4')))
 
 
-def test_a_checkpoint_of_8_devices_resumes_on_one(reference, tmp_path):
+def test_a_checkpoint_of_8_devices_resumes_on_one(reference, tmp_path, subprocess_train):
   """2 steps on 8 host devices (data=4 x model=2, fsdp) in a subprocess, resumed here on one
   device: the parameters read back equal the single-device run's, and steps 3-4 continue its
   losses."""
@@ -98,16 +118,12 @@ def test_a_checkpoint_of_8_devices_resumes_on_one(reference, tmp_path):
                              rtol=1e-5)
 
 
-def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, subprocess_train):
   """SIGTERM to a run of 1000 slow steps: it exits with status 0 after saving
   ``checkpoint_<k>`` for the step it stopped at (the only checkpoint: the period is 1000), and a
   resumed run starts at step k + 1 with data position k."""
   proc = subprocess_train('slow', tmp_path, 1000)
-  metrics = tmp_path / 'metrics.jsonl'
-  deadline = time.time() + 180
-  while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
-    assert proc.poll() is None and time.time() < deadline, proc.communicate()[0][-3000:]
-    time.sleep(0.05)
+  wait_for_steps(tmp_path, 2, [proc])
   proc.send_signal(signal.SIGTERM)
   result = finish(proc)
   k = result['step']
@@ -159,22 +175,26 @@ def test_an_unreadable_latest_checkpoint_falls_back_to_the_previous_one(referenc
   assert (model_dir / 'checkpoint_4' / 'state' / '_METADATA').read_bytes() != b'\0garbage'
 
 
-def test_two_processes_train_like_one(reference, tmp_path):
+def test_two_processes_train_like_one_and_stop_together(reference, tmp_path, subprocess_train):
   """Two processes joined by jax.distributed (gloo CPU collectives, 2 devices each, a data=2 x
-  model=2 mesh with fsdp), each feeding its half of every batch, log the single-process losses and
-  write one checkpoint with both hosts' data positions."""
+  model=2 mesh with fsdp), each feeding its half of every batch, log the single-process losses.
+  SIGTERM to process 1 alone stops both after the same step k (jax's preemption sync point), both
+  exit with status 0, and ``checkpoint_<k>`` holds both hosts' data positions."""
   _, ref, _ = reference
   with socket.socket() as s:
     s.bind(('127.0.0.1', 0))
     port = s.getsockname()[1]
-  procs = [subprocess_train('process', tmp_path, 3, port, i) for i in range(2)]
-  results = [finish(p) for p in procs]
-  assert [r['step'] for r in results] == [3, 3]
+  procs = [subprocess_train('process', tmp_path, 1000, port, i) for i in range(2)]
+  wait_for_steps(tmp_path, 3, procs)
+  procs[1].send_signal(signal.SIGTERM)
+  k0, k1 = [finish(p)['step'] for p in procs]
+  assert k0 == k1 and 3 <= k0 < 1000
   losses = train_losses(tmp_path)
+  assert sorted(losses) == list(range(1, k0 + 1))
   np.testing.assert_allclose([losses[s] for s in (1, 2, 3)], [ref[s] for s in (1, 2, 3)], rtol=1e-5)
-  data = tmp_path / 'checkpoint_3' / 'data'
-  assert [(data / f'host-0000{i}-of-00002').read_text() for i in range(2)] == ['3', '3']
-  assert (tmp_path / 'checkpoint_3' / 'state' / '_METADATA').exists()
+  assert sorted(p.name for p in tmp_path.glob('checkpoint_*')) == [f'checkpoint_{k0}']
+  data = tmp_path / f'checkpoint_{k0}' / 'data'
+  assert [(data / f'host-0000{i}-of-00002').read_text() for i in range(2)] == [str(k0)] * 2
 
 
 def test_a_run_writes_its_record(reference):

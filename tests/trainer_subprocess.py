@@ -1,10 +1,10 @@
 """Trainer runs in child processes for tests/test_trainer.py.
 
   python trainer_subprocess.py mesh MODEL_DIR STEPS      8 host devices, data=4 x model=2, fsdp
-  python trainer_subprocess.py slow MODEL_DIR STEPS      0.1 s per batch (to be sent SIGTERM)
+  python trainer_subprocess.py slow MODEL_DIR STEPS      0.1 s per batch, no periodic checkpoints
   python trainer_subprocess.py process MODEL_DIR STEPS PORT INDEX
       one of 2 processes joined by jax.distributed (2 CPU devices each, data=2 x model=2, fsdp),
-      each feeding its half of every global batch, 0.1 s per batch
+      each feeding its half of every global batch, 0.1 s per batch, no periodic checkpoints
 
 Prints the trainer's result as JSON on the last line.
 """
@@ -34,6 +34,6 @@ else:
       multiprocess_gpu=True, multiprocess_tpu=False, coordinator_address=f'127.0.0.1:{port}',
       process_count=2, process_index=index))
   assert jax.process_count() == 2 and len(jax.devices()) == 4
-  result = run_train(model_dir, steps, mesh_shape=(2, 2), fsdp=True,
+  result = run_train(model_dir, steps, period=1000, mesh_shape=(2, 2), fsdp=True,
                      batches=functools.partial(StepBatches, host=index, hosts=2, delay=0.1))
 print(json.dumps(result))

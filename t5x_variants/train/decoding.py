@@ -16,7 +16,7 @@ _KV_CACHES = ('cached_key', 'cached_value')
 
 def filter_logits(logits, top_k: int = 0, top_p=1.0):
   """-inf outside the k largest logits (k = 0: off) and outside the nucleus: the smallest set of
-  most probable tokens with probability mass >= top_p (Holtzman et al. 2020); the top token stays."""
+  most probable tokens with probability mass >= top_p (Holtzman et al. 2020); the top one stays."""
   if top_k:
     kth = jax.lax.top_k(logits, top_k)[0][..., -1:]
     logits = jnp.where(logits < kth, -jnp.inf, logits)
@@ -146,7 +146,8 @@ def decode(model, config, params, *, encoder_input_tokens=None, prompt_tokens=No
   variables = {'params': params}
   if config.architecture == 'encoder_decoder':
     enc = jnp.repeat(encoder_input_tokens, beams, 0)
-    encoded = jnp.repeat(model.apply(variables, encoder_input_tokens, method=model.encode), beams, 0)
+    encoded = model.apply(variables, encoder_input_tokens, method=model.encode)
+    encoded = jnp.repeat(encoded, beams, 0)
     prompt = jnp.zeros((encoder_input_tokens.shape[0], 1), jnp.int32)
     run = lambda v, tok, **kw: model.apply(v, encoded, enc, tok, method=model.decode, **kw)
   elif config.architecture == 'decoder_only':
