@@ -3,13 +3,10 @@ config; and the one place that turns a known failure into one clear line and exi
 import argparse
 import contextlib
 import logging
-import os
 import sys
 from typing import Callable, Mapping, Optional, Sequence
 
 from t5x_variants import gin_utils, multihost
-
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # TensorFlow's start-up chatter, when imported
 
 
 def parser(prog: str, doc: str) -> argparse.ArgumentParser:

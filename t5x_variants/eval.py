@@ -19,6 +19,10 @@ import jax
 import numpy as np
 
 from t5x_variants import cli
+from t5x_variants.data import pipeline, tasks
+from t5x_variants.train import checkpoints, evaluation, partitioning
+from t5x_variants.train.metrics import MetricsLogger
+from t5x_variants.train.predictor import DecodeOptions, Predictor
 from t5x_variants.infer import _text, batches, decode_examples, task_examples, use_run_vocabulary
 
 RESULTS = 'eval_results.json'
@@ -27,8 +31,6 @@ RESULTS = 'eval_results.json'
 def teacher_forced(predictor, task_name: str, split: str, lengths, batch_size: int,
                    max_batches: Optional[int]):
   """Loss, log-perplexity, accuracy over the split (unpacked, the last batch padded)."""
-  from t5x_variants.data import pipeline  # pylint: disable=g-import-not-at-top
-  from t5x_variants.train import evaluation, partitioning  # pylint: disable=g-import-not-at-top
   config, mesh = predictor.config, predictor.mesh
   ds = pipeline.get_dataset(task_name, lengths, config.architecture, split, shuffle=False,
                             num_epochs=1, pack=False)
@@ -67,10 +69,6 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
                          max_batches: Optional[int] = None, max_examples: Optional[int] = None,
                          inference: bool = True, mesh_shape=(-1, 1)):
   """{step: {task: metrics}} of the checkpoints evaluated by this call."""
-  from t5x_variants.data import tasks  # pylint: disable=g-import-not-at-top
-  from t5x_variants.train import checkpoints  # pylint: disable=g-import-not-at-top
-  from t5x_variants.train.metrics import MetricsLogger  # pylint: disable=g-import-not-at-top
-  from t5x_variants.train.predictor import DecodeOptions, Predictor  # pylint: disable=g-import-not-at-top
   use_run_vocabulary(checkpoint_path)
   paths = [checkpoints.checkpoint_path(checkpoint_path)]
   run_dir = paths[0].parent

@@ -17,11 +17,13 @@ import jax
 import numpy as np
 
 from t5x_variants import cli
+from t5x_variants.data import tasks, vocab as vocab_lib
+from t5x_variants.train import checkpoints
+from t5x_variants.train.predictor import EOS_ID, DecodeOptions, Predictor, until_eos
 
 
 def use_run_vocabulary(checkpoint_path: str):
   """Decode with the vocabulary the run trained with (its ``vocab.model`` copy), if it has one."""
-  from t5x_variants.train import checkpoints  # pylint: disable=g-import-not-at-top
   vocab_file = checkpoints.checkpoint_path(checkpoint_path).parent / 'vocab.model'
   if vocab_file.exists():
     with gin.unlock_config():
@@ -36,7 +38,6 @@ def _text(x) -> str:
 def task_examples(task, split: str, lengths: Mapping[str, int],
                   max_examples: Optional[int] = None) -> List[dict]:
   """A seqio task's preprocessed examples in order (tokens trimmed to ``lengths``), as numpy."""
-  from t5x_variants.data import tasks  # pylint: disable=g-import-not-at-top
   with tasks.explain_missing_data(task):
     ds = task.get_dataset(lengths, split=split, shuffle=False, num_epochs=1)
     if max_examples:
@@ -60,7 +61,6 @@ def decode_examples(predictor, vocab, examples: List[dict], input_length: int,
                     max_decode_length: int, batch_size: int) -> List[dict]:
   """Adds 'prediction' (text), 'prediction_ids' and 'score' to each example (which has 'inputs'
   token ids; a decoder-only model continues them as a prompt, without their EOS)."""
-  from t5x_variants.train.predictor import EOS_ID, until_eos  # pylint: disable=g-import-not-at-top
   prompt = predictor.config.architecture == 'decoder_only'
   out = []
   for i, chunk in enumerate(batches(examples, batch_size)):
@@ -79,8 +79,6 @@ def infer(config, *, checkpoint_path: str = gin.REQUIRED, output_file: str = gin
           split: str = 'validation', task_feature_lengths: Mapping[str, int] = gin.REQUIRED,
           batch_size: int = 32, max_examples: Optional[int] = None, mesh_shape=(-1, 1)):
   """Writes one JSON line per example to ``output_file``; returns the number written."""
-  from t5x_variants.data import tasks, vocab as vocab_lib  # pylint: disable=g-import-not-at-top
-  from t5x_variants.train.predictor import EOS_ID, DecodeOptions, Predictor  # pylint: disable=g-import-not-at-top
   use_run_vocabulary(checkpoint_path)
   predictor = Predictor(config, mesh_shape, options=DecodeOptions()).load(checkpoint_path)
   if input_file:

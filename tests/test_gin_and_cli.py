@@ -21,13 +21,30 @@ def test_the_repo_gin_folder_is_the_package_one():
   assert len(ALL_GIN) >= 30
 
 
+def _files(path):
+  """Size files build as they are (abstractly); variant and run files on top of the tiny size;
+  eval and infer files after a run's config (here the quickstart's)."""
+  if path.startswith('gin/models/'):
+    return [path]
+  if path in ('gin/runs/eval.gin', 'gin/runs/infer.gin'):
+    return ['gin/experiments/quickstart.gin', path]
+  return ['gin/models/t5_tiny.gin', path]
+
+
 @pytest.mark.parametrize('path', ALL_GIN)
 def test_every_gin_file_parses_and_builds(path):
-  # Size files build as they are (abstractly); variant files on top of the tiny size.
-  files = [path] if path.startswith('gin/models/') else ['gin/models/t5_tiny.gin', path]
-  gin_utils.parse_gin(files, [])
+  # The run files bind the trainer's, the data's and the tools' configurables.
+  from t5x_variants import eval as eval_lib, infer  # pylint: disable=unused-import
+  from t5x_variants.data import pipeline  # pylint: disable=unused-import
+  from t5x_variants.train import trainer  # pylint: disable=unused-import
+  required = [f"{m} = '/tmp/x'" for m in ('MODEL_DIR', 'INITIAL_CHECKPOINT_PATH',
+                                           'CHECKPOINT_PATH', 'INFER_OUTPUT')]
+  gin_utils.parse_gin(_files(path), required if path.startswith('gin/runs/') else [])
   config = gin_utils.build_config()
   assert count(abstract_params(config)) > 0
+  if path.startswith(('gin/runs/', 'gin/experiments/')):
+    with gin.config_scope('train'):
+      assert pipeline.DatasetConfig().task_feature_lengths['inputs'] > 0
 
 
 @pytest.mark.parametrize('arch', ['encoder_decoder', 'decoder_only', 'encoder_only'])

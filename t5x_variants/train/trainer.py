@@ -37,16 +37,17 @@ class NonFiniteLossError(RuntimeError):
 
 
 class _Preemption:
-  """Set by SIGTERM or SIGINT. With several processes, jax's preemption sync point makes all of
-  them stop after the same step (it needs jax.distributed, which registers SIGTERM itself)."""
-
-  SIGNALS = (signal.SIGTERM, signal.SIGINT)
+  """Set by SIGTERM or SIGINT. With several processes, all of them must stop after the same step:
+  jax's preemption sync point decides. It hears of SIGTERM through the handler jax.distributed
+  registers, so SIGTERM is left to that handler and SIGINT is passed on to it as a SIGTERM."""
 
   def __init__(self):
     self.signal = None
+    self.multiprocess = jax.process_count() > 1
 
   def __enter__(self):
-    self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+    signals = (signal.SIGINT,) if self.multiprocess else (signal.SIGTERM, signal.SIGINT)
+    self._previous = {s: signal.signal(s, self._handle) for s in signals}
     return self
 
   def __exit__(self, *exc):
@@ -56,10 +57,12 @@ class _Preemption:
   def _handle(self, signum, frame):
     del frame
     self.signal = signal.Signals(signum).name
+    if self.multiprocess:
+      os.kill(os.getpid(), signal.SIGTERM)
 
   def reached(self, step: int) -> bool:
-    if jax.process_count() > 1:
-      return multihost_utils.reached_preemption_sync_point(step) or self.signal is not None
+    if self.multiprocess:
+      return multihost_utils.reached_preemption_sync_point(step)
     return self.signal is not None
 
 
