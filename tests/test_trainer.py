@@ -4,7 +4,6 @@ jax.distributed, and the run's files. Every run sees the same batches (``StepBat
 step i), so all of them are compared with one straight 4-step reference run."""
 import contextlib
 import functools
-import glob
 import io
 import json
 import os
@@ -20,6 +19,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from conftest import tiny
 from t5x_variants.train import checkpoints, trainer
 from train_helpers import StepBatches, run_train, train_losses
 
@@ -72,7 +72,7 @@ def finish(proc, timeout=240):
 def reference(tmp_path_factory):
   """(model_dir, {step: loss}, console output) of 4 straight steps on one device, checkpoints at
   steps 2 and 4."""
-  model_dir = str(tmp_path_factory.mktemp('reference'))
+  model_dir = tmp_path_factory.mktemp('reference')
   console = io.StringIO()
   with contextlib.redirect_stdout(console):
     run_train(model_dir, 4)
@@ -84,7 +84,7 @@ def test_resume_continues_with_the_same_state_and_data_position(reference, tmp_p
   straight steps: the state and the iterator position (batch 3 next, not batch 1) are restored."""
   ref_dir, ref, _ = reference
   run_train(tmp_path, 2)
-  assert open(tmp_path / 'checkpoint_2' / 'data' / 'host-00000-of-00001').read() == '2'
+  assert (tmp_path / 'checkpoint_2' / 'data' / 'host-00000-of-00001').read_text() == '2'
   data = StepBatches()
   result = run_train(tmp_path, 4, batches=lambda: data)
   assert data.position == 4 and result['step'] == 4
@@ -92,7 +92,7 @@ def test_resume_continues_with_the_same_state_and_data_position(reference, tmp_p
   assert train_losses(tmp_path) == ref
   assert len(set(ref.values())) == 4  # every step's batch differs, so a replay would show
   jax.tree_util.tree_map(np.testing.assert_array_equal, saved_state(tmp_path / 'checkpoint_4'),
-                         saved_state(os.path.join(ref_dir, 'checkpoint_4')))
+                         saved_state(ref_dir / 'checkpoint_4'))
 
 
 def test_a_checkpoint_of_8_devices_resumes_on_one(reference, tmp_path, subprocess_train):
@@ -101,15 +101,15 @@ def test_a_checkpoint_of_8_devices_resumes_on_one(reference, tmp_path, subproces
   losses."""
   ref_dir, ref, _ = reference
   finish(subprocess_train('mesh', tmp_path, 2))
-  sharding = json.loads(open(tmp_path / 'checkpoint_2' / 'state' / '_sharding').read())
+  sharding = json.loads((tmp_path / 'checkpoint_2' / 'state' / '_sharding').read_text())
   specs = [json.loads(s) for s in sharding.values()]
   assert {tuple(s['shape']) for s in specs} == {(4, 2)}
   assert {'data', 'model'} <= {a for s in specs for a in s['partition_spec'] if isinstance(a, str)}
-  ref_params = saved_state(os.path.join(ref_dir, 'checkpoint_2'))['params']
+  ref_params = saved_state(ref_dir / 'checkpoint_2')['params']
   one_device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   abstract = jax.tree_util.tree_map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one_device), ref_params)
-  params = checkpoints.restore_params(str(tmp_path), abstract)
+  params = checkpoints.restore_params(tmp_path, abstract)
   jax.tree_util.tree_map(functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-6),
                          jax.tree_util.tree_map(np.asarray, params), ref_params)
   run_train(tmp_path, 4)
@@ -169,10 +169,26 @@ def test_an_unreadable_latest_checkpoint_falls_back_to_the_previous_one(referenc
   for name in ('_METADATA', 'manifest.ocdbt'):
     (model_dir / 'checkpoint_4' / 'state' / name).write_bytes(b'\0garbage')
   assert run_train(model_dir, 4)['step'] == 4
-  assert (model_dir / 'checkpoint_4.unreadable' / 'state' / '_METADATA').read_bytes() == b'\0garbage'
+  unreadable = model_dir / 'checkpoint_4.unreadable' / 'state'
+  assert (unreadable / '_METADATA').read_bytes() == b'\0garbage'
   assert [r['step'] for r in records(model_dir)] == [1, 2, 3, 4, 3, 4]
   assert [r['loss'] for r in records(model_dir)[4:]] == [ref[3], ref[4]]
   assert (model_dir / 'checkpoint_4' / 'state' / '_METADATA').read_bytes() != b'\0garbage'
+
+
+def test_a_checkpoint_of_another_model_is_an_error_not_a_restart(reference, tmp_path):
+  """Resuming with another d_ff raises CheckpointError naming the parameter that differs, and
+  leaves the checkpoints and model-info.txt as they were (not moved aside as unreadable, with
+  training restarted from scratch)."""
+  ref_dir, _, _ = reference
+  model_dir = tmp_path / 'run'
+  shutil.copytree(ref_dir, model_dir)
+  info = (model_dir / 'model-info.txt').read_text()
+  with pytest.raises(checkpoints.CheckpointError,
+                     match=r"\['wi'\]\['kernel'\]: saved \(1, 32, 64\), this run \(1, 32, 128\)"):
+    run_train(model_dir, 6, config=tiny(num_encoder_layers=1, num_decoder_layers=1, d_ff=128))
+  assert sorted(p.name for p in model_dir.glob('checkpoint_*')) == ['checkpoint_2', 'checkpoint_4']
+  assert (model_dir / 'model-info.txt').read_text() == info
 
 
 def test_two_processes_train_like_one_and_stop_together(reference, tmp_path, subprocess_train):
@@ -191,7 +207,8 @@ def test_two_processes_train_like_one_and_stop_together(reference, tmp_path, sub
   assert k0 == k1 and 3 <= k0 < 1000
   losses = train_losses(tmp_path)
   assert sorted(losses) == list(range(1, k0 + 1))
-  np.testing.assert_allclose([losses[s] for s in (1, 2, 3)], [ref[s] for s in (1, 2, 3)], rtol=1e-5)
+  np.testing.assert_allclose([losses[s] for s in (1, 2, 3)], [ref[s] for s in (1, 2, 3)],
+                             rtol=1e-5)
   assert sorted(p.name for p in tmp_path.glob('checkpoint_*')) == [f'checkpoint_{k0}']
   data = tmp_path / f'checkpoint_{k0}' / 'data'
   assert [(data / f'host-0000{i}-of-00002').read_text() for i in range(2)] == [str(k0)] * 2
@@ -205,9 +222,9 @@ def test_a_run_writes_its_record(reference):
   assert [r['step'] for r in logged] == [1, 2, 3, 4]
   assert all(r['tokens_per_second'] > 0 and r['learning_rate'] == pytest.approx(0.01)
              and 0 <= r['accuracy'] <= 1 for r in logged)
-  assert "learning_rate_schedule.name = 'constant'" in open(os.path.join(ref_dir, 'config.gin')).read()
-  assert 'encoder_decoder' in open(os.path.join(ref_dir, 'model-info.txt')).read()
-  events = glob.glob(os.path.join(ref_dir, 'tensorboard', 'events.out.tfevents.*'))
-  assert len(events) == 1 and os.path.getsize(events[0]) > 1000
+  assert "learning_rate_schedule.name = 'constant'" in (ref_dir / 'config.gin').read_text()
+  assert 'architecture: encoder_decoder' in (ref_dir / 'model-info.txt').read_text()
+  events = list((ref_dir / 'tensorboard').glob('events.out.tfevents.*'))
+  assert len(events) == 1 and events[0].read_bytes().count(b'train/tokens_per_second') == 4
   line = [l for l in console.splitlines() if l.startswith('step 3/4 ')]
   assert len(line) == 1 and ' tok/s ' in line[0] and ' eta 0:00:' in line[0], console

@@ -72,16 +72,16 @@ def step_batch(step, rows=4):
   return batch
 
 
-def run_train(model_dir, total_steps, period=2, batches=None, **kwargs):
-  """``trainer.train`` of a 1-layer tiny model at constant lr 0.01, logging every step and
-  checkpointing every ``period`` steps."""
+def run_train(model_dir, total_steps, period=2, batches=None, config=None, **kwargs):
+  """``trainer.train`` of ``config`` (default: a 1-layer tiny model) at constant lr 0.01,
+  logging every step and checkpointing every ``period`` steps."""
   import gin
   from t5x_variants.train import trainer
   gin.bind_parameter('learning_rate_schedule.name', 'constant')
   gin.bind_parameter('learning_rate_schedule.base', 0.01)
   gin.bind_parameter('Checkpointer.period', period)
   gin.bind_parameter('Checkpointer.keep', None)
-  return trainer.train(tiny(num_encoder_layers=1, num_decoder_layers=1),
+  return trainer.train(config or tiny(num_encoder_layers=1, num_decoder_layers=1),
                        batches or StepBatches, model_dir=str(model_dir), total_steps=total_steps,
                        log_period=1, eval_period=0, **kwargs)
 

@@ -27,7 +27,8 @@ from train_helpers import StepBatches, run_train  # noqa: E402
 if mode == 'mesh':
   result = run_train(model_dir, steps, mesh_shape=(4, 2), fsdp=True)
 elif mode == 'slow':
-  result = run_train(model_dir, steps, period=1000, batches=functools.partial(StepBatches, delay=0.1))
+  result = run_train(model_dir, steps, period=1000,
+                     batches=functools.partial(StepBatches, delay=0.1))
 else:
   port, index = sys.argv[4], int(sys.argv[5])
   multihost.initialize(argparse.Namespace(

@@ -82,7 +82,7 @@ class Checkpointer:
     self.manager = ocp.CheckpointManager(self.model_dir, options=options)
 
   def steps(self):
-    return sorted(self.manager.all_steps(read=True))
+    return sorted(self.manager.all_steps())
 
   def save(self, step: int, state, data_iterator=None, force: bool = False) -> bool:
     """Starts saving ``state`` at ``step`` if it is a period step or ``force``; True if started."""
@@ -103,12 +103,18 @@ class Checkpointer:
   def restore_latest(self, abstract_state, data_iterator=None):
     """(state, step) of the newest readable checkpoint, laid out as ``abstract_state`` says (its
     shardings may differ from the saving run's: another mesh or device count); None if there is no
-    checkpoint. An unreadable one is renamed ``<name>.unreadable`` and the one before is tried."""
+    checkpoint. An unreadable one is renamed ``<name>.unreadable`` and the one before is tried; one
+    whose parameters have other names or shapes (another model configuration) raises
+    CheckpointError."""
     for step in reversed(self.steps()):
+      path = self.model_dir / f'{PREFIX}_{step}'
+      mismatch = _params_mismatch(path, abstract_state.params)
+      if mismatch:
+        raise CheckpointError(f'{path} holds another model ({mismatch}); resume with the '
+                              'configuration it was trained with, or use a new model_dir')
       try:
         return self.restore(step, abstract_state, data_iterator), step
       except Exception as e:  # orbax raises many types for a damaged directory
-        path = self.model_dir / f'{PREFIX}_{step}'
         logging.error('checkpoint %s cannot be read (%s: %s); falling back to the previous one',
                       path, type(e).__name__, str(e).splitlines()[0] if str(e) else '')
         multihost_utils.sync_global_devices(f'unreadable {step}')
@@ -130,6 +136,25 @@ def list_checkpoints(run_dir: str):
   found = [(int(p.name.split('_')[1]), p) for p in epath.Path(run_dir).glob(f'{PREFIX}_*')
            if p.name.split('_')[1].isdigit()]
   return [p for _, p in sorted(found)]
+
+
+def _params_mismatch(path: epath.Path, abstract_params) -> Optional[str]:
+  """The first parameter whose saved shape differs from ``abstract_params``' (or that only one of
+  them has); None if they agree or the saved metadata cannot be read (a damaged checkpoint)."""
+  handler = ocp.PyTreeCheckpointHandler()
+  try:
+    saved = handler.metadata(path / 'state').tree['params']
+  except Exception:  # no readable metadata: a damaged checkpoint, for the fallback
+    return None
+  finally:
+    handler.close()
+  shapes = lambda tree: {jax.tree_util.keystr(k): tuple(x.shape)
+                         for k, x in jax.tree_util.tree_leaves_with_path(tree)}
+  saved, wanted = shapes(saved), shapes(abstract_params)
+  for key in sorted(saved.keys() | wanted.keys()):
+    if saved.get(key) != wanted.get(key):
+      return f'{key}: saved {saved.get(key)}, this run {wanted.get(key)}'
+  return None
 
 
 def checkpoint_path(path: str) -> epath.Path:

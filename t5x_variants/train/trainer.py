@@ -114,7 +114,6 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
   layout = train_step.state_layout(model, config,
                                    lambda params: optimizer.adafactor(params, learning_rate=schedule),
                                    mesh, partitioning.logical_axis_rules(fsdp), rng, inputs)
-  _write_run_files(model_dir, config, files or {})
   ckpt = checkpoints.Checkpointer(model_dir)
   data = train_data()
   restored = ckpt.restore_latest(layout.abstract, data)
@@ -125,6 +124,7 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
     params = (checkpoints.restore_params(init_checkpoint, layout.abstract.params)
               if init_checkpoint else None)
     state, start = train_step.create_state(layout, model, rng, inputs, params), 0
+  _write_run_files(model_dir, config, files or {})  # after restoring: a refused resume keeps them
   step_fn = train_step.make_train_step(
       layout.shardings, mesh, model=model, config=config, tx=layout.tx, schedule=schedule,
       num_microbatches=num_microbatches, label_smoothing=label_smoothing, z_loss=z_loss,
@@ -151,6 +151,7 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
       if metrics['skipped']:
         if on_nonfinite == 'stop':
           ckpt.close()
+          logger.close()
           raise NonFiniteLossError(
               f'the loss or gradients at step {step} are not finite (loss {metrics["loss"]}); the '
               f'update was not applied and the checkpoints in {model_dir} (last: step '
@@ -171,6 +172,9 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
         logging.warning('%s: saved a checkpoint at step %d; run the same command to resume',
                         preemption.signal or 'preemption', step)
         break
+  if window:  # steps since the last log (a stop between log periods)
+    last = _summarize(step, window)
+    logger.train(step, last, start, started)
   if eval_period and step % eval_period and step == total_steps:
     run_eval(step)
   ckpt.save(step, state, data, force=True)
