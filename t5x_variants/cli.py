@@ -52,3 +52,15 @@ def clear_errors(prog: str, expected: Sequence[type] = ()):
     logging.debug('traceback', exc_info=True)
     print(f'{prog}: error: {e}', file=sys.stderr)
     raise SystemExit(2) from None
+
+
+def use_run_vocabulary(checkpoint_path: str):
+  """Tokenize with the vocabulary the run of ``checkpoint_path`` trained with (its
+  ``vocab.model`` copy), if it has one: the embedded vocabulary depends on the Python release."""
+  import gin  # pylint: disable=g-import-not-at-top
+  from t5x_variants.train import checkpoints  # pylint: disable=g-import-not-at-top
+  vocab_file = checkpoints.checkpoint_path(checkpoint_path).parent / 'vocab.model'
+  if vocab_file.exists():
+    with gin.unlock_config():
+      gin.bind_parameter('vocabulary.kind', 'file')
+      gin.bind_parameter('vocabulary.path', str(vocab_file))

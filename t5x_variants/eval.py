@@ -20,29 +20,20 @@ import numpy as np
 
 from t5x_variants import cli
 from t5x_variants.data import pipeline, tasks
-from t5x_variants.train import checkpoints, evaluation, partitioning
+from t5x_variants.train import checkpoints, evaluation
 from t5x_variants.train.metrics import MetricsLogger
 from t5x_variants.train.predictor import DecodeOptions, Predictor
-from t5x_variants.infer import _text, batches, decode_examples, task_examples, use_run_vocabulary
+from t5x_variants.infer import _text, decode_examples, task_examples
 
 RESULTS = 'eval_results.json'
 
 
 def teacher_forced(predictor, task_name: str, split: str, lengths, batch_size: int,
                    max_batches: Optional[int]):
-  """Loss, log-perplexity, accuracy over the split (unpacked, the last batch padded)."""
-  config, mesh = predictor.config, predictor.mesh
-  ds = pipeline.get_dataset(task_name, lengths, config.architecture, split, shuffle=False,
-                            num_epochs=1, pack=False)
-  rows = list(ds.as_numpy_iterator())
-  if max_batches:
-    rows = rows[:max_batches * batch_size]
-  host_batches = (partitioning.host_rows({k: np.stack([r[k] for r in chunk]) for k in chunk[0]}, mesh)
-                  for chunk in batches(rows, batch_size))
-  step = evaluation.make_eval_step(predictor.model, config,
-                                   jax.tree_util.tree_map(lambda p: p.sharding, predictor.abstract_params),
-                                   mesh)
-  return evaluation.evaluate(step, predictor.params, host_batches, mesh)
+  """Loss, log-perplexity, accuracy over the split (every example once)."""
+  batches = pipeline.eval_batches(task_name, lengths, predictor.config.architecture, batch_size, split)
+  return evaluation.evaluate(predictor.eval_step, predictor.params, batches, predictor.mesh,
+                             max_batches)
 
 
 def inference_metrics(predictor, task, split: str, lengths, batch_size: int,
@@ -67,9 +58,10 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
                          task_feature_lengths: Mapping[str, int] = gin.REQUIRED,
                          split: str = 'validation', batch_size: int = 32,
                          max_batches: Optional[int] = None, max_examples: Optional[int] = None,
-                         inference: bool = True, mesh_shape=(-1, 1)):
+                         inference: bool = True, z_loss: float = 0.0, mesh_shape=(-1, 1),
+                         fsdp: bool = False):
   """{step: {task: metrics}} of the checkpoints evaluated by this call."""
-  use_run_vocabulary(checkpoint_path)
+  cli.use_run_vocabulary(checkpoint_path)
   paths = [checkpoints.checkpoint_path(checkpoint_path)]
   run_dir = paths[0].parent
   if all_checkpoints and run_dir == checkpoints.epath.Path(checkpoint_path):
@@ -79,7 +71,7 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
   names = sorted(t.name for t in subtasks)
   results_file = run_dir / RESULTS
   results = json.loads(results_file.read_text()) if results_file.exists() else {}
-  predictor = Predictor(config, mesh_shape, options=DecodeOptions())
+  predictor = Predictor(config, mesh_shape, fsdp, DecodeOptions(), z_loss)
   logger = MetricsLogger(str(run_dir), console=True)
   new = {}
   for path in paths:

@@ -22,15 +22,6 @@ from t5x_variants.train import checkpoints
 from t5x_variants.train.predictor import EOS_ID, DecodeOptions, Predictor, until_eos
 
 
-def use_run_vocabulary(checkpoint_path: str):
-  """Decode with the vocabulary the run trained with (its ``vocab.model`` copy), if it has one."""
-  vocab_file = checkpoints.checkpoint_path(checkpoint_path).parent / 'vocab.model'
-  if vocab_file.exists():
-    with gin.unlock_config():
-      gin.bind_parameter('vocabulary.kind', 'file')
-      gin.bind_parameter('vocabulary.path', str(vocab_file))
-
-
 def _text(x) -> str:
   return x.decode() if isinstance(x, bytes) else str(x)
 
@@ -50,8 +41,10 @@ def batches(items: List, size: int) -> Iterator[List]:
     yield items[i:i + size]
 
 
-def pad_tokens(rows: List[np.ndarray], length: int) -> np.ndarray:
-  out = np.zeros((len(rows), length), np.int32)
+def pad_tokens(rows: List[np.ndarray], length: int, num_rows: int) -> np.ndarray:
+  """(num_rows, length): each row cut or zero-padded to ``length``, zero rows after them (so every
+  batch has one shape and decoding compiles once)."""
+  out = np.zeros((num_rows, length), np.int32)
   for i, r in enumerate(rows):
     out[i, :min(len(r), length)] = r[:length]
   return out
@@ -66,7 +59,8 @@ def decode_examples(predictor, vocab, examples: List[dict], input_length: int,
   for i, chunk in enumerate(batches(examples, batch_size)):
     rows = [np.asarray(ex['inputs'])[:-1] if prompt and ex['inputs'][-1] == EOS_ID
             else np.asarray(ex['inputs']) for ex in chunk]
-    tokens, scores = predictor.predict(pad_tokens(rows, input_length), max_decode_length, i)
+    tokens, scores = predictor.predict(pad_tokens(rows, input_length, batch_size),
+                                       max_decode_length, i)
     for ex, t, s in zip(chunk, tokens, scores):
       ids = until_eos(t)
       out.append(dict(ex, prediction=vocab.decode(ids), prediction_ids=ids, score=float(s)))
@@ -77,10 +71,11 @@ def decode_examples(predictor, vocab, examples: List[dict], input_length: int,
 def infer(config, *, checkpoint_path: str = gin.REQUIRED, output_file: str = gin.REQUIRED,
           input_file: Optional[str] = None, mixture_or_task_name: Optional[str] = None,
           split: str = 'validation', task_feature_lengths: Mapping[str, int] = gin.REQUIRED,
-          batch_size: int = 32, max_examples: Optional[int] = None, mesh_shape=(-1, 1)):
+          batch_size: int = 32, max_examples: Optional[int] = None, mesh_shape=(-1, 1),
+          fsdp: bool = False):
   """Writes one JSON line per example to ``output_file``; returns the number written."""
-  use_run_vocabulary(checkpoint_path)
-  predictor = Predictor(config, mesh_shape, options=DecodeOptions()).load(checkpoint_path)
+  cli.use_run_vocabulary(checkpoint_path)
+  predictor = Predictor(config, mesh_shape, fsdp, DecodeOptions()).load(checkpoint_path)
   if input_file:
     vocab = vocab_lib.vocabulary()
     with open(input_file) as f:

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 
+import gin
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
@@ -149,7 +150,7 @@ def test_a_non_finite_step_stops_or_is_skipped(reference, tmp_path):
   logged = {r['step']: r for r in records(tmp_path)}
   assert [logged[s]['skipped'] for s in range(1, 5)] == [0, 0, 1, 0]
   assert [logged[s]['loss'] for s in (1, 2)] == [ref[1], ref[2]]
-  assert np.isnan(logged[3]['loss']) and np.isfinite(logged[4]['loss'])
+  assert logged[3]['loss'] is None and np.isfinite(logged[4]['loss'])  # NaN is written as null
   before, after = saved_state(tmp_path / 'checkpoint_2'), saved_state(tmp_path / 'checkpoint_3')
   assert (before['step'], after['step']) == (2, 3)
   jax.tree_util.tree_map(np.testing.assert_array_equal, (after['params'], after['opt_state']),
@@ -189,6 +190,18 @@ def test_a_checkpoint_of_another_model_is_an_error_not_a_restart(reference, tmp_
     run_train(model_dir, 6, config=tiny(num_encoder_layers=1, num_decoder_layers=1, d_ff=128))
   assert sorted(p.name for p in model_dir.glob('checkpoint_*')) == ['checkpoint_2', 'checkpoint_4']
   assert (model_dir / 'model-info.txt').read_text() == info
+
+
+def test_a_checkpoint_of_other_optimizer_settings_is_an_error_not_a_restart(reference, tmp_path):
+  """Resuming with global-norm clipping added (another optimizer-state structure, same
+  parameters) raises CheckpointError saying the parameters are readable, and moves nothing aside."""
+  ref_dir, _, _ = reference
+  model_dir = tmp_path / 'run'
+  shutil.copytree(ref_dir, model_dir)
+  gin.bind_parameter('adafactor.global_norm_clip', 1.0)
+  with pytest.raises(checkpoints.CheckpointError, match='readable parameters but cannot be resumed'):
+    run_train(model_dir, 6)
+  assert sorted(p.name for p in model_dir.glob('checkpoint_*')) == ['checkpoint_2', 'checkpoint_4']
 
 
 def test_two_processes_train_like_one_and_stop_together(reference, tmp_path, subprocess_train):

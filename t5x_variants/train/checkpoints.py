@@ -103,10 +103,12 @@ class Checkpointer:
   def restore_latest(self, abstract_state, data_iterator=None):
     """(state, step) of the newest readable checkpoint, laid out as ``abstract_state`` says (its
     shardings may differ from the saving run's: another mesh or device count); None if there is no
-    checkpoint. An unreadable one is renamed ``<name>.unreadable`` and the one before is tried; one
-    whose parameters have other names or shapes (another model configuration) raises
-    CheckpointError."""
-    for step in reversed(self.steps()):
+    checkpoint. A damaged one (its parameters cannot be read) is renamed ``<name>.unreadable`` and
+    the one before is tried. A checkpoint of another run configuration raises CheckpointError:
+    other parameter names or shapes, or readable parameters with an optimizer state or data
+    position this run cannot take (other optimizer settings, another number of processes)."""
+    steps = self.steps()
+    for step in reversed(steps):
       path = self.model_dir / f'{PREFIX}_{step}'
       mismatch = _params_mismatch(path, abstract_state.params)
       if mismatch:
@@ -115,13 +117,27 @@ class Checkpointer:
       try:
         return self.restore(step, abstract_state, data_iterator), step
       except Exception as e:  # orbax raises many types for a damaged directory
-        logging.error('checkpoint %s cannot be read (%s: %s); falling back to the previous one',
-                      path, type(e).__name__, str(e).splitlines()[0] if str(e) else '')
+        reason = f'{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}'
+        try:
+          restore_params(str(path), abstract_state.params)
+        except CheckpointError:
+          pass  # the parameters themselves are unreadable: damaged
+        else:
+          raise CheckpointError(
+              f'{path} has readable parameters but cannot be resumed by this run ({reason}): the '
+              'optimizer settings, the number of processes or the data pipeline differ from the run '
+              'that wrote it. Resume with those settings, or start a new model_dir with '
+              'train.init_checkpoint pointing at it.') from e
+        logging.error('checkpoint %s cannot be read (%s); falling back to the previous one', path,
+                      reason)
         multihost_utils.sync_global_devices(f'unreadable {step}')
         if jax.process_index() == 0:
           path.rename(str(path) + '.unreadable')
         multihost_utils.sync_global_devices(f'moved {step}')
         self.manager.reload()
+    if steps:
+      raise CheckpointError(f'no checkpoint in {self.model_dir} can be read; all were renamed '
+                            '*.unreadable. Rerun to start from scratch, or restore them.')
     return None
 
   def restore(self, step: int, abstract_state, data_iterator=None):

@@ -1,6 +1,7 @@
 """The run's record: ``metrics.jsonl`` (one JSON object per logged train step and per eval),
 TensorBoard scalars and a console progress line with throughput and ETA. Only process 0 writes."""
 import json
+import math
 import os
 import time
 from typing import Mapping, Optional
@@ -29,6 +30,8 @@ class MetricsLogger:
       self._tb = EventWriter(os.path.join(model_dir, 'tensorboard'))
 
   def _write(self, record: Mapping, tags: Mapping[str, float]):
+    record = {k: None if isinstance(v, float) and not math.isfinite(v) else v  # valid JSON
+              for k, v in record.items()}
     self._jsonl.write(json.dumps(record) + '\n')
     self._jsonl.flush()
     self._tb.scalars(record['step'], tags)

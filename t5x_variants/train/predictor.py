@@ -1,4 +1,4 @@
-"""A checkpoint's parameters on a mesh, and cached decoding of token batches with them.
+"""A checkpoint's parameters on a mesh: cached decoding of token batches, teacher-forced scoring.
 
 Shared by ``t5xv-infer`` and ``t5xv-eval`` (inference metrics). Every process passes the same
 full batch; each feeds the rows of its own devices and all get every decoded row back.
@@ -13,7 +13,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from t5x_variants.models import build_model, init_inputs
 from t5x_variants.models.config import TransformerConfig
-from t5x_variants.train import checkpoints, decoding, partitioning
+from t5x_variants.train import checkpoints, decoding, evaluation, partitioning
 
 EOS_ID = 1
 
@@ -36,12 +36,15 @@ class Predictor:
   """``config``'s model on a (data, model) mesh; ``load`` puts a checkpoint's parameters on it."""
 
   def __init__(self, config: TransformerConfig, mesh_shape=(-1, 1), fsdp: bool = False,
-               options: DecodeOptions = None):
+               options: DecodeOptions = None, z_loss: float = 0.0):
     self.config, self.options = config, options or DecodeOptions()
     self.model = build_model(config)
     self.mesh = partitioning.make_mesh(*mesh_shape)
     _, self.abstract_params = partitioning.sharded_abstract_params(
         self.model, init_inputs(config), self.mesh, partitioning.logical_axis_rules(fsdp))
+    self.eval_step = evaluation.make_eval_step(  # teacher-forced sums, compiled once
+        self.model, config, jax.tree_util.tree_map(lambda p: p.sharding, self.abstract_params),
+        self.mesh, z_loss)
     self.params, self.step, self._decode = None, None, {}
 
   def load(self, checkpoint_path: str):

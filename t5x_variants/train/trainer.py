@@ -99,7 +99,8 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
   """Trains to ``total_steps``; returns the last logged train metrics (with 'step').
 
   ``train_data()``: this host's iterator of numpy batches (with ``save``/``restore`` to make the
-  data position part of checkpoints); ``eval_data()``: {name: finite iterable of batches}.
+  data position part of checkpoints); ``eval_data()``: {name: finite iterable of global batches,
+  the same on every process}.
   ``mesh_shape``: (data, model), -1 = the remaining devices. Dropout is on when
   ``config.dropout_rate`` > 0. The optimizer and schedule are the gin-bound ``adafactor`` and
   ``learning_rate_schedule``.
@@ -164,14 +165,14 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
         last = _summarize(step, window)
         logger.train(step, last, start, started)
         window = []
-      if eval_period and step % eval_period == 0:
-        run_eval(step)
       stop = preemption.reached(step)
-      ckpt.save(step, state, data, force=stop)
+      ckpt.save(step, state, data, force=stop)  # before eval, so a failing eval loses nothing
       if stop:
         logging.warning('%s: saved a checkpoint at step %d; run the same command to resume',
                         preemption.signal or 'preemption', step)
         break
+      if eval_period and step % eval_period == 0:
+        run_eval(step)
   if window:  # steps since the last log (a stop between log periods)
     last = _summarize(step, window)
     logger.train(step, last, start, started)
@@ -184,9 +185,11 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
 
 
 def _summarize(step: int, window) -> dict:
-  """Means over the steps since the last log (learning rate and parameter norm: the latest)."""
+  """Means over the steps since the last log, skipped (non-finite) ones left out unless all were;
+  learning rate and parameter norm: the latest."""
   seconds = sum(w[3] for w in window)
-  mean = lambda k: float(np.mean([w[0][k] for w in window]))
+  applied = [w[0] for w in window if not w[0]['skipped']] or [w[0] for w in window]
+  mean = lambda k: float(np.mean([m[k] for m in applied]))
   latest = window[-1][0]
   return {'loss': mean('loss'), 'z_loss': mean('z_loss'), 'accuracy': mean('accuracy'),
           'learning_rate': latest['learning_rate'], 'grad_norm': mean('grad_norm'),
