@@ -20,10 +20,11 @@ def losses(mesh):
     state, metrics = step(state, synthetic_batch(seed=i), jax.random.PRNGKey(0))
     out.append(float(metrics['loss']))
   kernel = state.params['decoder']['layers']['mlp']['wi']['kernel']
-  return out, [str(s) for s in kernel.sharding.spec]
+  stats = [x for x in jax.tree_util.tree_leaves(state.opt_state) if x.shape == kernel.shape]
+  return out, [[str(s) for s in x.sharding.spec] for x in [kernel] + stats[:1]]
 
 
 assert len(jax.devices()) == 8
 sharded, spec = losses(partitioning.make_mesh(data=4, model=2))
 single, _ = losses(partitioning.make_mesh(devices=jax.devices()[:1]))
-print(json.dumps({'sharded': sharded, 'single': single, 'spec': spec}))
+print(json.dumps({'sharded': sharded, 'single': single, 'spec': spec[0], 'stat_spec': spec[1]}))

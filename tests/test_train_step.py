@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.sharding import NamedSharding, PartitionSpec
 
 from conftest import init_params, tiny, tokens
 from t5x_variants.models import losses
@@ -123,5 +124,23 @@ def test_sharded_mesh_matches_a_single_device():
   out = subprocess.run([sys.executable, script], capture_output=True, text=True, check=True)
   result = json.loads(out.stdout.strip().splitlines()[-1])
   assert result['spec'] == ['None', 'None', 'model']  # (layers, embed, mlp): mlp over 'model'
+  assert result['stat_spec'] == ['None', 'None', 'model']  # its Adafactor statistic: the same
   np.testing.assert_allclose(result['sharded'], result['single'], rtol=1e-5)
   assert result['sharded'][2] < result['sharded'][0]
+
+
+def test_factored_adafactor_statistics_follow_their_parameter_sharding():
+  """A (layers, 256, 512) kernel split over 'model' on its last axis: the per-layer factored
+  statistics drop one axis each, and keep 'model' exactly where the kept axis carries it."""
+  mesh = partitioning.make_mesh(devices=jax.devices()[:1])
+  spec = PartitionSpec(None, None, 'model')
+  params = {'k': jax.ShapeDtypeStruct((2, 256, 512), jnp.float32,
+                                      sharding=NamedSharding(mesh, spec))}
+  stats = jax.eval_shape(optimizer.adafactor(params, learning_rate=0.01).init, params)
+  specs = {jax.tree_util.keystr(p): tuple(s.spec) for p, s in jax.tree_util.tree_leaves_with_path(
+      partitioning.follow_param_shardings(stats, params, mesh))}
+  shapes = {jax.tree_util.keystr(p): x.shape for p, x in jax.tree_util.tree_leaves_with_path(stats)}
+  by_shape = {shapes[k]: specs[k] for k in specs}
+  assert by_shape[(2, 256)] == (None, None)        # v_row: the 512 axis was reduced
+  assert by_shape[(2, 512)] == (None, 'model')     # v_col: the sharded axis kept
+  assert all(specs[k] == () for k in specs if len(shapes[k]) < 2)  # counters, placeholders

@@ -49,6 +49,28 @@ def sharded_abstract_params(model, init_inputs, mesh: Mesh, rules, rng=None):
       lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), nn.unbox(boxed), shardings)
 
 
+def follow_param_shardings(abstract_tree, abstract_params, mesh: Mesh):
+  """Shardings for optimizer statistics, whose trees end in the parameters' paths. A leaf with its
+  parameter's shape takes the parameter's sharding; one with a single axis fewer (Adafactor's
+  factored row / column second moments) takes it without that axis, when only one axis fits;
+  anything else (counters, placeholders) is replicated."""
+  params = {tuple(k.key for k in path): (tuple(x.shape), tuple(x.sharding.spec))
+            for path, x in jax.tree_util.tree_leaves_with_path(abstract_params)}
+
+  def sharding(path, leaf):
+    keys = []
+    for k in reversed(path):
+      if not isinstance(k, jax.tree_util.DictKey):
+        break
+      keys.insert(0, k.key)
+    shape, spec = params.get(tuple(keys), ((), ()))
+    spec = spec + (None,) * (len(shape) - len(spec))
+    fits = {spec} if tuple(leaf.shape) == shape else {
+        spec[:i] + spec[i + 1:] for i in range(len(shape)) if shape[:i] + shape[i + 1:] == tuple(leaf.shape)}
+    return NamedSharding(mesh, PartitionSpec(*fits.pop()) if len(fits) == 1 else PartitionSpec())
+  return jax.tree_util.tree_map_with_path(sharding, abstract_tree)
+
+
 def batch_sharding(mesh: Mesh) -> NamedSharding:
   """Input batches: the leading (batch) dimension split over 'data'."""
   return NamedSharding(mesh, PartitionSpec('data'))

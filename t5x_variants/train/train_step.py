@@ -92,14 +92,14 @@ class StateLayout(NamedTuple):
 
 def state_layout(model, config: TransformerConfig, tx_fn: Callable, mesh, rules, rng,
                  init_inputs) -> StateLayout:
-  """Parameters are sharded by their logical axes; Adafactor's factored statistics (rows +
-  columns per matrix) are small and replicated."""
+  """Parameters are sharded by their logical axes, the optimizer statistics like their
+  parameters (see ``partitioning.follow_param_shardings``)."""
   _, params = partitioning.sharded_abstract_params(model, init_inputs, mesh, rules, rng)
   tx = tx_fn(params)
   replicated = NamedSharding(mesh, PartitionSpec())
   abstract = jax.eval_shape(lambda p: _fresh(p, tx), params)
   shardings = TrainState(replicated, jax.tree_util.tree_map(lambda p: p.sharding, params),
-                         jax.tree_util.tree_map(lambda _: replicated, abstract.opt_state))
+                         partitioning.follow_param_shardings(abstract.opt_state, params, mesh))
   with_sharding = lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
   return StateLayout(jax.tree_util.tree_map(with_sharding, abstract, shardings), shardings, tx)
 
