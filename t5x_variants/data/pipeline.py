@@ -103,7 +103,8 @@ class BatchIterator(Iterator[Dict[str, np.ndarray]]):
       raise ValueError(f'global batch size {global_batch_size} is not divisible by the '
                        f'{num_hosts} hosts')
     self.batch_size = global_batch_size // num_hosts
-    self._iterator = iter(dataset.batch(self.batch_size, drop_remainder=True))
+    # Prefetching prepares the next batches during the step; a checkpoint holds the prefetched ones.
+    self._iterator = iter(dataset.batch(self.batch_size, drop_remainder=True).prefetch(2))
     self._checkpoint = tf.train.Checkpoint(iterator=self._iterator)
 
   def __next__(self) -> Dict[str, np.ndarray]:
