@@ -1,60 +1,7 @@
-"""t5xv-train: pretrain or fine-tune a gin-configured model (T5X's train.py).
-
-  t5xv-train --gin_file=gin/runs/pretrain.gin --gin_file=gin/models/t5_base.gin \\
-    --gin_file=gin/variants/ffn/swiglu.gin --gin.MODEL_DIR="'/tmp/run'"
-"""
+"""``python -m t5x_variants.train`` = t5xv-train (``t5x_variants.run_train``, outside this
+TensorFlow-free package because it reads data)."""
 import sys
 
-import gin
-import jax
+from t5x_variants import run_train
 
-from t5x_variants import cli
-
-
-def vocabulary_files(name: str):
-  """{'vocab.model': path} when the task's vocabulary is a local SentencePiece file."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from t5x_variants.data import tasks  # pylint: disable=g-import-not-at-top
-  vocab = tasks.get_task_or_mixture(name).output_features['targets'].vocabulary
-  path = getattr(vocab, 'sentencepiece_model_file', None)
-  return {'vocab.model': path} if path and not path.startswith('gs://') and tf.io.gfile.exists(path) else {}
-
-
-def _init_checkpoint():
-  """The gin-bound ``train.init_checkpoint`` (macros resolved), or None."""
-  try:
-    value = gin.query_parameter('train.init_checkpoint')
-  except ValueError:
-    return None
-  return value.scoped_configurable_fn() if isinstance(value, gin.config.ConfigurableReference) else value
-
-
-def main(argv=None):
-  parser = cli.parser('t5xv-train', __doc__)
-  with cli.clear_errors('t5xv-train'):
-    _, config = cli.setup(parser, argv)
-    from t5x_variants.data import pipeline, tasks  # pylint: disable=g-import-not-at-top
-    from t5x_variants.train import trainer  # pylint: disable=g-import-not-at-top
-    if _init_checkpoint():  # fine-tuning tokenizes as the pretrained run did
-      cli.use_run_vocabulary(_init_checkpoint())
-    with gin.config_scope('train'):
-      train_cfg = pipeline.DatasetConfig()
-    with gin.config_scope('train_eval'):
-      eval_cfg = pipeline.DatasetConfig()
-    host = (jax.process_index(), jax.process_count())
-    train_data = lambda: pipeline.config_batches(train_cfg, config.architecture, *host)
-    eval_data = None
-    if eval_cfg.mixture_or_task_name:
-      subtasks = getattr(tasks.get_task_or_mixture(eval_cfg.mixture_or_task_name), 'tasks', None)
-      names = [t.name for t in subtasks] if subtasks else [eval_cfg.mixture_or_task_name]
-      eval_data = lambda: {n: pipeline.eval_batches(n, eval_cfg.task_feature_lengths,
-                                                    config.architecture, eval_cfg.batch_size,
-                                                    eval_cfg.split) for n in names}
-    result = trainer.train(config, train_data, eval_data=eval_data,
-                           files=vocabulary_files(train_cfg.mixture_or_task_name))
-  print(f'done: step {result["step"]}' + (f', loss {result["loss"]:.4f}' if 'loss' in result else ''))
-  return 0
-
-
-if __name__ == '__main__':
-  sys.exit(main())
+sys.exit(run_train.main())
