@@ -1,0 +1,175 @@
+"""t5xv-bench: train-step throughput, FLOP utilisation, memory and compile time.
+
+  t5xv-bench --gin_file=gin/models/t5_small.gin --gin_file=gin/variants/ffn/geglu.gin \\
+    --batch=8 --inputs_length=512 --targets_length=114 --steps=10 [--hf] [--output=bench.json]
+
+Runs the trainer's own step (``train_step.make_train_step``: the same sharding, Adafactor and
+dtype) on synthetic batches, so it needs no TensorFlow. Reports tokens/s (input + target
+positions), sequences/s, the median step time, achieved TFLOP/s by ``models/flops.py`` (whose
+docstring says what is counted) and MFU against a named peak, peak memory, and compile time.
+``--hf`` also times Hugging Face PyTorch ``T5ForConditionalGeneration`` on the same shape (extra
+``bench``: torch, transformers) and prints the ratio.
+"""
+import argparse
+import json
+import resource
+import statistics
+import sys
+import time
+
+import jax
+import numpy as np
+
+from t5x_variants import gin_utils, multihost
+from t5x_variants.models import build_model, flops, init_inputs
+from t5x_variants.train import optimizer, partitioning, train_step
+
+# Published dense peaks in TFLOP/s per device: (bf16, fp32). H100/H200 SXM fp32 is without TF32.
+PEAKS = {'H100': (989.0, 67.0), 'H200': (989.0, 67.0), 'A100': (312.0, 19.5),
+         'TPU v4': (275.0, 275.0 / 2), 'TPU v5 lite': (197.0, 197.0 / 2), 'TPU v5p': (459.0, 459.0 / 2)}
+
+
+def synthetic_batch(config, batch: int, lengths, seed: int = 0):
+  """Random tokens (no padding) with every target position weighted, per architecture."""
+  rng = np.random.RandomState(seed)
+  ids = lambda n: rng.randint(2, config.vocab_size, (batch, n)).astype(np.int32)
+  if config.architecture == 'encoder_only':
+    tokens = ids(lengths['inputs'])
+    return {'encoder_input_tokens': tokens, 'encoder_target_tokens': tokens,
+            'encoder_loss_weights': np.ones_like(tokens)}
+  targets = ids(lengths['targets'])
+  out = {'decoder_input_tokens': np.concatenate([np.zeros((batch, 1), np.int32), targets[:, :-1]], 1),
+         'decoder_target_tokens': targets, 'decoder_loss_weights': np.ones_like(targets)}
+  if config.architecture == 'encoder_decoder':
+    out['encoder_input_tokens'] = ids(lengths['inputs'])
+  return out
+
+
+def measured_matmul_peak(n: int = 2048, dtype=np.float32) -> float:
+  """TFLOP/s of a jitted n x n matmul on the first device (best of 5)."""
+  a = jax.device_put(np.ones((n, n), dtype))
+  f = jax.jit(lambda x: x @ x)
+  f(a).block_until_ready()
+  best = min(_timed(lambda: f(a).block_until_ready()) for _ in range(5))
+  return 2 * n ** 3 / best / 1e12
+
+
+def _timed(fn) -> float:
+  start = time.perf_counter()
+  fn()
+  return time.perf_counter() - start
+
+
+def peak_tflops(config, override=None):
+  """(peak TFLOP/s of all devices, where it comes from)."""
+  if override:
+    return override, 'given with --peak_tflops'
+  device = jax.devices()[0]
+  bf16 = config.dtype == 'bfloat16'
+  for name, (p16, p32) in PEAKS.items():
+    if name.lower() in device.device_kind.lower():
+      return (p16 if bf16 else p32) * jax.device_count(), f'published {name} dense {"bf16" if bf16 else "fp32"} peak'
+  return (measured_matmul_peak() * jax.device_count(),
+          f'measured 2048x2048 fp32 matmul on {device.device_kind}')
+
+
+def peak_memory():
+  """(bytes, what they are): the accelerator's peak bytes in use, or the process's peak RSS."""
+  stats = jax.devices()[0].memory_stats() or {}
+  if 'peak_bytes_in_use' in stats:
+    return stats['peak_bytes_in_use'], 'device peak_bytes_in_use'
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, 'process peak RSS (host)'
+
+
+def bench(config, batch: int, lengths, steps: int = 10, warmup: int = 2, mesh_shape=(-1, 1),
+          fsdp: bool = False, num_microbatches: int = 1, peak=None) -> dict:
+  """Times ``steps`` train steps after ``warmup``; returns every figure and the FLOP formula."""
+  mesh = partitioning.make_mesh(*mesh_shape)
+  model = build_model(config)
+  schedule = optimizer.learning_rate_schedule('constant', base=0.01)
+  rng = jax.random.PRNGKey(0)
+  layout = train_step.state_layout(model, config, lambda p: optimizer.adafactor(p, learning_rate=schedule),
+                                   mesh, partitioning.logical_axis_rules(fsdp), rng, init_inputs(config))
+  state = train_step.create_state(layout, model, rng, init_inputs(config))
+  step = train_step.make_train_step(layout.shardings, mesh, model=model, config=config, tx=layout.tx,
+                                    schedule=schedule, num_microbatches=num_microbatches)
+  data = partitioning.global_batch(synthetic_batch(config, batch, lengths), mesh)
+  start = time.perf_counter()
+  step = step.lower(state, data, rng).compile()
+  compile_seconds = time.perf_counter() - start
+  times = []
+  for i in range(warmup + steps):
+    start = time.perf_counter()
+    state, metrics = step(state, data, rng)
+    jax.block_until_ready(metrics['loss'])
+    if i >= warmup:
+      times.append(time.perf_counter() - start)
+  median = statistics.median(times)
+  tokens = batch * sum(lengths[k] for k in ('inputs', 'targets') if k in lengths)
+  flop = flops.train_flops(config, batch, lengths)
+  peak_value, peak_source = peak if peak else peak_tflops(config)
+  memory, memory_source = peak_memory()
+  return {
+      'device': jax.devices()[0].device_kind, 'devices': jax.device_count(),
+      'architecture': config.architecture, 'dtype': str(config.dtype), 'batch': batch,
+      'lengths': dict(lengths), 'steps': steps, 'median_step_seconds': median,
+      'step_seconds': times, 'tokens_per_second': tokens / median,
+      'sequences_per_second': batch / median, 'train_flops_per_step': flop,
+      'flops_breakdown_forward': flops.forward_flops(config, batch, lengths),
+      'tflops_per_second': flop / median / 1e12, 'peak_tflops': peak_value,
+      'peak_source': peak_source, 'mfu': flop / median / 1e12 / peak_value,
+      'peak_memory_bytes': memory, 'memory_source': memory_source,
+      'compile_seconds': compile_seconds, 'final_loss': float(metrics['loss']),
+      'flop_formula': flops.__doc__.strip(),
+  }
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(prog='t5xv-bench', description=__doc__.splitlines()[0])
+  gin_utils.add_gin_flags(parser)
+  multihost.add_flags(parser)
+  parser.add_argument('--batch', type=int, default=8)
+  parser.add_argument('--inputs_length', type=int, default=512)
+  parser.add_argument('--targets_length', type=int, default=114)
+  parser.add_argument('--steps', type=int, default=10)
+  parser.add_argument('--warmup', type=int, default=2)
+  parser.add_argument('--mesh', default='-1,1', help='data,model')
+  parser.add_argument('--fsdp', action='store_true')
+  parser.add_argument('--peak_tflops', type=float, default=None)
+  parser.add_argument('--hf', action='store_true', help='also time HF PyTorch T5 on the same shape')
+  parser.add_argument('--output', default=None, help='write the results as JSON here')
+  args = gin_utils.parse_args(parser, sys.argv[1:] if argv is None else argv)
+  multihost.initialize(args)
+  try:
+    gin_utils.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_paths.split(','))
+    config = gin_utils.build_config()
+  except gin_utils.GinConfigError as e:
+    print(f't5xv-bench: error: {e}', file=sys.stderr)
+    return 2
+  lengths = {'encoder_decoder': {'inputs': args.inputs_length, 'targets': args.targets_length},
+             'decoder_only': {'targets': args.targets_length},
+             'encoder_only': {'inputs': args.inputs_length}}[config.architecture]
+  peak = (args.peak_tflops, 'given with --peak_tflops') if args.peak_tflops else None
+  result = bench(config, args.batch, lengths, args.steps, args.warmup,
+                 tuple(int(x) for x in args.mesh.split(',')), args.fsdp, peak=peak)
+  print(f'{result["device"]} x{result["devices"]}: {result["tokens_per_second"]:,.0f} tok/s, '
+        f'{result["sequences_per_second"]:.2f} seq/s, median step {result["median_step_seconds"] * 1000:.1f} ms, '
+        f'{result["tflops_per_second"]:.3f} TFLOP/s, MFU {result["mfu"]:.1%} of '
+        f'{result["peak_tflops"]:.2f} ({result["peak_source"]}), peak memory '
+        f'{result["peak_memory_bytes"] / 2**30:.2f} GiB ({result["memory_source"]}), compile '
+        f'{result["compile_seconds"]:.1f} s')
+  if args.hf:
+    from t5x_variants import bench_hf  # pylint: disable=g-import-not-at-top
+    result['hf'] = bench_hf.bench(config, args.batch, lengths, args.steps, args.warmup)
+    result['speedup_vs_hf'] = result['hf']['median_step_seconds'] / result['median_step_seconds']
+    print(f'HF PyTorch T5: median step {result["hf"]["median_step_seconds"] * 1000:.1f} ms, '
+          f'{result["hf"]["tokens_per_second"]:,.0f} tok/s; t5x_variants is '
+          f'{result["speedup_vs_hf"]:.2f}x its speed')
+  if args.output:
+    with open(args.output, 'w') as f:
+      json.dump(result, f, indent=1)
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())
