@@ -45,9 +45,9 @@ def synthetic_batch(config, batch: int, lengths, seed: int = 0):
   return out
 
 
-def measured_matmul_peak(n: int = 2048, dtype=np.float32) -> float:
-  """TFLOP/s of a jitted n x n matmul on the first device (best of 5)."""
-  a = jax.device_put(np.ones((n, n), dtype))
+def measured_matmul_peak(n: int = 2048) -> float:
+  """TFLOP/s of a jitted n x n fp32 matmul on the first device (best of 5)."""
+  a = jax.device_put(np.ones((n, n), np.float32))
   f = jax.jit(lambda x: x @ x)
   f(a).block_until_ready()
   best = min(_timed(lambda: f(a).block_until_ready()) for _ in range(5))
@@ -60,10 +60,8 @@ def _timed(fn) -> float:
   return time.perf_counter() - start
 
 
-def peak_tflops(config, override=None):
+def peak_tflops(config):
   """(peak TFLOP/s of all devices, where it comes from)."""
-  if override:
-    return override, 'given with --peak_tflops'
   device = jax.devices()[0]
   bf16 = config.dtype == 'bfloat16'
   for name, (p16, p32) in PEAKS.items():
