@@ -11,9 +11,13 @@ docstring says what is counted) and MFU against a named peak, peak memory, and c
 ``bench``: torch, transformers) and prints the ratio.
 """
 import argparse
+import collections
+import glob
 import json
+import re
 import resource
 import statistics
+import tempfile
 import sys
 import time
 
@@ -79,8 +83,33 @@ def peak_memory():
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, 'process peak RSS (host)'
 
 
+def profile(step, state, data, rng, top: int = 15):
+  """[(milliseconds of device-thread time, op name, HLO shape, op_name)] of one step, largest
+  first, from a jax.profiler trace of the compiled step (``step`` is a jax Compiled)."""
+  with tempfile.TemporaryDirectory() as logdir:
+    with jax.profiler.trace(logdir):
+      state, metrics = step(state, data, rng)
+      jax.block_until_ready(metrics['loss'])
+    trace = jax.profiler.ProfileData.from_file(
+        sorted(glob.glob(f'{logdir}/**/*.xplane.pb', recursive=True))[-1])
+  totals = collections.Counter()
+  for plane in trace.planes:
+    if plane.name.startswith('/host:CPU') or plane.name.startswith('/device:'):
+      for line in plane.lines:
+        if line.name.startswith(('tf_XLAEigen', 'XLA Ops')):
+          for event in line.events:
+            if not event.name.startswith(('ThunkExecutor', 'SlinkyThreadPool')):
+              totals[event.name] += event.duration_ns
+  hlo = step.as_text()
+  rows = []
+  for name, ns in totals.most_common(top):
+    m = re.search(r'%' + re.escape(name) + r' = (\S+) .*?op_name="([^"]+)"', hlo)
+    rows.append((ns / 1e6, name, m.group(1) if m else '', m.group(2) if m else ''))
+  return rows, state
+
+
 def bench(config, batch: int, lengths, steps: int = 10, warmup: int = 2, mesh_shape=(-1, 1),
-          fsdp: bool = False, num_microbatches: int = 1, peak=None) -> dict:
+          fsdp: bool = False, num_microbatches: int = 1, peak=None, with_profile: bool = False) -> dict:
   """Times ``steps`` train steps after ``warmup``; returns every figure and the FLOP formula."""
   mesh = partitioning.make_mesh(*mesh_shape)
   model = build_model(config)
@@ -102,6 +131,9 @@ def bench(config, batch: int, lengths, steps: int = 10, warmup: int = 2, mesh_sh
     jax.block_until_ready(metrics['loss'])
     if i >= warmup:
       times.append(time.perf_counter() - start)
+  top_ops = None
+  if with_profile:
+    top_ops, state = profile(step, state, data, rng)
   median = statistics.median(times)
   tokens = batch * sum(lengths[k] for k in ('inputs', 'targets') if k in lengths)
   flop = flops.train_flops(config, batch, lengths)
@@ -118,7 +150,7 @@ def bench(config, batch: int, lengths, steps: int = 10, warmup: int = 2, mesh_sh
       'peak_source': peak_source, 'mfu': flop / median / 1e12 / peak_value,
       'peak_memory_bytes': memory, 'memory_source': memory_source,
       'compile_seconds': compile_seconds, 'final_loss': float(metrics['loss']),
-      'flop_formula': flops.__doc__.strip(),
+      'flop_formula': flops.__doc__.strip(), 'profile_top_ops': top_ops,
   }
 
 
@@ -135,6 +167,7 @@ def main(argv=None):
   parser.add_argument('--fsdp', action='store_true')
   parser.add_argument('--peak_tflops', type=float, default=None)
   parser.add_argument('--hf', action='store_true', help='also time HF PyTorch T5 on the same shape')
+  parser.add_argument('--profile', action='store_true', help='print the ops that take the most time')
   parser.add_argument('--output', default=None, help='write the results as JSON here')
   args = gin_utils.parse_args(parser, sys.argv[1:] if argv is None else argv)
   multihost.initialize(args)
@@ -149,13 +182,16 @@ def main(argv=None):
              'encoder_only': {'inputs': args.inputs_length}}[config.architecture]
   peak = (args.peak_tflops, 'given with --peak_tflops') if args.peak_tflops else None
   result = bench(config, args.batch, lengths, args.steps, args.warmup,
-                 tuple(int(x) for x in args.mesh.split(',')), args.fsdp, peak=peak)
+                 tuple(int(x) for x in args.mesh.split(',')), args.fsdp, peak=peak,
+                 with_profile=args.profile)
   print(f'{result["device"]} x{result["devices"]}: {result["tokens_per_second"]:,.0f} tok/s, '
         f'{result["sequences_per_second"]:.2f} seq/s, median step {result["median_step_seconds"] * 1000:.1f} ms, '
         f'{result["tflops_per_second"]:.3f} TFLOP/s, MFU {result["mfu"]:.1%} of '
         f'{result["peak_tflops"]:.2f} ({result["peak_source"]}), peak memory '
         f'{result["peak_memory_bytes"] / 2**30:.2f} GiB ({result["memory_source"]}), compile '
         f'{result["compile_seconds"]:.1f} s')
+  for ms, name, shape, op in result['profile_top_ops'] or []:
+    print(f'{ms:9.1f} ms  {name:30s} {shape:28s} {op[-100:]}')
   if args.hf:
     from t5x_variants import bench_hf  # pylint: disable=g-import-not-at-top
     result['hf'] = bench_hf.bench(config, args.batch, lengths, args.steps, args.warmup)

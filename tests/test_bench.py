@@ -49,9 +49,12 @@ def test_bench_runs_end_to_end_on_cpu(tmp_path, capsys):
   out = tmp_path / 'bench.json'
   assert bench.main(['--gin_file=gin/models/t5_tiny.gin', '--gin.TransformerConfig.vocab_size=512',
                      '--batch=2', '--inputs_length=16', '--targets_length=8', '--steps=2',
-                     '--warmup=1', f'--output={out}']) == 0
+                     '--warmup=1', '--profile', f'--output={out}']) == 0
   result = json.loads(out.read_text())
   assert result['tokens_per_second'] == pytest.approx(2 * 24 / result['median_step_seconds'])
   assert result['train_flops_per_step'] == 3 * result['flops_breakdown_forward']['total']
   assert 0 < result['mfu'] < 1 and result['compile_seconds'] > 0 and result['peak_memory_bytes'] > 0
   assert 'measured' in result['peak_source'] and 'MFU' in capsys.readouterr().out
+  ops = result['profile_top_ops']  # (ms, op, shape, op_name), largest first
+  assert len(ops) == 15 and ops[0][0] >= ops[-1][0]
+  assert any('train_step' in op[3] for op in ops)  # named after the HLO of the timed step
