@@ -115,7 +115,7 @@ def bench(config, batch: int, lengths, steps: int = 10, warmup: int = 2, mesh_sh
   model = build_model(config)
   schedule = optimizer.learning_rate_schedule('constant', base=0.01)
   rng = jax.random.PRNGKey(0)
-  layout = train_step.state_layout(model, config, lambda p: optimizer.adafactor(p, learning_rate=schedule),
+  layout = train_step.state_layout(model, lambda p: optimizer.adafactor(p, learning_rate=schedule),
                                    mesh, partitioning.logical_axis_rules(fsdp), rng, init_inputs(config))
   state = train_step.create_state(layout, model, rng, init_inputs(config))
   step = train_step.make_train_step(layout.shardings, mesh, model=model, config=config, tx=layout.tx,
@@ -172,8 +172,7 @@ def main(argv=None):
   args = gin_utils.parse_args(parser, sys.argv[1:] if argv is None else argv)
   multihost.initialize(args)
   try:
-    gin_utils.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_paths.split(','))
-    config = gin_utils.build_config()
+    config = gin_utils.config_from_flags(args)
   except gin_utils.GinConfigError as e:
     print(f't5xv-bench: error: {e}', file=sys.stderr)
     return 2

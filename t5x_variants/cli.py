@@ -34,9 +34,7 @@ def setup(p: argparse.ArgumentParser, argv: Optional[Sequence[str]],
                    'local_corpus_files': corpus.local_corpus_files,
                    'register_tasks': tasks.register_tasks,
                    'DecodeOptions': predictor.DecodeOptions, **(configurables or {})}
-  gin_utils.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_paths.split(','),
-                      known)
-  return args, gin_utils.build_config()
+  return args, gin_utils.config_from_flags(args, known)
 
 
 @contextlib.contextmanager

@@ -15,6 +15,7 @@ import sys
 from typing import Mapping, Optional
 
 import gin
+from etils import epath
 import jax
 import numpy as np
 
@@ -64,7 +65,7 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
   cli.use_run_vocabulary(checkpoint_path)
   paths = [checkpoints.checkpoint_path(checkpoint_path)]
   run_dir = paths[0].parent
-  if all_checkpoints and run_dir == checkpoints.epath.Path(checkpoint_path):
+  if all_checkpoints and run_dir == epath.Path(checkpoint_path):
     paths = checkpoints.list_checkpoints(run_dir)
   mixture = tasks.get_task_or_mixture(mixture_or_task_name)
   subtasks = getattr(mixture, 'tasks', [mixture])

@@ -89,6 +89,12 @@ def parse_gin(gin_files: List[str], bindings: List[str], search_paths: Sequence[
     raise GinConfigError(f'invalid gin configuration: {_explain(str(e), known)}') from e
 
 
+def config_from_flags(args, configurables: Mapping[str, Callable] = None):
+  """The TransformerConfig of parsed gin flags (``add_gin_flags``); GinConfigError if invalid."""
+  parse_gin(args.gin_file, args.gin_bindings, args.gin_search_paths.split(','), configurables)
+  return build_config()
+
+
 def build_config():
   """The gin-bound TransformerConfig; invalid values fail with their valid choices."""
   try:

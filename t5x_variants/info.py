@@ -14,8 +14,7 @@ def main(argv=None):
   gin_utils.add_gin_flags(parser)
   args = gin_utils.parse_args(parser, sys.argv[1:] if argv is None else argv)
   try:
-    gin_utils.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_paths.split(','))
-    config = gin_utils.build_config()
+    config = gin_utils.config_from_flags(args)
   except gin_utils.GinConfigError as e:
     print(f't5xv-info: error: {e}', file=sys.stderr)
     return 2

@@ -26,7 +26,7 @@ def setup(mesh, config=None, lr=0.01, **step_kwargs):
   model = build_model(config)
   schedule = optimizer.learning_rate_schedule('constant', base=lr)
   tx_fn = lambda params: optimizer.adafactor(params, learning_rate=schedule)
-  state, shardings, tx = train_step.init_state(model, config, tx_fn, mesh,
+  state, shardings, tx = train_step.init_state(model, tx_fn, mesh,
                                                partitioning.logical_axis_rules(),
                                                jax.random.PRNGKey(0), init_inputs(config))
   step = train_step.make_train_step(shardings, mesh, model=model, config=config, tx=tx,

@@ -93,9 +93,6 @@ class Checkpointer:
       items['data'] = DataIteratorSave(data_iterator)
     return self.manager.save(step, args=ocp.args.Composite(**items), force=True)
 
-  def wait(self):
-    self.manager.wait_until_finished()
-
   def close(self):
     self.manager.wait_until_finished()
     self.manager.close()

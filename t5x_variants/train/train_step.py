@@ -90,8 +90,7 @@ class StateLayout(NamedTuple):
   tx: optax.GradientTransformation
 
 
-def state_layout(model, config: TransformerConfig, tx_fn: Callable, mesh, rules, rng,
-                 init_inputs) -> StateLayout:
+def state_layout(model, tx_fn: Callable, mesh, rules, rng, init_inputs) -> StateLayout:
   """Parameters are sharded by their logical axes, the optimizer statistics like their
   parameters (see ``partitioning.follow_param_shardings``)."""
   _, params = partitioning.sharded_abstract_params(model, init_inputs, mesh, rules, rng)
@@ -117,9 +116,9 @@ def create_state(layout: StateLayout, model, rng, init_inputs, params=None) -> T
   return jax.jit(init, out_shardings=layout.shardings)()
 
 
-def init_state(model, config: TransformerConfig, tx_fn: Callable, mesh, rules, rng, init_inputs):
+def init_state(model, tx_fn: Callable, mesh, rules, rng, init_inputs):
   """(fresh sharded TrainState, its shardings, tx)."""
-  layout = state_layout(model, config, tx_fn, mesh, rules, rng, init_inputs)
+  layout = state_layout(model, tx_fn, mesh, rules, rng, init_inputs)
   return create_state(layout, model, rng, init_inputs), layout.shardings, layout.tx
 
 

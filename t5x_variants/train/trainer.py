@@ -112,7 +112,7 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
   rng = jax.random.PRNGKey(seed)
   inputs = init_inputs(config)
   schedule = optimizer.learning_rate_schedule()
-  layout = train_step.state_layout(model, config,
+  layout = train_step.state_layout(model,
                                    lambda params: optimizer.adafactor(params, learning_rate=schedule),
                                    mesh, partitioning.logical_axis_rules(fsdp), rng, inputs)
   ckpt = checkpoints.Checkpointer(model_dir)
