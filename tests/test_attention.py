@@ -7,7 +7,8 @@ import pytest
 
 from conftest import tiny, tokens
 from t5x_variants.layers import synthesizer as synth
-from t5x_variants.layers.attention import Attention, resolve_components
+from t5x_variants.layers.attention import Attention, add_shared_bias, masked_softmax, resolve_components
+from t5x_variants.layers.dense import Dense
 from t5x_variants.layers.position import relative_position_bucket
 from t5x_variants.models import build_model
 
@@ -98,3 +99,37 @@ def test_invalid_attention_names():
     resolve_components('linformer')
   with pytest.raises(ValueError, match='distinct'):
     resolve_components(('dense', 'dense'))
+
+
+def test_masked_softmax_gradient_equals_autodiff_of_the_unfused_form():
+  rng = np.random.RandomState(0)
+  s = jnp.asarray(rng.randn(3, 2, 5, 7), jnp.float32)
+  mask = jnp.asarray(rng.rand(3, 1, 5, 7) > 0.3).at[0, 0, 1].set(False)  # one row fully masked
+  g = jnp.asarray(rng.randn(3, 2, 5, 7), jnp.float32)
+  for m in (mask, None):
+    unfused = lambda x: jax.nn.softmax(x if m is None else jnp.where(m, x, -1e10), axis=-1)
+    np.testing.assert_allclose(masked_softmax(s, m), unfused(s), rtol=1e-6, atol=1e-7)
+    ours = jax.vjp(lambda x: masked_softmax(x, m), s)[1](g)[0]
+    ref = jax.vjp(unfused, s)[1](g)[0]
+    np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize('batch', [1, 3, 8])
+def test_shared_bias_gradient_is_the_sum_over_the_batch(batch):
+  rng = np.random.RandomState(batch)
+  s = jnp.asarray(rng.randn(batch, 2, 4, 4), jnp.float32)
+  bias = jnp.asarray(rng.randn(1, 2, 4, 4), jnp.float32)
+  g = jnp.asarray(rng.randn(batch, 2, 4, 4), jnp.float32)
+  out, vjp = jax.vjp(add_shared_bias, s, bias)
+  np.testing.assert_allclose(out, s + bias)
+  ds, dbias = vjp(g)
+  np.testing.assert_allclose(ds, g)
+  np.testing.assert_allclose(dbias, g.sum(0, keepdims=True), rtol=1e-6, atol=1e-6)
+
+
+def test_dense_contracts_and_produces_several_axes_like_einsum():
+  x = jnp.asarray(np.random.RandomState(0).randn(2, 3, 4, 5), jnp.float32)
+  m = Dense((6, 7), ('heads', 'kv'), ('embed', 'mlp'))
+  p = nn.unbox(m.init(jax.random.PRNGKey(0), x)['params'])
+  np.testing.assert_allclose(m.apply({'params': p}, x), jnp.einsum('bqhd,hdef->bqef', x, p['kernel']),
+                             rtol=1e-5, atol=1e-6)

@@ -168,7 +168,7 @@ def test_remat_leaves_values_and_gradients_unchanged(scan):
   inputs = (tokens(2, 6, seed=1), tokens(2, 6, seed=2))
   _, params = init_params(tiny(scan_layers=scan), *inputs)
   ref_loss, ref_grads = _loss_and_grads(tiny(scan_layers=scan), params, inputs)
-  for policy in ('minimal', 'full'):
+  for policy in ('minimal', 'full', 'dots_and_probs'):
     loss, grads = _loss_and_grads(tiny(scan_layers=scan, remat=policy), params, inputs)
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),

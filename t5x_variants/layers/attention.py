@@ -14,6 +14,7 @@ from typing import Any, Optional, Tuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from t5x_variants.layers import synthesizer as synth
 from t5x_variants.layers.dense import Dense
@@ -45,6 +46,58 @@ def pair_mask(q_valid, k_valid):
 
 def segment_mask(q_segments, k_segments):
   return (q_segments[:, :, None] == k_segments[:, None, :])[:, None]
+
+
+def _batch_sum(x):
+  """Sum over the leading axis by pairwise halving: elementwise adds that XLA CPU streams, where
+  its reduce over a major axis is ~40x slower (measured: 8x8x512x512 fp32 in 2 ms vs 90 ms)."""
+  while x.shape[0] > 1:
+    half = x.shape[0] // 2
+    total = x[:half] + x[half:2 * half]
+    x = jnp.concatenate([total, x[2 * half:]]) if x.shape[0] % 2 else total
+  return x
+
+
+@jax.custom_vjp
+def add_shared_bias(logits, bias):
+  """logits + bias, with a bias of batch 1 shared by every example (the relative position bias)."""
+  return logits + bias
+
+
+def _add_shared_bias_fwd(logits, bias):
+  return logits + bias, None
+
+
+def _add_shared_bias_bwd(_, g):
+  return g, _batch_sum(g)
+
+
+add_shared_bias.defvjp(_add_shared_bias_fwd, _add_shared_bias_bwd)
+
+
+@jax.custom_vjp
+def masked_softmax(logits, mask):
+  """softmax(where(mask, logits, -1e10)) over the keys. Its backward, dS = P * (dP - sum_k dP P)
+  at unmasked logits and 0 at masked ones, needs only P and the mask: the residuals kept per
+  layer, where autodiff of the unfused form also keeps the logits, their exponentials and the
+  mask broadcast to every head."""
+  return _masked_softmax_fwd(logits, mask)[0]
+
+
+def _masked_softmax_fwd(logits, mask):
+  if mask is not None:
+    logits = jnp.where(mask, logits, _NEG_INF)
+  probs = checkpoint_name(jax.nn.softmax(logits, axis=-1), 'attention_probs')
+  return probs, (probs, mask)
+
+
+def _masked_softmax_bwd(residuals, g):
+  probs, mask = residuals
+  d_logits = probs * (g - jnp.sum(g * probs, axis=-1, keepdims=True))
+  return (d_logits if mask is None else jnp.where(mask, d_logits, 0.0)), None
+
+
+masked_softmax.defvjp(_masked_softmax_fwd, _masked_softmax_bwd)
 
 
 class Attention(nn.Module):
@@ -106,7 +159,7 @@ class Attention(nn.Module):
         s = jnp.einsum('bqhd,bkhd->bhqk', query, key, preferred_element_type=jnp.float32)
         s = s / jnp.sqrt(self.head_dim).astype(jnp.float32)
         if bias is not None:
-          s = s + bias.astype(jnp.float32)
+          s = add_shared_bias(s, bias.astype(jnp.float32))
       else:
         s = self._component(name)(x_q, q_positions, k_positions)
       logits.append(s.astype(jnp.float32))
@@ -116,9 +169,7 @@ class Attention(nn.Module):
       w = self.param('mixture_weights', nn.with_logical_partitioning(nn.initializers.zeros, ('mixture',)),
                      (len(logits),), jnp.float32)
       s = sum(wi * si for wi, si in zip(jax.nn.softmax(w), logits))
-    if mask is not None:
-      s = jnp.where(mask, s, _NEG_INF)
-    probs = jax.nn.softmax(s, axis=-1)
+    probs = masked_softmax(s, mask)
     probs = nn.Dropout(self.dropout_rate)(probs, deterministic=deterministic)
     y = jnp.einsum('bhqk,bkhd->bqhd', probs.astype(self.dtype), value.astype(self.dtype))
     if self.inner_norm:

