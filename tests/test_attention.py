@@ -133,3 +133,8 @@ def test_dense_contracts_and_produces_several_axes_like_einsum():
   p = nn.unbox(m.init(jax.random.PRNGKey(0), x)['params'])
   np.testing.assert_allclose(m.apply({'params': p}, x), jnp.einsum('bqhd,hdef->bqef', x, p['kernel']),
                              rtol=1e-5, atol=1e-6)
+
+
+def test_shared_bias_must_have_batch_one():
+  with pytest.raises(ValueError, match='batch 1'):
+    add_shared_bias(jnp.zeros((2, 1, 3, 3)), jnp.zeros((2, 1, 3, 3)))

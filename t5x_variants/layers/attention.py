@@ -61,10 +61,12 @@ def _batch_sum(x):
 @jax.custom_vjp
 def add_shared_bias(logits, bias):
   """logits + bias, with a bias of batch 1 shared by every example (the relative position bias)."""
-  return logits + bias
+  return _add_shared_bias_fwd(logits, bias)[0]
 
 
 def _add_shared_bias_fwd(logits, bias):
+  if bias.shape[0] != 1:
+    raise ValueError(f'add_shared_bias takes a bias of batch 1, got shape {bias.shape}')
   return logits + bias, None
 
 
