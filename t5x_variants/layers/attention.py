@@ -154,12 +154,12 @@ class Attention(nn.Module):
     logits = []
     for name in self.components:
       if name == 'dot_product':
-        query = project('query', 1.0, x_q)
+        # 1 / sqrt(d_h) on the queries: a pass over (batch, q, heads, d_h), not over the logits.
+        query = project('query', 1.0, x_q) / jnp.sqrt(self.head_dim).astype(self.dtype)
         key = project('key', 1.0, x_kv)
         if decode:
           key = self._cached('cached_key', key, decode_position)
         s = jnp.einsum('bqhd,bkhd->bhqk', query, key, preferred_element_type=jnp.float32)
-        s = s / jnp.sqrt(self.head_dim).astype(jnp.float32)
         if bias is not None:
           s = add_shared_bias(s, bias.astype(jnp.float32))
       else:
