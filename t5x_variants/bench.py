@@ -14,6 +14,7 @@ import argparse
 import collections
 import glob
 import json
+import os
 import re
 import resource
 import statistics
@@ -24,7 +25,7 @@ import time
 import jax
 import numpy as np
 
-from t5x_variants import gin_utils, multihost
+from t5x_variants import gin_utils, launch, multihost
 from t5x_variants.models import build_model, flops, init_inputs
 from t5x_variants.train import optimizer, partitioning, train_step
 
@@ -149,6 +150,7 @@ def bench(config, batch: int, lengths, steps: int = 10, warmup: int = 2, mesh_sh
       'tflops_per_second': flop / median / 1e12, 'peak_tflops': peak_value,
       'peak_source': peak_source, 'mfu': flop / median / 1e12 / peak_value,
       'peak_memory_bytes': memory, 'memory_source': memory_source,
+      'host_huge_pages': launch.TUNABLE in os.environ.get('GLIBC_TUNABLES', ''),
       'compile_seconds': compile_seconds, 'final_loss': float(metrics['loss']),
       'flop_formula': flops.__doc__.strip(), 'profile_top_ops': top_ops,
   }
@@ -188,7 +190,7 @@ def main(argv=None):
         f'{result["tflops_per_second"]:.3f} TFLOP/s, MFU {result["mfu"]:.1%} of '
         f'{result["peak_tflops"]:.2f} ({result["peak_source"]}), peak memory '
         f'{result["peak_memory_bytes"] / 2**30:.2f} GiB ({result["memory_source"]}), compile '
-        f'{result["compile_seconds"]:.1f} s')
+        f'{result["compile_seconds"]:.1f} s, host huge pages {"on" if result["host_huge_pages"] else "off"}')
   for ms, name, shape, op in result['profile_top_ops'] or []:
     print(f'{ms:9.1f} ms  {name:30s} {shape:28s} {op[-100:]}')
   if args.hf:
