@@ -14,7 +14,6 @@ import argparse
 import collections
 import glob
 import json
-import os
 import re
 import resource
 import statistics
@@ -150,7 +149,7 @@ def bench(config, batch: int, lengths, steps: int = 10, warmup: int = 2, mesh_sh
       'tflops_per_second': flop / median / 1e12, 'peak_tflops': peak_value,
       'peak_source': peak_source, 'mfu': flop / median / 1e12 / peak_value,
       'peak_memory_bytes': memory, 'memory_source': memory_source,
-      'host_huge_pages': launch.TUNABLE in os.environ.get('GLIBC_TUNABLES', ''),
+      'host_huge_pages': launch.huge_pages_on(),
       'compile_seconds': compile_seconds, 'final_loss': float(metrics['loss']),
       'flop_formula': flops.__doc__.strip(), 'profile_top_ops': top_ops,
   }

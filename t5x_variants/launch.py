@@ -15,8 +15,13 @@ TUNABLE = 'glibc.malloc.hugetlb=1'
 _THP = '/sys/kernel/mm/transparent_hugepage/enabled'
 
 
+def huge_pages_on(environ=os.environ) -> bool:
+  """Whether this process was started with the tunable."""
+  return TUNABLE in environ.get('GLIBC_TUNABLES', '')
+
+
 def wants_reexec(environ=os.environ) -> bool:
-  if environ.get('T5XV_HUGEPAGES', '1') == '0' or TUNABLE in environ.get('GLIBC_TUNABLES', ''):
+  if environ.get('T5XV_HUGEPAGES', '1') == '0' or huge_pages_on(environ):
     return False
   try:
     glibc = os.confstr('CS_GNU_LIBC_VERSION') or ''

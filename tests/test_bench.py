@@ -1,7 +1,6 @@
 """t5xv-bench: the FLOP formula against a hand count and against XLA's own count, and the bench
 end to end on CPU (the same train step as the trainer, on a synthetic batch)."""
 import json
-import os
 
 import jax
 import pytest
@@ -56,7 +55,7 @@ def test_bench_runs_end_to_end_on_cpu(tmp_path, capsys):
   assert result['train_flops_per_step'] == 3 * result['flops_breakdown_forward']['total']
   assert 0 < result['mfu'] < 1 and result['compile_seconds'] > 0 and result['peak_memory_bytes'] > 0
   assert 'measured' in result['peak_source'] and 'MFU' in capsys.readouterr().out
-  assert result['host_huge_pages'] == (launch.TUNABLE in os.environ.get('GLIBC_TUNABLES', ''))
+  assert result['host_huge_pages'] == launch.huge_pages_on()
   ops = result['profile_top_ops']  # (ms, op, shape, op_name), largest first
   assert len(ops) == 15 and ops[0][0] >= ops[-1][0]
   assert any('train_step' in op[3] for op in ops)  # named after the HLO of the timed step
