@@ -8,7 +8,7 @@ import sys
 
 import gin
 
-from t5x_variants import gin_utils
+from t5x_variants.cli import common as gin_utils
 from t5x_variants.layers.attention import ATTENTION_COMPONENTS
 from t5x_variants.layers.ffn import FFN_VARIANTS
 from t5x_variants.models.summary import abstract_params, param_rows

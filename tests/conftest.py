@@ -1,5 +1,12 @@
-"""Shared helpers: tiny configs and init/apply shortcuts."""
+"""Shared helpers: tiny configs and init/apply shortcuts; a persistent JAX compilation cache for
+the test session and the processes it starts (they inherit the environment), so a computation
+compiled by one test, subprocess or earlier session is read back instead of compiled again."""
 import dataclasses
+import os
+
+os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', os.path.join(
+    os.environ.get('XDG_CACHE_HOME', os.path.expanduser('~/.cache')), 't5x_variants', 'jax_tests'))
+os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.2')
 
 import flax.linen as nn
 import jax

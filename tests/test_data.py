@@ -6,7 +6,7 @@ import pytest
 seqio = pytest.importorskip('seqio')
 
 from t5x_variants.data import corpus, pipeline, span_corruption, tasks  # noqa: E402
-from t5x_variants.data.__main__ import main as data_main  # noqa: E402
+from t5x_variants.cli.data import main as data_main  # noqa: E402
 
 SC_LENGTHS = {'inputs': 64, 'targets': span_corruption.input_and_target_lengths(64)[1]}
 
@@ -125,7 +125,9 @@ def test_t5xv_data_prints_examples_and_statistics(capsys):
     (['--task=embedded_lm', '--gin.vocabulary.kind="wordpiece"'], "unknown vocabulary kind 'wordpiece'"),
 ])
 def test_bad_input_gives_one_clear_error(argv, message, capsys):
-  assert data_main(argv) == 2
+  with pytest.raises(SystemExit) as e:
+    data_main(argv)
+  assert e.value.code == 2
   err = capsys.readouterr().err
   assert message in err and 'Traceback' not in err and 'In call to configurable' not in err
   assert len(err.strip().splitlines()) == 1 or 'Valid' in err

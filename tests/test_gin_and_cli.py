@@ -6,10 +6,10 @@ import gin
 import pytest
 
 from conftest import count
-from t5x_variants import gin_utils, info
+from t5x_variants.cli import common as gin_utils, info
 from t5x_variants.models.summary import abstract_params, param_rows
 
-GIN_DIR = os.path.join(os.path.dirname(gin_utils.__file__), 'gin')
+GIN_DIR = os.path.join(gin_utils.PACKAGE_DIR, 'gin')
 ALL_GIN = sorted(os.path.relpath(p, os.path.dirname(GIN_DIR))
                  for p in glob.glob(os.path.join(GIN_DIR, '**', '*.gin'), recursive=True))
 
@@ -34,7 +34,7 @@ def _files(path):
 @pytest.mark.parametrize('path', ALL_GIN)
 def test_every_gin_file_parses_and_builds(path):
   # The run files bind the trainer's, the data's and the tools' configurables.
-  from t5x_variants import eval as eval_lib, infer  # pylint: disable=unused-import
+  from t5x_variants.cli import eval as eval_lib, infer  # pylint: disable=unused-import
   from t5x_variants.data import pipeline  # pylint: disable=unused-import
   from t5x_variants.train import trainer  # pylint: disable=unused-import
   required = [f"{m} = '/tmp/x'" for m in ('MODEL_DIR', 'INITIAL_CHECKPOINT_PATH',
@@ -95,7 +95,9 @@ def test_t5xv_info_prints_table_constants_and_total(capsys):
     (['--gin_file=gin/variants/ffn/nope.gin'], 'cannot read gin file'),
 ])
 def test_bad_gin_input_fails_with_one_clear_message(argv, message, capsys):
-  assert info.main(['--gin_file=gin/models/t5_tiny.gin', *argv]) == 2
+  with pytest.raises(SystemExit) as e:
+    info.main(['--gin_file=gin/models/t5_tiny.gin', *argv])
+  assert e.value.code == 2
   err = capsys.readouterr().err
   assert message in err and 'Traceback' not in err
 

@@ -22,14 +22,9 @@ import pytest
 
 from conftest import tiny
 from t5x_variants.train import checkpoints, trainer
-from train_helpers import StepBatches, run_train, train_losses
+from train_helpers import StepBatches, records_of as records, run_train, train_losses
 
 SCRIPT = os.path.join(os.path.dirname(__file__), 'trainer_subprocess.py')
-
-
-def records(model_dir, kind='train'):
-  with open(os.path.join(model_dir, 'metrics.jsonl')) as f:
-    return [r for r in map(json.loads, f) if r['kind'] == kind]
 
 
 def saved_state(checkpoint):
@@ -96,6 +91,7 @@ def test_resume_continues_with_the_same_state_and_data_position(reference, tmp_p
                          saved_state(ref_dir / 'checkpoint_4'))
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_8_devices_resumes_on_one(reference, tmp_path, subprocess_train):
   """2 steps on 8 host devices (data=4 x model=2, fsdp) in a subprocess, resumed here on one
   device: the parameters read back equal the single-device run's, and steps 3-4 continue its
@@ -119,6 +115,7 @@ def test_a_checkpoint_of_8_devices_resumes_on_one(reference, tmp_path, subproces
                              rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, subprocess_train):
   """SIGTERM to a run of 1000 slow steps: it exits with status 0 after saving
   ``checkpoint_<k>`` for the step it stopped at (the only checkpoint: the period is 1000), and a
@@ -204,6 +201,7 @@ def test_a_checkpoint_of_other_optimizer_settings_is_an_error_not_a_restart(refe
   assert sorted(p.name for p in model_dir.glob('checkpoint_*')) == ['checkpoint_2', 'checkpoint_4']
 
 
+@pytest.mark.slow
 def test_two_processes_train_like_one_and_stop_together(reference, tmp_path, subprocess_train):
   """Two processes joined by jax.distributed (gloo CPU collectives, 2 devices each, a data=2 x
   model=2 mesh with fsdp), each feeding its half of every batch, log the single-process losses.

@@ -10,13 +10,9 @@ from t5x_variants.train import optimizer, partitioning, train_step
 from conftest import tiny
 
 
-def synthetic_batch(batch=8, length=8, vocab=50, seed=0):
-  rng = np.random.RandomState(seed)
-  targets = rng.randint(2, vocab, (batch, length)).astype(np.int32)
-  return {'encoder_input_tokens': rng.randint(2, vocab, (batch, length)).astype(np.int32),
-          'decoder_input_tokens': np.concatenate([np.zeros((batch, 1), np.int32), targets[:, :-1]], 1),
-          'decoder_target_tokens': targets,
-          'decoder_loss_weights': np.ones((batch, length), np.int32)}
+def synthetic_batch(batch=8, length=8, seed=0):
+  """A batch of the tiny encoder-decoder: ``length`` input and target tokens per row."""
+  return train_step.synthetic_batch(tiny(), batch, {'inputs': length, 'targets': length}, seed)
 
 
 def setup(mesh, config=None, lr=0.01, **step_kwargs):
@@ -27,7 +23,7 @@ def setup(mesh, config=None, lr=0.01, **step_kwargs):
   schedule = optimizer.learning_rate_schedule('constant', base=lr)
   tx_fn = lambda params: optimizer.adafactor(params, learning_rate=schedule)
   state, shardings, tx = train_step.init_state(model, tx_fn, mesh,
-                                               partitioning.logical_axis_rules(),
+                                               partitioning.MeshConfig().rules(),
                                                jax.random.PRNGKey(0), init_inputs(config))
   step = train_step.make_train_step(shardings, mesh, model=model, config=config, tx=tx,
                                     schedule=schedule, **step_kwargs)
@@ -86,8 +82,12 @@ def run_train(model_dir, total_steps, period=2, batches=None, config=None, **kwa
                        log_period=1, eval_period=0, **kwargs)
 
 
+def records_of(model_dir, kind='train'):
+  """The ``kind`` records of ``model_dir``/metrics.jsonl, in order."""
+  with open(os.path.join(model_dir, 'metrics.jsonl')) as f:
+    return [r for r in map(json.loads, f) if r['kind'] == kind]
+
+
 def train_losses(model_dir):
   """{step: loss} of the train records in ``model_dir``/metrics.jsonl (the latest per step)."""
-  with open(os.path.join(model_dir, 'metrics.jsonl')) as f:
-    records = [json.loads(line) for line in f]
-  return {r['step']: r['loss'] for r in records if r['kind'] == 'train'}
+  return {r['step']: r['loss'] for r in records_of(model_dir)}

@@ -19,22 +19,27 @@ devices = {'mesh': 8, 'slow': 1, 'process': 2}[mode]
 os.environ['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={devices}'
 sys.path.insert(0, os.path.dirname(__file__))
 
+import gin  # noqa: E402
 import jax  # noqa: E402
 
-from t5x_variants import multihost  # noqa: E402
+from t5x_variants.cli import common  # noqa: E402
+from t5x_variants.train.partitioning import MeshConfig  # noqa: E402
 from train_helpers import StepBatches, run_train  # noqa: E402
 
 if mode == 'mesh':
-  result = run_train(model_dir, steps, mesh_shape=(4, 2), fsdp=True)
+  gin.bind_parameter('MeshConfig.data', 4)  # as --gin.MeshConfig.data=4 ... on a command line
+  gin.bind_parameter('MeshConfig.model', 2)
+  gin.bind_parameter('MeshConfig.fsdp', True)
+  result = run_train(model_dir, steps)
 elif mode == 'slow':
   result = run_train(model_dir, steps, period=1000,
                      batches=functools.partial(StepBatches, delay=0.1))
 else:
   port, index = sys.argv[4], int(sys.argv[5])
-  multihost.initialize(argparse.Namespace(
+  common.initialize_processes(argparse.Namespace(
       multiprocess_gpu=True, multiprocess_tpu=False, coordinator_address=f'127.0.0.1:{port}',
       process_count=2, process_index=index))
   assert jax.process_count() == 2 and len(jax.devices()) == 4
-  result = run_train(model_dir, steps, period=1000, mesh_shape=(2, 2), fsdp=True,
+  result = run_train(model_dir, steps, period=1000, mesh=MeshConfig(2, 2, fsdp=True),
                      batches=functools.partial(StepBatches, host=index, hosts=2, delay=0.1))
 print(json.dumps(result))

@@ -17,8 +17,7 @@ import seqio
 import tensorflow as tf
 
 from t5x_variants.data import tasks
-
-ARCHITECTURES = ('encoder_decoder', 'decoder_only', 'encoder_only')
+from t5x_variants.features import ARCHITECTURES
 
 
 class MLMFeatureConverter(seqio.FeatureConverter):

@@ -9,7 +9,7 @@ import contextlib
 import functools
 import os
 import random
-from typing import List
+from typing import List, Mapping, Optional
 
 import gin
 import seqio
@@ -120,3 +120,18 @@ def explain_missing_data(task_or_mixture):
         'of a prepared c4/en:3.1.0). Offline alternatives: the embedded_* tasks (no download) or '
         'local_* tasks over your own files (local_corpus_files.pattern), and *_local GLUE/SuperGLUE '
         'tasks from the original distribution files (GLUE_DIR / SUPER_GLUE_DIR).') from e
+
+
+def task_examples(task, split: str, lengths: Mapping[str, int],
+                  max_examples: Optional[int] = None) -> List[dict]:
+  """A seqio task's preprocessed examples in order (tokens trimmed to ``lengths``), as numpy."""
+  with explain_missing_data(task):
+    ds = task.get_dataset(lengths, split=split, shuffle=False, num_epochs=1)
+    if max_examples:
+      ds = ds.take(max_examples)
+    return list(ds.as_numpy_iterator())
+
+
+def text(x) -> str:
+  """A pretokenized feature (bytes from tf.data) as str."""
+  return x.decode() if isinstance(x, bytes) else str(x)

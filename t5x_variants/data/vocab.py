@@ -14,6 +14,7 @@ import seqio
 import tensorflow as tf
 
 from t5x_variants.data import cache, corpus
+from t5x_variants.features import EOS_ID, PAD_ID, UNK_ID
 
 KINDS = ('embedded', 't5', 'file', 'bytes')
 T5_SPM_PATH = 'gs://t5-data/vocabs/cc_all.32000/sentencepiece.model'
@@ -32,7 +33,7 @@ def embedded_spm_file(pieces: int = EMBEDDED_PIECES) -> str:
     prefix = tmp + '.spm'
     spm.SentencePieceTrainer.train(
         input=corpus.embedded_corpus_file(), model_prefix=prefix, vocab_size=pieces,
-        model_type='unigram', pad_id=0, eos_id=1, unk_id=2, bos_id=-1, character_coverage=1.0,
+        model_type='unigram', pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1, character_coverage=1.0,
         num_threads=2, input_sentence_size=200_000, shuffle_input_sentence=True, seed_sentencepiece_size=200_000,
         minloglevel=2)
     os.replace(prefix + '.model', tmp)

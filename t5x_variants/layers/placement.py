@@ -11,6 +11,8 @@ from typing import Callable, Dict, Tuple
 
 import jax.numpy as jnp
 
+from t5x_variants.features import STACKS
+
 PLACEMENTS = ('post', 'pre', 'deepnorm', 'subln')
 
 
@@ -58,12 +60,10 @@ def residual_constants(placement: str, architecture: str, n: int,
                        m: int) -> Dict[str, Tuple[float, float]]:
   """{stack: (alpha, init gain)}: alpha scales the residual branch x, the gain scales the
   FFN / value / output initialisation (beta for DeepNorm, gamma for Sub-LN, 1 otherwise)."""
-  stacks = {'encoder_only': ('encoder',), 'decoder_only': ('decoder',),
-            'encoder_decoder': ('encoder', 'decoder')}[architecture]
   if placement == 'deepnorm':
     return deepnorm_constants(architecture, n, m)
   if placement == 'subln':
     return {s: (1.0, g) for s, g in subln_gammas(architecture, n, m).items()}
   if placement in PLACEMENTS:
-    return {s: (1.0, 1.0) for s in stacks}
+    return {s: (1.0, 1.0) for s in STACKS[architecture]}
   raise ValueError(f'unknown placement {placement!r}; valid: {", ".join(PLACEMENTS)}')

@@ -9,9 +9,9 @@ from typing import Dict, Optional, Tuple, Union
 import gin
 import jax.numpy as jnp
 
+from t5x_variants.features import ARCHITECTURES, STACKS
 from t5x_variants.layers import attention, ffn, init, norms, placement
 
-ARCHITECTURES = ('encoder_decoder', 'decoder_only', 'encoder_only')
 REMAT = ('none', 'minimal', 'full', 'dots_and_probs')
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 
@@ -106,8 +106,7 @@ class TransformerConfig:
 
   @property
   def stacks(self) -> Tuple[str, ...]:
-    return {'encoder_decoder': ('encoder', 'decoder'), 'decoder_only': ('decoder',),
-            'encoder_only': ('encoder',)}[self.architecture]
+    return STACKS[self.architecture]
 
   def num_layers(self, stack: str) -> int:
     return self.num_encoder_layers if stack == 'encoder' else self.num_decoder_layers

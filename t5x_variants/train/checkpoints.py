@@ -10,7 +10,6 @@ one is used.
 """
 import dataclasses
 import logging
-import os
 from typing import Any, Optional
 
 import gin
@@ -20,6 +19,9 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 PREFIX = 'checkpoint'
+# Orbax's own step naming: finds and builds ``checkpoint_<step>`` names (a regex on the whole name,
+# committed directories only), for the manager and for the functions below alike.
+_NAME_FORMAT = ocp.step.standard_name_format(step_prefix=PREFIX)
 
 
 class CheckpointError(RuntimeError):
@@ -70,6 +72,11 @@ class Checkpointer:
 
   ``period``: save every ``period`` steps (and always on request: the final step, SIGTERM).
   ``keep``: how many recent checkpoints to keep (None: all).
+
+  Orbax decides the period steps with ``FixedIntervalPolicy`` alone: its default policy for
+  ``save_interval_steps`` also saves the first step of a run without checkpoints and any step
+  jax's preemption sync point names, which are not period steps (the trainer finishes a period
+  step before saving it, and handles preemption itself through ``force``).
   """
 
   def __init__(self, model_dir: str, period: int = 1000, keep: Optional[int] = 5,
@@ -77,7 +84,8 @@ class Checkpointer:
     self.period = period
     self.model_dir = epath.Path(model_dir)
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=keep, save_interval_steps=1, step_prefix=PREFIX, create=True,
+        save_decision_policy=ocp.checkpoint_managers.FixedIntervalPolicy(period),
+        max_to_keep=keep, step_name_format=_NAME_FORMAT, create=True,
         enable_async_checkpointing=async_save)
     self.manager = ocp.CheckpointManager(self.model_dir, options=options)
 
@@ -85,13 +93,14 @@ class Checkpointer:
     return sorted(self.manager.all_steps())
 
   def save(self, step: int, state, data_iterator=None, force: bool = False) -> bool:
-    """Starts saving ``state`` at ``step`` if it is a period step or ``force``; True if started."""
-    if step in self.manager.all_steps() or not (force or step % self.period == 0):
+    """Starts saving ``state`` at ``step`` if it is a period step or ``force``; True if started.
+    A step already saved is not saved again (orbax refuses it unless forced, and then raises)."""
+    if force and step in self.manager.all_steps():
       return False
     items = {'state': ocp.args.StandardSave(state)}
     if _resumable(data_iterator):
       items['data'] = DataIteratorSave(data_iterator)
-    return self.manager.save(step, args=ocp.args.Composite(**items), force=True)
+    return self.manager.save(step, args=ocp.args.Composite(**items), force=force)
 
   def close(self):
     self.manager.wait_until_finished()
@@ -106,7 +115,7 @@ class Checkpointer:
     position this run cannot take (other optimizer settings, another number of processes)."""
     steps = self.steps()
     for step in reversed(steps):
-      path = self.model_dir / f'{PREFIX}_{step}'
+      path = ocp.step.build_step_path(self.model_dir, _NAME_FORMAT, step)
       mismatch = _params_mismatch(path, abstract_state.params)
       if mismatch:
         raise CheckpointError(f'{path} holds another model ({mismatch}); resume with the '
@@ -145,10 +154,9 @@ class Checkpointer:
 
 
 def list_checkpoints(run_dir: str):
-  """The ``checkpoint_<step>`` directories in ``run_dir``, oldest first."""
-  found = [(int(p.name.split('_')[1]), p) for p in epath.Path(run_dir).glob(f'{PREFIX}_*')
-           if p.name.split('_')[1].isdigit()]
-  return [p for _, p in sorted(found)]
+  """The ``checkpoint_<step>`` directories in ``run_dir``, oldest first (not ``*.unreadable``
+  ones, unfinished saves or stray files)."""
+  return [m.path for m in sorted(_NAME_FORMAT.find_all(run_dir), key=lambda m: m.step)]
 
 
 def _params_mismatch(path: epath.Path, abstract_params) -> Optional[str]:
@@ -175,11 +183,11 @@ def checkpoint_path(path: str) -> epath.Path:
   path = epath.Path(path)
   if (path / 'state').exists():
     return path
-  found = list_checkpoints(path)
-  if not found:
+  latest = ocp.step.latest_step_metadata(path, _NAME_FORMAT)
+  if latest is None:
     raise CheckpointError(f'no checkpoint at {path}: expected a {PREFIX}_<step> directory or a '
                           f'directory containing them')
-  return found[-1]
+  return latest.path
 
 
 def restore_params(path: str, abstract_params):

@@ -1,5 +1,6 @@
 """The run's record: ``metrics.jsonl`` (one JSON object per logged train step and per eval),
 TensorBoard scalars and a console progress line with throughput and ETA. Only process 0 writes."""
+import itertools
 import json
 import math
 import os
@@ -7,8 +8,11 @@ import time
 from typing import Mapping, Optional
 
 import jax
+import tensorboardX
 
-from t5x_variants.train.tensorboard import EventWriter
+# Numbers each writer of this process: tensorboardX names its file by host and second only and
+# opens it with 'wb', so a logger reopened in the same second (a quick resume) would truncate it.
+_writer_ids = itertools.count()
 
 
 def _format_duration(seconds: float) -> str:
@@ -27,14 +31,19 @@ class MetricsLogger:
     if self.enabled:
       os.makedirs(model_dir, exist_ok=True)
       self._jsonl = open(os.path.join(model_dir, 'metrics.jsonl'), 'a')
-      self._tb = EventWriter(os.path.join(model_dir, 'tensorboard'))
+      # tensorboardX writes from a queue on a thread and flush() does not drain that queue, so its
+      # thread flushes every second instead: a killed run loses at most its last second of scalars.
+      self._tb = tensorboardX.SummaryWriter(
+          os.path.join(model_dir, 'tensorboard'), flush_secs=1,
+          filename_suffix=f'.{os.getpid()}.{next(_writer_ids)}')
 
   def _write(self, record: Mapping, tags: Mapping[str, float]):
     record = {k: None if isinstance(v, float) and not math.isfinite(v) else v  # valid JSON
               for k, v in record.items()}
     self._jsonl.write(json.dumps(record) + '\n')
     self._jsonl.flush()
-    self._tb.scalars(record['step'], tags)
+    for tag, value in tags.items():
+      self._tb.add_scalar(tag, float(value), record['step'])
 
   def train(self, step: int, metrics: Mapping[str, float], start_step: int, start_time: float):
     """Logs a train step; the ETA extrapolates the speed since ``start_step``."""

@@ -7,7 +7,7 @@ over that axis), so the layers axis is never factored and parameter scale and cl
 layer, as T5X's factor rules treat it. Parameters of a ``fixed_random`` synthesizer (and any
 path listed in ``frozen``) get no update.
 """
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import gin
 import jax
@@ -17,27 +17,36 @@ import optax
 SCHEDULES = ('rsqrt', 'constant')
 
 
+def _inverse_sqrt(base: float, warmup_steps: int):
+  """base / sqrt(max(step, warmup_steps)) in float32: T5's schedule (constant during the warmup,
+  then proportional to 1/sqrt(step)). optax has no inverse-square-root schedule."""
+  return lambda step: base / jnp.sqrt(jnp.maximum(jnp.asarray(step, jnp.float32), warmup_steps))
+
+
 @gin.configurable
 def learning_rate_schedule(name: str = 'rsqrt', base: float = 1.0, warmup_steps: int = 10_000,
                            total_steps: Optional[int] = None, decay_fraction: float = 0.0):
   """lr(step). 'rsqrt': base / sqrt(max(step, warmup_steps)) (T5: 0.01 for 10k steps, then
-  decaying); 'constant': base. With ``decay_fraction`` > 0 the rate also falls linearly to 0 over
-  the last ``decay_fraction * total_steps`` steps (the GLU-variants paper: the final 10%)."""
+  decaying); 'constant': base. With ``decay_fraction`` > 0 the rate is also multiplied by
+  clip((total_steps - step) / (decay_fraction * total_steps), 0, 1): it falls linearly to 0 over
+  the last ``decay_fraction * total_steps`` steps (the GLU-variants paper: the final 10%) and is
+  0 from ``total_steps`` on. That factor is written out rather than taken from
+  ``optax.linear_schedule``: its ``1 - count / transition_steps`` rounds differently in float32,
+  and under jit (a division by a constant becomes a multiplication by its reciprocal) it leaves
+  a factor of ~2.5e-8, not 0, at and after the last step."""
   if name not in SCHEDULES:
     raise ValueError(f'unknown schedule {name!r}; valid: {", ".join(SCHEDULES)}')
   if decay_fraction and not total_steps:
     raise ValueError('decay_fraction needs total_steps')
-
-  def schedule(step):
-    step = jnp.asarray(step, jnp.float32)
-    lr = jnp.full_like(step, base)
-    if name == 'rsqrt':
-      lr = base / jnp.sqrt(jnp.maximum(step, warmup_steps))
-    if decay_fraction:
-      decay_steps = decay_fraction * total_steps
-      lr = lr * jnp.clip((total_steps - step) / decay_steps, 0.0, 1.0)
+  lr = optax.constant_schedule(base) if name == 'constant' else _inverse_sqrt(base, warmup_steps)
+  if not decay_fraction:
     return lr
-  return schedule
+  decay_steps = decay_fraction * total_steps
+
+  def decayed(step):
+    remaining = total_steps - jnp.asarray(step, jnp.float32)
+    return lr(step) * jnp.clip(remaining / decay_steps, 0.0, 1.0)
+  return decayed
 
 
 def _per_layer(tx: optax.GradientTransformation) -> optax.GradientTransformation:
@@ -74,3 +83,11 @@ def adafactor(params, learning_rate=None, decay_rate: float = 0.8, clipping_thre
                 else _per_layer(make()) for n in names}
   tx = optax.multi_transform(transforms, labels)
   return optax.chain(optax.clip_by_global_norm(global_norm_clip), tx) if global_norm_clip else tx
+
+
+@gin.configurable
+def make_optimizer(params, learning_rate, optimizer: Callable = adafactor):
+  """The run's optimizer for ``params``, used by every command that builds a train step (T5X's
+  ``OPTIMIZER``): ``make_optimizer.optimizer = @adafactor`` (the default), whose own settings are
+  bound on it (``adafactor.decay_rate = 0.8``, ...)."""
+  return optimizer(params, learning_rate=learning_rate)

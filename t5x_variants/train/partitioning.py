@@ -1,14 +1,17 @@
 """Device mesh and logical-axis rules: the one place that says how arrays are sharded.
 
-The mesh has axes ('data', 'model'). Logical names on every parameter (``embed``, ``mlp``,
+``MeshConfig`` (gin) is the one mesh description every command uses (train, eval, infer, bench):
+axes ('data', 'model') and whether parameters are also split over 'data' (fsdp). Logical names on every parameter (``embed``, ``mlp``,
 ``heads``, ...) map to mesh axes by T5X's standard rules: with model=1 this is data parallelism
 with replicated parameters; with model>1 the heads / mlp / vocab dimensions are split over
 'model' (1-D parameter partitioning) and, with ``fsdp=True``, ``embed`` is also split over 'data'
 (2-D). Axes absent from the rules (``layers``, ``kv``, synthesizer ``length`` ...) are replicated.
 """
+import dataclasses
 from typing import Sequence, Tuple
 
 import flax.linen as nn
+import gin
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -33,6 +36,22 @@ def make_mesh(data: int = -1, model: int = 1, devices: Sequence = None) -> Mesh:
     raise ValueError(f'mesh data={data} x model={model} needs {data * model} devices, '
                      f'found {len(devices)}')
   return Mesh(np.asarray(devices).reshape(data, model), MESH_AXES)
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+  """``data`` x ``model`` devices (-1: the rest). model > 1 splits heads, mlp and vocab over
+  'model' (1-D parameter partitioning); ``fsdp`` also splits embed over 'data' (2-D)."""
+  data: int = -1
+  model: int = 1
+  fsdp: bool = False
+
+  def mesh(self, devices: Sequence = None) -> Mesh:
+    return make_mesh(self.data, self.model, devices)
+
+  def rules(self) -> Tuple[Tuple[str, object], ...]:
+    return logical_axis_rules(self.fsdp)
 
 
 def param_shardings(abstract_params, mesh: Mesh, rules) -> object:

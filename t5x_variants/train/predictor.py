@@ -5,17 +5,17 @@ full batch; each feeds the rows of its own devices and all get every decoded row
 """
 import dataclasses
 import re
+from typing import Iterator, List
 
 import gin
 import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from t5x_variants.features import EOS_ID, PAD_ID
 from t5x_variants.models import build_model, init_inputs
 from t5x_variants.models.config import TransformerConfig
 from t5x_variants.train import checkpoints, decoding, evaluation, partitioning
-
-EOS_ID = 1
 
 
 @gin.configurable
@@ -33,15 +33,16 @@ class DecodeOptions:
 
 
 class Predictor:
-  """``config``'s model on a (data, model) mesh; ``load`` puts a checkpoint's parameters on it."""
+  """``config``'s model on the mesh (default: the gin-bound ``MeshConfig``); ``load`` puts a checkpoint's parameters on it."""
 
-  def __init__(self, config: TransformerConfig, mesh_shape=(-1, 1), fsdp: bool = False,
+  def __init__(self, config: TransformerConfig, mesh: partitioning.MeshConfig = None,
                options: DecodeOptions = None, z_loss: float = 0.0):
     self.config, self.options = config, options or DecodeOptions()
     self.model = build_model(config)
-    self.mesh = partitioning.make_mesh(*mesh_shape)
+    mesh = mesh or partitioning.MeshConfig()
+    self.mesh = mesh.mesh()
     _, self.abstract_params = partitioning.sharded_abstract_params(
-        self.model, init_inputs(config), self.mesh, partitioning.logical_axis_rules(fsdp))
+        self.model, init_inputs(config), self.mesh, mesh.rules())
     self.eval_step = evaluation.make_eval_step(  # teacher-forced sums, compiled once
         self.model, config, jax.tree_util.tree_map(lambda p: p.sharding, self.abstract_params),
         self.mesh, z_loss)
@@ -85,4 +86,36 @@ def until_eos(tokens) -> list:
   """The ids before the first EOS (and without padding)."""
   ids = [int(t) for t in tokens]
   ids = ids[:ids.index(EOS_ID)] if EOS_ID in ids else ids
-  return [t for t in ids if t != 0]
+  return [t for t in ids if t != PAD_ID]
+
+
+def pad_tokens(rows: List[np.ndarray], length: int, num_rows: int) -> np.ndarray:
+  """(num_rows, length): each row cut or zero-padded to ``length``, zero rows after them (so every
+  batch has one shape and decoding compiles once)."""
+  out = np.full((num_rows, length), PAD_ID, np.int32)
+  for i, r in enumerate(rows):
+    out[i, :min(len(r), length)] = r[:length]
+  return out
+
+
+def _chunks(items: List, size: int) -> Iterator[List]:
+  for i in range(0, len(items), size):
+    yield items[i:i + size]
+
+
+def decode_examples(predictor: Predictor, vocab, examples: List[dict], input_length: int,
+                    max_decode_length: int, batch_size: int) -> List[dict]:
+  """Adds 'prediction' (text by ``vocab.decode``), 'prediction_ids' and 'score' to each example
+  (which has 'inputs' token ids; a decoder-only model continues them as a prompt, without their
+  EOS)."""
+  prompt = predictor.config.architecture == 'decoder_only'
+  out = []
+  for i, chunk in enumerate(_chunks(examples, batch_size)):
+    rows = [np.asarray(ex['inputs'])[:-1] if prompt and ex['inputs'][-1] == EOS_ID
+            else np.asarray(ex['inputs']) for ex in chunk]
+    tokens, scores = predictor.predict(pad_tokens(rows, input_length, batch_size),
+                                       max_decode_length, i)
+    for ex, t, s in zip(chunk, tokens, scores):
+      ids = until_eos(t)
+      out.append(dict(ex, prediction=vocab.decode(ids), prediction_ids=ids, score=float(s)))
+  return out

@@ -11,6 +11,7 @@ import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -26,6 +27,23 @@ MODEL_INPUTS = {
     'encoder_only': ('encoder_input_tokens', 'encoder_segment_ids', 'encoder_positions'),
 }
 TARGETS = {'encoder_decoder': 'decoder', 'decoder_only': 'decoder', 'encoder_only': 'encoder'}
+
+
+def synthetic_batch(config: TransformerConfig, batch: int, lengths, seed: int = 0):
+  """Random tokens (no padding, ids >= 2) with every target position weighted, for the
+  architecture's features (``lengths``: 'inputs' / 'targets'); for benchmarks and tests."""
+  rng = np.random.RandomState(seed)
+  ids = lambda n: rng.randint(2, config.vocab_size, (batch, n)).astype(np.int32)
+  if config.architecture == 'encoder_only':
+    tokens = ids(lengths['inputs'])
+    return {'encoder_input_tokens': tokens, 'encoder_target_tokens': tokens,
+            'encoder_loss_weights': np.ones_like(tokens)}
+  targets = ids(lengths['targets'])
+  out = {'decoder_input_tokens': np.concatenate([np.zeros((batch, 1), np.int32), targets[:, :-1]], 1),
+         'decoder_target_tokens': targets, 'decoder_loss_weights': np.ones_like(targets)}
+  if config.architecture == 'encoder_decoder':
+    out['encoder_input_tokens'] = ids(lengths['inputs'])
+  return out
 
 
 class TrainState(flax.struct.PyTreeNode):

@@ -7,9 +7,13 @@ data position, onto whatever mesh this run has), or starts from ``init_checkpoin
 (fine-tuning: fresh optimizer state), or from scratch. SIGTERM / SIGINT save a checkpoint and
 return; a non-finite loss is skipped or stops the run, as ``on_nonfinite`` says.
 
-The loop reads each step's metrics before starting the next; a step waits for its host batch
-(tf.data prefetches it in the background), so step times include any input stall.
+The loop dispatches step N+1 before it reads step N's metrics (the step runs asynchronously), so
+an accelerator is never idle while the host logs or fetches the next batch; the non-finite skip
+happens on the device, inside the step. A step's time is the wall time between reading its
+metrics and the previous step's, so it includes any input stall (tf.data prefetches batches in
+the background) but not checkpoints or evals.
 """
+import functools
 import logging
 import os
 import shutil
@@ -30,6 +34,7 @@ from t5x_variants.train.metrics import MetricsLogger
 
 NONFINITE = ('skip', 'stop')
 TOKEN_FEATURES = ('encoder_input_tokens', 'decoder_target_tokens')  # what tokens/s counts
+log = logging.getLogger(__name__)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -91,7 +96,7 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
           eval_data: Optional[Callable[[], Mapping[str, Iterable]]] = None,
           files: Mapping[str, str] = None,
           model_dir: str = gin.REQUIRED, total_steps: int = gin.REQUIRED,
-          mesh_shape: Tuple[int, int] = (-1, 1), fsdp: bool = False, num_microbatches: int = 1,
+          mesh: Optional[partitioning.MeshConfig] = None, num_microbatches: int = 1,
           label_smoothing: float = 0.0, z_loss: float = 1e-4,
           loss_normalizing_factor='num_tokens', on_nonfinite: str = 'skip',
           log_period: int = 100, eval_period: int = 1000, eval_batches: Optional[int] = None,
@@ -100,27 +105,27 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
 
   ``train_data()``: this host's iterator of numpy batches (with ``save``/``restore`` to make the
   data position part of checkpoints); ``eval_data()``: {name: finite iterable of global batches,
-  the same on every process}.
-  ``mesh_shape``: (data, model), -1 = the remaining devices. Dropout is on when
-  ``config.dropout_rate`` > 0. The optimizer and schedule are the gin-bound ``adafactor`` and
-  ``learning_rate_schedule``.
+  the same on every process}. ``mesh``: the gin-bound ``MeshConfig`` by default. Dropout is on
+  when ``config.dropout_rate`` > 0. The optimizer and schedule are the gin-bound
+  ``make_optimizer`` and ``learning_rate_schedule``.
   """
   if on_nonfinite not in NONFINITE:
     raise ValueError(f'unknown on_nonfinite {on_nonfinite!r}; valid: {", ".join(NONFINITE)}')
-  mesh = partitioning.make_mesh(*mesh_shape)
+  mesh_config = mesh or partitioning.MeshConfig()
+  mesh = mesh_config.mesh()
   model = build_model(config)
   rng = jax.random.PRNGKey(seed)
   inputs = init_inputs(config)
   schedule = optimizer.learning_rate_schedule()
-  layout = train_step.state_layout(model,
-                                   lambda params: optimizer.adafactor(params, learning_rate=schedule),
-                                   mesh, partitioning.logical_axis_rules(fsdp), rng, inputs)
+  layout = train_step.state_layout(
+      model, functools.partial(optimizer.make_optimizer, learning_rate=schedule), mesh,
+      mesh_config.rules(), rng, inputs)
   ckpt = checkpoints.Checkpointer(model_dir)
   data = train_data()
   restored = ckpt.restore_latest(layout.abstract, data)
   if restored:
     state, start = restored
-    logging.info('resumed from step %d in %s', start, model_dir)
+    log.info('resumed from step %d in %s', start, model_dir)
   else:
     params = (checkpoints.restore_params(init_checkpoint, layout.abstract.params)
               if init_checkpoint else None)
@@ -132,47 +137,66 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
       loss_normalizing_factor=loss_normalizing_factor, dropout=config.dropout_rate > 0)
   eval_step = evaluation.make_eval_step(model, config, layout.shardings.params, mesh, z_loss)
   logger = MetricsLogger(model_dir, total_steps)
+  step, last, window, pending = start, {}, [], None
+  started = clock = time.time()  # clock: when the last step was read (or a pause ended)
 
   def run_eval(step):
     for name, batches in (eval_data() if eval_data else {}).items():
       logger.eval(step, name, evaluation.evaluate(eval_step, state.params, batches, mesh, eval_batches))
 
-  step, last, window = start, {}, []
-  started = time.time()
+  def read(pending):
+    """Waits for a dispatched step's metrics, applies ``on_nonfinite`` and logs on its period."""
+    nonlocal clock, last, window
+    read_step, device_metrics, tokens, sequences = pending
+    metrics = jax.tree_util.tree_map(float, partitioning.to_host(device_metrics))
+    now = time.time()
+    window.append((metrics, tokens, sequences, now - clock))
+    clock = now
+    if metrics['skipped']:
+      if on_nonfinite == 'stop':
+        ckpt.close()
+        logger.close()
+        raise NonFiniteLossError(
+            f'the loss or gradients at step {read_step} are not finite (loss {metrics["loss"]}); '
+            f'the update was not applied and the checkpoints in {model_dir} (last: step '
+            f'{ckpt.steps()[-1] if ckpt.steps() else "none"}) are intact. Lower the learning '
+            'rate, add train.z_loss or adafactor.global_norm_clip, or set '
+            "train.on_nonfinite='skip'.")
+      log.warning('step %d: non-finite loss or gradients, update skipped', read_step)
+    if read_step % log_period == 0 or read_step == total_steps:
+      last = _summarize(read_step, window)
+      logger.train(read_step, last, start, started)
+      window = []
+
+  # The device queue stays full: step N's metrics are read after step N+1 is dispatched. Only a
+  # step whose state is used at once (checkpoint, eval, stop) is read before the next dispatch.
   with _Preemption() as preemption:
     while step < total_steps:
-      tick = time.time()
       batch = next(data, None)
       if batch is None:
-        logging.warning('the training data ran out after step %d', step)
+        log.warning('the training data ran out after step %d', step)
         break
       state, metrics = step_fn(state, partitioning.global_batch(batch, mesh), rng)
-      metrics = jax.tree_util.tree_map(float, partitioning.to_host(metrics))
       step += 1
-      if metrics['skipped']:
-        if on_nonfinite == 'stop':
-          ckpt.close()
-          logger.close()
-          raise NonFiniteLossError(
-              f'the loss or gradients at step {step} are not finite (loss {metrics["loss"]}); the '
-              f'update was not applied and the checkpoints in {model_dir} (last: step '
-              f'{ckpt.steps()[-1] if ckpt.steps() else "none"}) are intact. Lower the learning '
-              'rate, add train.z_loss or adafactor.global_norm_clip, or set '
-              "train.on_nonfinite='skip'.")
-        logging.warning('step %d: non-finite loss or gradients, update skipped', step)
-      window.append((metrics, *_host_tokens(batch), time.time() - tick))
-      if step % log_period == 0 or step == total_steps:
-        last = _summarize(step, window)
-        logger.train(step, last, start, started)
-        window = []
+      if pending:
+        read(pending)
+      pending = (step, metrics, *_host_tokens(batch))
       stop = preemption.reached(step)
-      ckpt.save(step, state, data, force=stop)  # before eval, so a failing eval loses nothing
+      evaluate = eval_period and step % eval_period == 0
+      if stop or evaluate or step % ckpt.period == 0:
+        read(pending)  # a non-finite step stops the run before its state is saved
+        pending = None
+      if ckpt.save(step, state, data, force=stop):  # before eval, so a failing eval loses nothing
+        clock = time.time()
       if stop:
-        logging.warning('%s: saved a checkpoint at step %d; run the same command to resume',
-                        preemption.signal or 'preemption', step)
+        log.warning('%s: saved a checkpoint at step %d; run the same command to resume',
+                    preemption.signal or 'preemption', step)
         break
-      if eval_period and step % eval_period == 0:
+      if evaluate:
         run_eval(step)
+        clock = time.time()
+  if pending:
+    read(pending)
   if window:  # steps since the last log (a stop between log periods)
     last = _summarize(step, window)
     logger.train(step, last, start, started)

@@ -3,15 +3,16 @@
   t5xv-bench --gin_file=gin/models/t5_small.gin --gin_file=gin/variants/ffn/geglu.gin \\
     --batch=8 --inputs_length=512 --targets_length=114 --steps=10 [--hf] [--output=bench.json]
 
-Runs the trainer's own step (``train_step.make_train_step``: the same sharding, Adafactor and
-dtype) on synthetic batches, so it needs no TensorFlow. Reports tokens/s (input + target
+Runs the trainer's own step (``train_step.make_train_step``: the same mesh (``MeshConfig``),
+optimizer (``make_optimizer``), schedule and dtype, all from gin) on synthetic batches, so it
+needs no TensorFlow. Reports tokens/s (input + target
 positions), sequences/s, the median step time, achieved TFLOP/s by ``models/flops.py`` (whose
 docstring says what is counted) and MFU against a named peak, peak memory, and compile time.
 ``--hf`` also times Hugging Face PyTorch ``T5ForConditionalGeneration`` on the same shape (extra
 ``bench``: torch, transformers) and prints the ratio.
 """
-import argparse
 import collections
+import functools
 import glob
 import json
 import re
@@ -24,29 +25,14 @@ import time
 import jax
 import numpy as np
 
-from t5x_variants import gin_utils, launch, multihost
+from t5x_variants.cli import common
+from t5x_variants.features import STACKS
 from t5x_variants.models import build_model, flops, init_inputs
 from t5x_variants.train import optimizer, partitioning, train_step
 
 # Published dense peaks in TFLOP/s per device: (bf16, fp32). H100/H200 SXM fp32 is without TF32.
 PEAKS = {'H100': (989.0, 67.0), 'H200': (989.0, 67.0), 'A100': (312.0, 19.5),
          'TPU v4': (275.0, 275.0 / 2), 'TPU v5 lite': (197.0, 197.0 / 2), 'TPU v5p': (459.0, 459.0 / 2)}
-
-
-def synthetic_batch(config, batch: int, lengths, seed: int = 0):
-  """Random tokens (no padding) with every target position weighted, per architecture."""
-  rng = np.random.RandomState(seed)
-  ids = lambda n: rng.randint(2, config.vocab_size, (batch, n)).astype(np.int32)
-  if config.architecture == 'encoder_only':
-    tokens = ids(lengths['inputs'])
-    return {'encoder_input_tokens': tokens, 'encoder_target_tokens': tokens,
-            'encoder_loss_weights': np.ones_like(tokens)}
-  targets = ids(lengths['targets'])
-  out = {'decoder_input_tokens': np.concatenate([np.zeros((batch, 1), np.int32), targets[:, :-1]], 1),
-         'decoder_target_tokens': targets, 'decoder_loss_weights': np.ones_like(targets)}
-  if config.architecture == 'encoder_decoder':
-    out['encoder_input_tokens'] = ids(lengths['inputs'])
-  return out
 
 
 def measured_matmul_peak(n: int = 2048) -> float:
@@ -108,19 +94,22 @@ def profile(step, state, data, rng, top: int = 15):
   return rows, state
 
 
-def bench(config, batch: int, lengths, steps: int = 10, warmup: int = 2, mesh_shape=(-1, 1),
-          fsdp: bool = False, num_microbatches: int = 1, peak=None, with_profile: bool = False) -> dict:
+def bench(config, batch: int, lengths, steps: int = 10, warmup: int = 2,
+          mesh: partitioning.MeshConfig = None, num_microbatches: int = 1, peak=None,
+          with_profile: bool = False) -> dict:
   """Times ``steps`` train steps after ``warmup``; returns every figure and the FLOP formula."""
-  mesh = partitioning.make_mesh(*mesh_shape)
+  mesh_config = mesh or partitioning.MeshConfig()
+  mesh = mesh_config.mesh()
   model = build_model(config)
-  schedule = optimizer.learning_rate_schedule('constant', base=0.01)
+  schedule = optimizer.learning_rate_schedule()
   rng = jax.random.PRNGKey(0)
-  layout = train_step.state_layout(model, lambda p: optimizer.adafactor(p, learning_rate=schedule),
-                                   mesh, partitioning.logical_axis_rules(fsdp), rng, init_inputs(config))
+  layout = train_step.state_layout(
+      model, functools.partial(optimizer.make_optimizer, learning_rate=schedule), mesh,
+      mesh_config.rules(), rng, init_inputs(config))
   state = train_step.create_state(layout, model, rng, init_inputs(config))
   step = train_step.make_train_step(layout.shardings, mesh, model=model, config=config, tx=layout.tx,
                                     schedule=schedule, num_microbatches=num_microbatches)
-  data = partitioning.global_batch(synthetic_batch(config, batch, lengths), mesh)
+  data = partitioning.global_batch(train_step.synthetic_batch(config, batch, lengths), mesh)
   start = time.perf_counter()
   step = step.lower(state, data, rng).compile()
   compile_seconds = time.perf_counter() - start
@@ -149,41 +138,30 @@ def bench(config, batch: int, lengths, steps: int = 10, warmup: int = 2, mesh_sh
       'tflops_per_second': flop / median / 1e12, 'peak_tflops': peak_value,
       'peak_source': peak_source, 'mfu': flop / median / 1e12 / peak_value,
       'peak_memory_bytes': memory, 'memory_source': memory_source,
-      'host_huge_pages': launch.huge_pages_on(),
+      'host_huge_pages': common.huge_pages_on(),
       'compile_seconds': compile_seconds, 'final_loss': float(metrics['loss']),
       'flop_formula': flops.__doc__.strip(), 'profile_top_ops': top_ops,
   }
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(prog='t5xv-bench', description=__doc__.splitlines()[0])
-  gin_utils.add_gin_flags(parser)
-  multihost.add_flags(parser)
+  parser = common.parser('t5xv-bench', __doc__)
   parser.add_argument('--batch', type=int, default=8)
   parser.add_argument('--inputs_length', type=int, default=512)
   parser.add_argument('--targets_length', type=int, default=114)
   parser.add_argument('--steps', type=int, default=10)
   parser.add_argument('--warmup', type=int, default=2)
-  parser.add_argument('--mesh', default='-1,1', help='data,model')
-  parser.add_argument('--fsdp', action='store_true')
   parser.add_argument('--peak_tflops', type=float, default=None)
   parser.add_argument('--hf', action='store_true', help='also time HF PyTorch T5 on the same shape')
   parser.add_argument('--profile', action='store_true', help='print the ops that take the most time')
   parser.add_argument('--output', default=None, help='write the results as JSON here')
-  args = gin_utils.parse_args(parser, sys.argv[1:] if argv is None else argv)
-  multihost.initialize(args)
-  try:
-    config = gin_utils.config_from_flags(args)
-  except gin_utils.GinConfigError as e:
-    print(f't5xv-bench: error: {e}', file=sys.stderr)
-    return 2
-  lengths = {'encoder_decoder': {'inputs': args.inputs_length, 'targets': args.targets_length},
-             'decoder_only': {'targets': args.targets_length},
-             'encoder_only': {'inputs': args.inputs_length}}[config.architecture]
-  peak = (args.peak_tflops, 'given with --peak_tflops') if args.peak_tflops else None
-  result = bench(config, args.batch, lengths, args.steps, args.warmup,
-                 tuple(int(x) for x in args.mesh.split(',')), args.fsdp, peak=peak,
-                 with_profile=args.profile)
+  with common.clear_errors('t5xv-bench'):
+    args, config = common.setup(parser, argv, with_data=False)
+    feature = {'encoder': 'inputs', 'decoder': 'targets'}
+    lengths = {feature[s]: getattr(args, f'{feature[s]}_length') for s in STACKS[config.architecture]}
+    peak = (args.peak_tflops, 'given with --peak_tflops') if args.peak_tflops else None
+    result = bench(config, args.batch, lengths, args.steps, args.warmup, peak=peak,
+                   with_profile=args.profile)
   print(f'{result["device"]} x{result["devices"]}: {result["tokens_per_second"]:,.0f} tok/s, '
         f'{result["sequences_per_second"]:.2f} seq/s, median step {result["median_step_seconds"] * 1000:.1f} ms, '
         f'{result["tflops_per_second"]:.3f} TFLOP/s, MFU {result["mfu"]:.1%} of '
@@ -193,7 +171,7 @@ def main(argv=None):
   for ms, name, shape, op in result['profile_top_ops'] or []:
     print(f'{ms:9.1f} ms  {name:30s} {shape:28s} {op[-100:]}')
   if args.hf:
-    from t5x_variants import bench_hf  # pylint: disable=g-import-not-at-top
+    from t5x_variants.cli import bench_hf  # pylint: disable=g-import-not-at-top
     result['hf'] = bench_hf.bench(config, args.batch, lengths, args.steps, args.warmup)
     result['speedup_vs_hf'] = result['hf']['median_step_seconds'] / result['median_step_seconds']
     print(f'HF PyTorch T5: median step {result["hf"]["median_step_seconds"] * 1000:.1f} ms, '

@@ -1,6 +1,6 @@
 """t5xv-train: pretrain or fine-tune a gin-configured model (T5X's train.py).
 
-Also ``python -m t5x_variants.train``. This module wires the data layer (TensorFlow) to the
+Also ``python -m t5x_variants.cli.train``. This module wires the data layer (TensorFlow) to the
 TensorFlow-free ``t5x_variants.train`` library.
 
   t5xv-train --gin_file=gin/runs/pretrain.gin --gin_file=gin/models/t5_base.gin \\
@@ -11,7 +11,7 @@ import sys
 import gin
 import jax
 
-from t5x_variants import cli
+from t5x_variants.cli import common
 
 
 def vocabulary_files(name: str):
@@ -33,13 +33,12 @@ def _init_checkpoint():
 
 
 def main(argv=None):
-  parser = cli.parser('t5xv-train', __doc__)
-  with cli.clear_errors('t5xv-train'):
-    _, config = cli.setup(parser, argv)
+  with common.clear_errors('t5xv-train'):
+    _, config = common.setup(common.parser('t5xv-train', __doc__), argv)
     from t5x_variants.data import pipeline, tasks  # pylint: disable=g-import-not-at-top
     from t5x_variants.train import trainer  # pylint: disable=g-import-not-at-top
     if _init_checkpoint():  # fine-tuning tokenizes as the pretrained run did
-      cli.use_run_vocabulary(_init_checkpoint())
+      common.use_run_vocabulary(_init_checkpoint())
     with gin.config_scope('train'):
       train_cfg = pipeline.DatasetConfig()
     with gin.config_scope('train_eval'):

@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 
-from t5x_variants.bench import synthetic_batch
+from t5x_variants.train.train_step import synthetic_batch
 
 # Our FFN names -> transformers' feed_forward_proj (its gelu is the same tanh approximation).
 HF_FFN = {'relu': 'relu', 'gelu': 'gelu_new', 'geglu': 'gated-gelu', 'reglu': 'gated-relu',

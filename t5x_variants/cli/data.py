@@ -2,26 +2,24 @@
 
   t5xv-data --task=embedded_span_corruption [--split=validation] [--n=5] [--gin_file=...]
 """
-import argparse
 import sys
 
 import numpy as np
-import tensorflow as tf
 
-from t5x_variants import gin_utils
-from t5x_variants.data import corpus, span_corruption, tasks, vocab
+from t5x_variants.cli import common
+from t5x_variants.features import EOS_ID, PAD_ID
 
 
 def _decode(vocabulary, ids) -> str:
   """Text of the ids up to padding; sentinels read <extra_id_i>, EOS reads </s>."""
-  ids = [int(i) for i in ids if i != 0]
+  ids = [int(i) for i in ids if i != PAD_ID]
   pieces, run = [], []
   for i in ids + [None]:
-    if i is None or i == 1 or i >= vocabulary.vocab_size - vocabulary.extra_ids:
+    if i is None or i == EOS_ID or i >= vocabulary.vocab_size - vocabulary.extra_ids:
       if run:
         pieces.append(vocabulary.decode(run))
         run = []
-      if i == 1:
+      if i == EOS_ID:
         pieces.append('</s>')
       elif i is not None:
         pieces.append(f'<extra_id_{vocabulary.vocab_size - 1 - i}>')
@@ -32,6 +30,7 @@ def _decode(vocabulary, ids) -> str:
 
 def default_lengths(name: str, inputs_length: int):
   """Span corruption's targets follow from its inputs (T5: 512 -> 114); else equal lengths."""
+  from t5x_variants.data import span_corruption  # pylint: disable=g-import-not-at-top
   if name.endswith('span_corruption'):
     return {'inputs': inputs_length,
             'targets': span_corruption.input_and_target_lengths(inputs_length)[1]}
@@ -40,6 +39,7 @@ def default_lengths(name: str, inputs_length: int):
 
 def inspect_task(name, split='validation', n=5, lengths=None, out=None):
   """Prints n examples and statistics (to stdout by default); returns the statistics dict."""
+  from t5x_variants.data import span_corruption, tasks  # pylint: disable=g-import-not-at-top
   out = out or sys.stdout
   task = tasks.get_task_or_mixture(name)
   lengths = lengths or default_lengths(name, 512)
@@ -53,11 +53,11 @@ def inspect_task(name, split='validation', n=5, lengths=None, out=None):
     print(f'--- example {i}', file=out)
     for key in ('inputs', 'targets'):
       if key in ex:
-        print(f'{key} ({int((ex[key] != 0).sum())} tokens): {_decode(vocabulary, ex[key])}', file=out)
+        print(f'{key} ({int((ex[key] != PAD_ID).sum())} tokens): {_decode(vocabulary, ex[key])}', file=out)
   stats = {'examples': len(examples)}
   for key in ('inputs', 'targets'):
     if key in examples[0]:
-      stats[f'mean_{key}_length'] = float(np.mean([(ex[key] != 0).sum() for ex in examples]))
+      stats[f'mean_{key}_length'] = float(np.mean([(ex[key] != PAD_ID).sum() for ex in examples]))
   if name.endswith('span_corruption'):
     stats.update(span_corruption.noise_statistics([ex['inputs'] for ex in examples],
                                                   [ex['targets'] for ex in examples],
@@ -69,27 +69,23 @@ def inspect_task(name, split='validation', n=5, lengths=None, out=None):
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(prog='t5xv-data', description=__doc__.splitlines()[0])
+  parser = common.parser('t5xv-data', __doc__, processes=False)
   parser.add_argument('--task', required=True, help='task or mixture name')
   parser.add_argument('--split', default='validation')
   parser.add_argument('--n', type=int, default=5, help='examples to print and sample')
   parser.add_argument('--inputs_length', type=int, default=None)
   parser.add_argument('--targets_length', type=int, default=None)
-  gin_utils.add_gin_flags(parser)
-  args = gin_utils.parse_args(parser, sys.argv[1:] if argv is None else argv)
-  try:
-    gin_utils.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_paths.split(','),
-                        configurables={'vocabulary': vocab.vocabulary,
-                                       'local_corpus_files': corpus.local_corpus_files})
+  with common.clear_errors('t5xv-data'):
+    args = common.parse_args(parser, argv)
+    common.import_data_layer()
+    from t5x_variants.data import corpus, vocab  # pylint: disable=g-import-not-at-top
+    common.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_paths.split(','),
+                     configurables={'vocabulary': vocab.vocabulary,
+                                    'local_corpus_files': corpus.local_corpus_files})
     lengths = default_lengths(args.task, args.inputs_length or 512)
     if args.targets_length:
       lengths['targets'] = args.targets_length
     inspect_task(args.task, args.split, args.n, lengths)
-  except (gin_utils.GinConfigError, ValueError, FileNotFoundError, tf.errors.OpError) as e:
-    message = getattr(e, 'message', None) or str(e)  # OpError: without the op trace
-    message = message.split('\n  In call to configurable')[0]  # gin's note on where it was called
-    print(f't5xv-data: error: {message}', file=sys.stderr)
-    return 2
   return 0
 
 

@@ -10,28 +10,27 @@ RUN/metrics.jsonl (kind 'eval'), TensorBoard and RUN/eval_results.json; checkpoi
 eval_results.json for the same tasks are skipped.
 """
 import json
-import os
 import sys
 from typing import Mapping, Optional
 
 import gin
 from etils import epath
 import jax
-import numpy as np
 
-from t5x_variants import cli
-from t5x_variants.data import pipeline, tasks
+from t5x_variants.cli import common
 from t5x_variants.train import checkpoints, evaluation
 from t5x_variants.train.metrics import MetricsLogger
-from t5x_variants.train.predictor import DecodeOptions, Predictor
-from t5x_variants.infer import _text, decode_examples, task_examples
+from t5x_variants.train.predictor import DecodeOptions, Predictor, decode_examples
 
 RESULTS = 'eval_results.json'
+# The data layer (TensorFlow) is imported inside the functions, after common.setup has loaded it
+# quietly (common.import_data_layer).
 
 
 def teacher_forced(predictor, task_name: str, split: str, lengths, batch_size: int,
                    max_batches: Optional[int]):
   """Loss, log-perplexity, accuracy over the split (every example once)."""
+  from t5x_variants.data import pipeline, tasks  # pylint: disable=g-import-not-at-top
   batches = pipeline.eval_batches(task_name, lengths, predictor.config.architecture, batch_size, split)
   return evaluation.evaluate(predictor.eval_step, predictor.params, batches, predictor.mesh,
                              max_batches)
@@ -40,11 +39,12 @@ def teacher_forced(predictor, task_name: str, split: str, lengths, batch_size: i
 def inference_metrics(predictor, task, split: str, lengths, batch_size: int,
                       max_examples: Optional[int]):
   """The task's own metrics of greedy (or DecodeOptions) predictions, after its postprocessor."""
-  examples = task_examples(task, split, lengths, max_examples)
+  from t5x_variants.data import pipeline, tasks  # pylint: disable=g-import-not-at-top
+  examples = tasks.task_examples(task, split, lengths, max_examples)
   vocab = task.output_features['targets'].vocabulary
   decoded = decode_examples(predictor, vocab, examples, lengths['inputs'], lengths['targets'],
                             batch_size)
-  targets = [task.postprocess_fn(_text(ex['targets_pretokenized']), example=ex, is_target=True)
+  targets = [task.postprocess_fn(tasks.text(ex['targets_pretokenized']), example=ex, is_target=True)
              for ex in decoded]
   predictions = [task.postprocess_fn(ex['prediction'], example=ex, is_target=False) for ex in decoded]
   metrics = {}
@@ -59,10 +59,10 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
                          task_feature_lengths: Mapping[str, int] = gin.REQUIRED,
                          split: str = 'validation', batch_size: int = 32,
                          max_batches: Optional[int] = None, max_examples: Optional[int] = None,
-                         inference: bool = True, z_loss: float = 0.0, mesh_shape=(-1, 1),
-                         fsdp: bool = False):
+                         inference: bool = True, z_loss: float = 0.0):
   """{step: {task: metrics}} of the checkpoints evaluated by this call."""
-  cli.use_run_vocabulary(checkpoint_path)
+  from t5x_variants.data import pipeline, tasks  # pylint: disable=g-import-not-at-top
+  common.use_run_vocabulary(checkpoint_path)
   paths = [checkpoints.checkpoint_path(checkpoint_path)]
   run_dir = paths[0].parent
   if all_checkpoints and run_dir == epath.Path(checkpoint_path):
@@ -72,7 +72,7 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
   names = sorted(t.name for t in subtasks)
   results_file = run_dir / RESULTS
   results = json.loads(results_file.read_text()) if results_file.exists() else {}
-  predictor = Predictor(config, mesh_shape, fsdp, DecodeOptions(), z_loss)
+  predictor = Predictor(config, options=DecodeOptions(), z_loss=z_loss)
   logger = MetricsLogger(str(run_dir), console=True)
   new = {}
   for path in paths:
@@ -97,9 +97,9 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
 
 
 def main(argv=None):
-  with cli.clear_errors('t5xv-eval'):
-    _, config = cli.setup(cli.parser('t5xv-eval', __doc__), argv,
-                           {'evaluate_checkpoints': evaluate_checkpoints})
+  with common.clear_errors('t5xv-eval'):
+    _, config = common.setup(common.parser('t5xv-eval', __doc__), argv,
+                             {'evaluate_checkpoints': evaluate_checkpoints})
     results = evaluate_checkpoints(config)
   print(f'evaluated {len(results)} checkpoint(s)')
   return 0

@@ -1,0 +1,356 @@
+"""What every command-line tool shares: its flags (gin, processes, verbosity), joining other
+processes, applying gin, quiet start-up, the console-script launcher, and the one place that turns
+a known failure into one line and exit status 2.
+
+gin flags follow T5X: ``--gin_file=PATH`` (repeatable, later files override earlier ones),
+``--gin.KEY=VALUE`` and ``--gin_bindings=KEY=VALUE`` (repeatable), ``--gin_search_paths=DIR[,DIR]``.
+Gin files are found relative to the working directory, the search paths, and the installed
+package, which ships ``gin/`` so that ``--gin_file=gin/models/t5_base.gin`` works from anywhere.
+
+Multi-process flags: on multi-GPU hosts every process is started with ``--multiprocess_gpu
+--coordinator_address=HOST:PORT --process_count=N --process_index=I`` and joins through
+``jax.distributed.initialize``; on Cloud TPU pods the same command runs on every host with
+``--multiprocess_tpu`` and jax finds its peers itself. CPU processes (tests) use gloo collectives.
+"""
+import argparse
+import contextlib
+import glob
+import importlib
+import inspect
+import logging
+import os
+import pkgutil
+import re
+import sys
+from typing import Callable, List, Mapping, Optional, Sequence
+
+import gin
+
+from t5x_variants.models.config import TransformerConfig
+
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LOGGER = 't5x_variants'  # the project's own log lines (resume, fallback, skipped steps)
+
+
+class GinConfigError(ValueError):
+  """A gin file or binding that cannot be applied, with what to do about it."""
+
+
+class UsageError(ValueError):
+  """A command-line flag that cannot be used as given."""
+
+
+# --- flags -----------------------------------------------------------------------------------
+
+
+class ArgumentParser(argparse.ArgumentParser):
+  """argparse whose usage errors are one line (and exit status 2), like every other error."""
+
+  def error(self, message):
+    print(f'{self.prog}: error: {message} (see --help)', file=sys.stderr)
+    raise SystemExit(2)
+
+
+def parser(prog: str, doc: str, processes: bool = True) -> ArgumentParser:
+  """A command's parser with the gin, verbosity and (if ``processes``) multi-process flags."""
+  p = ArgumentParser(prog=prog, description=doc.strip().splitlines()[0])
+  p.add_argument('--gin_file', action='append', default=[], help='gin file (repeatable)')
+  p.add_argument('--gin_bindings', action='append', default=[], help='KEY=VALUE (repeatable)')
+  p.add_argument('--gin_search_paths', default='', help='comma-separated gin search dirs')
+  p.add_argument('--verbosity', type=int, default=int(os.environ.get('T5XV_VERBOSITY', '0')),
+                 help='0: the project\'s lines and warnings (default); 1: also the libraries\' '
+                      'INFO logs and TensorFlow/XLA start-up messages (env T5XV_VERBOSITY)')
+  if processes:
+    p.add_argument('--multiprocess_gpu', action='store_true',
+                   help='join other processes through jax.distributed.initialize')
+    p.add_argument('--multiprocess_tpu', action='store_true',
+                   help='jax.distributed.initialize() with the TPU pod\'s own discovery')
+    p.add_argument('--coordinator_address', default=None, help='HOST:PORT of process 0')
+    p.add_argument('--process_count', type=int, default=None)
+    p.add_argument('--process_index', type=int, default=None)
+  return p
+
+
+def parse_args(p: argparse.ArgumentParser, argv: Optional[Sequence[str]]):
+  """Parses argv (default: sys.argv), turning every ``--gin.KEY=VALUE`` into a binding
+  ``KEY = VALUE``, and applies ``--verbosity``."""
+  gin_dotted, rest = [], []
+  for arg in sys.argv[1:] if argv is None else argv:
+    (gin_dotted if arg.startswith('--gin.') else rest).append(arg)
+  args = p.parse_args(rest)
+  for arg in gin_dotted:
+    key, sep, value = arg[len('--gin.'):].partition('=')
+    if not sep:
+      p.error(f'{arg}: expected --gin.KEY=VALUE')
+    args.gin_bindings.append(f'{key} = {value}')
+  set_verbosity(args.verbosity)
+  return args
+
+
+# --- quiet start-up ----------------------------------------------------------------------------
+
+# Library warnings that say nothing to a user of these commands.
+_NOISE = (
+    'Using an uncached FunctionDataset',  # seqio: our tasks shuffle documents in memory
+    'NaN or Inf found in input tensor',  # tensorboardX, per value; the trainer warns per step
+)
+
+
+class _DropNoise(logging.Filter):
+
+  def filter(self, record):
+    return not any(n in record.getMessage() for n in _NOISE)
+
+
+_verbosity = 0
+
+
+def set_verbosity(verbosity: int):
+  """verbosity 0: the project's own lines (INFO and up) and every library's warnings but those in
+  ``_NOISE`` (TensorFlow's C++ start-up messages are off already: see ``cli/__init__.py``);
+  1 and up: everything at INFO."""
+  global _verbosity
+  _verbosity = verbosity
+  logging.basicConfig(format='%(asctime)s %(levelname)s %(name)s: %(message)s')
+  root = logging.getLogger()
+  root.setLevel(logging.INFO if verbosity > 0 else logging.WARNING)
+  logging.getLogger(LOGGER).setLevel(logging.INFO)
+  for handler in root.handlers:
+    if verbosity <= 0 and not any(isinstance(f, _DropNoise) for f in handler.filters):
+      handler.addFilter(_DropNoise())
+  try:  # absl (used by orbax, seqio, TFDS) logs through Python logging once its handler is set
+    from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+    absl_logging.set_verbosity('info' if verbosity > 0 else 'warning')
+    absl_logging.get_absl_handler().addFilter(_DropNoise())
+  except ImportError:
+    pass
+
+
+# --- processes ---------------------------------------------------------------------------------
+
+
+def initialize_processes(args):
+  """Joins the other processes, if the flags ask for it. Must run before any other jax call."""
+  import jax  # pylint: disable=g-import-not-at-top
+  if getattr(args, 'multiprocess_tpu', False):
+    jax.distributed.initialize()
+  elif getattr(args, 'multiprocess_gpu', False):
+    missing = [f for f in ('coordinator_address', 'process_count', 'process_index')
+               if getattr(args, f) is None]
+    if missing:
+      raise UsageError(f'--multiprocess_gpu needs --{", --".join(missing)}')
+    jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+    jax.distributed.initialize(args.coordinator_address, args.process_count, args.process_index)
+
+
+# --- gin ---------------------------------------------------------------------------------------
+
+# The configurables a gin file may bind; listed in error messages.
+CONFIGURABLES = {'TransformerConfig': TransformerConfig}
+
+
+def _explain(message: str, configurables: Mapping[str, Callable]) -> str:
+  """Adds the valid choices to gin's message about an unknown configurable or parameter."""
+  unknown_param = re.search(r"Configurable '([\w.]+)' doesn't have a parameter", message)
+  if unknown_param and unknown_param.group(1) in configurables:
+    params = inspect.signature(configurables[unknown_param.group(1)]).parameters
+    return f'{message}\nValid parameters: {", ".join(params)}'
+  if 'No configurable matching' in message:
+    return f'{message}\nValid configurables: {", ".join(configurables)}'
+  return message
+
+
+@contextlib.contextmanager
+def _quiet_search():
+  """gin logs an ERROR for every search path a file is not in; only the final failure matters."""
+  root = logging.getLogger()
+  level = root.level
+  root.setLevel(logging.CRITICAL)
+  try:
+    yield
+  finally:
+    root.setLevel(level)
+
+
+def parse_gin(gin_files: List[str], bindings: List[str], search_paths: Sequence[str] = (),
+              configurables: Mapping[str, Callable] = None):
+  """Applies gin files then bindings; any failure becomes one GinConfigError naming the culprit.
+
+  ``configurables`` adds the caller's own configurables to those named in error messages."""
+  for path in [os.getcwd(), *[p for p in search_paths if p], PACKAGE_DIR]:
+    gin.add_config_file_search_path(path)
+  try:
+    with _quiet_search():
+      gin.parse_config_files_and_bindings(gin_files, bindings)
+  except (IOError, OSError) as e:
+    raise GinConfigError(f'cannot read gin file: {e}. Paths are resolved against the working '
+                         f'directory, --gin_search_paths and {PACKAGE_DIR}') from e
+  except (ValueError, SyntaxError, NameError, TypeError, KeyError) as e:
+    known = {**CONFIGURABLES, **(configurables or {})}
+    raise GinConfigError(f'invalid gin configuration: {_explain(str(e), known)}') from e
+
+
+def build_config() -> TransformerConfig:
+  """The gin-bound TransformerConfig; invalid values fail with their valid choices."""
+  try:
+    return TransformerConfig()
+  except ValueError as e:
+    raise GinConfigError(f'invalid model configuration: {e}') from e
+
+
+def config_from_flags(args, configurables: Mapping[str, Callable] = None) -> TransformerConfig:
+  """The TransformerConfig of parsed gin flags; GinConfigError if invalid."""
+  parse_gin(args.gin_file, args.gin_bindings, args.gin_search_paths.split(','), configurables)
+  return build_config()
+
+
+def import_data_layer():
+  """Imports TensorFlow, kept off the accelerators (they are JAX's), and the data layer. At
+  verbosity 0 the process's stderr is closed while TensorFlow loads: its CUDA probing writes there
+  from C++ whatever TF_CPP_MIN_LOG_LEVEL says. Python errors still raise after it is restored."""
+  saved = None
+  if _verbosity <= 0 and 'tensorflow' not in sys.modules:
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+  try:
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    tf.config.set_visible_devices([], 'GPU')
+    import t5x_variants.data.tasks  # pylint: disable=g-import-not-at-top,unused-import
+  finally:
+    if saved is not None:
+      os.dup2(saved, 2)
+      os.close(saved)
+
+
+def library_configurables(with_data: bool = True) -> Mapping[str, Callable]:
+  """The training library's configurables (and the data layer's), for error messages. Importing
+  the data layer imports TensorFlow, which must not take the accelerators from JAX."""
+  from t5x_variants.train import checkpoints, optimizer, partitioning, predictor, trainer  # pylint: disable=g-import-not-at-top
+  known = {'train': trainer.train, 'Checkpointer': checkpoints.Checkpointer,
+           'MeshConfig': partitioning.MeshConfig, 'make_optimizer': optimizer.make_optimizer,
+           'adafactor': optimizer.adafactor, 'learning_rate_schedule': optimizer.learning_rate_schedule,
+           'DecodeOptions': predictor.DecodeOptions}
+  if with_data:
+    import_data_layer()
+    from t5x_variants.data import corpus, pipeline, tasks, vocab  # pylint: disable=g-import-not-at-top
+    known.update({'DatasetConfig': pipeline.DatasetConfig, 'vocabulary': vocab.vocabulary,
+                  'local_corpus_files': corpus.local_corpus_files,
+                  'register_tasks': tasks.register_tasks})
+  return known
+
+
+def setup(p: argparse.ArgumentParser, argv: Optional[Sequence[str]],
+          configurables: Optional[Mapping[str, Callable]] = None, with_data: bool = True):
+  """(args, TransformerConfig): processes joined, gin applied. ``configurables``: the tool's own
+  (named in error messages)."""
+  args = parse_args(p, argv)
+  initialize_processes(args)
+  known = {**library_configurables(with_data), **(configurables or {})}
+  return args, config_from_flags(args, known)
+
+
+# --- errors ------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def clear_errors(prog: str):
+  """Known failures (bad flags or gin, missing data or checkpoints, non-finite training) exit
+  with status 2 and one line; the traceback is logged at DEBUG."""
+  from t5x_variants.train import checkpoints, trainer  # pylint: disable=g-import-not-at-top
+  try:
+    yield
+  except Exception as e:  # pylint: disable=broad-except
+    known = [ValueError, FileNotFoundError, checkpoints.CheckpointError, trainer.NonFiniteLossError]
+    if 't5x_variants.data.tasks' in sys.modules:  # only when the command used the data layer
+      known.append(sys.modules['t5x_variants.data.tasks'].DataNotFoundError)
+    if 'tensorflow' in sys.modules:
+      known.append(sys.modules['tensorflow'].errors.OpError)
+    if not isinstance(e, tuple(known)):
+      raise
+    logging.getLogger(LOGGER).debug('traceback', exc_info=True)
+    message = getattr(e, 'message', None) or str(e)  # OpError: without the op trace
+    message = message.split('\n  In call to configurable')[0]  # gin's note on where it was called
+    print(f'{prog}: error: {message}', file=sys.stderr)
+    raise SystemExit(2) from None
+
+
+def use_run_vocabulary(checkpoint_path: str):
+  """Tokenize with the vocabulary the run of ``checkpoint_path`` trained with (its
+  ``vocab.model`` copy), if it has one: the embedded vocabulary depends on the Python release."""
+  from t5x_variants.train import checkpoints  # pylint: disable=g-import-not-at-top
+  vocab_file = checkpoints.checkpoint_path(checkpoint_path).parent / 'vocab.model'
+  if vocab_file.exists():
+    with gin.unlock_config():
+      gin.bind_parameter('vocabulary.kind', 'file')
+      gin.bind_parameter('vocabulary.path', str(vocab_file))
+
+
+# --- console-script launcher: transparent huge pages for XLA CPU -------------------------------
+#
+# XLA CPU allocates a step's temporaries afresh on every call: one block of gigabytes that glibc
+# maps anew and the kernel faults in 4 KiB at a time (about a million page faults per step on the
+# CPU reference shape of BENCHMARKS.md, 1-2 s of kernel time). glibc's ``hugetlb`` tunable advises
+# transparent huge pages on such blocks, cutting the faults ~10x. Tunables are read only at
+# process start, so an entry point re-executes itself once with the tunable set, only where JAX's
+# backend will be the CPU: never on a GPU or TPU host, whose host memory this does not concern.
+# ``T5XV_HUGEPAGES=0`` turns it off; it is also skipped where glibc or the kernel's THP are absent.
+
+TUNABLE = 'glibc.malloc.hugetlb=1'
+_THP = '/sys/kernel/mm/transparent_hugepage/enabled'
+_ACCELERATOR_PLUGINS = ('jax_cuda', 'jax_rocm', 'libtpu')  # module name prefixes
+_ACCELERATOR_DEVICES = ('/dev/nvidia[0-9]*', '/dev/kfd', '/dev/accel[0-9]*', '/dev/vfio/[0-9]*')
+
+
+def huge_pages_on(environ=os.environ) -> bool:
+  """Whether this process was started with the tunable."""
+  return TUNABLE in environ.get('GLIBC_TUNABLES', '')
+
+
+def backend_is_cpu(environ=os.environ, plugins=None, devices=None) -> bool:
+  """Whether JAX will run on the CPU, decided without importing it: ``JAX_PLATFORMS`` if set
+  (its first platform), else no accelerator plugin installed (CUDA, ROCm, libtpu) and no
+  accelerator device node (``plugins`` / ``devices``: what is found, for tests)."""
+  platforms = environ.get('JAX_PLATFORMS', '').strip()
+  if platforms:
+    return platforms.split(',')[0].strip() == 'cpu'
+  if plugins is None:
+    plugins = [m.name for m in pkgutil.iter_modules() if m.name.startswith(_ACCELERATOR_PLUGINS)]
+  if devices is None:
+    devices = [d for pattern in _ACCELERATOR_DEVICES for d in glob.glob(pattern)]
+  return not plugins and not devices
+
+
+def wants_reexec(environ=os.environ, **found) -> bool:
+  if environ.get('T5XV_HUGEPAGES', '1') == '0' or huge_pages_on(environ):
+    return False
+  try:
+    glibc = os.confstr('CS_GNU_LIBC_VERSION') or ''
+    with open(_THP) as f:
+      thp = f.read()
+  except (OSError, ValueError):
+    return False
+  return glibc.startswith('glibc') and '[never]' not in thp and backend_is_cpu(environ, **found)
+
+
+def reexec_with_hugepages():
+  """Replaces this process (same pid, arguments and environment plus the tunable) if needed."""
+  if wants_reexec():
+    tunables = os.environ.get('GLIBC_TUNABLES')
+    os.environ['GLIBC_TUNABLES'] = f'{tunables}:{TUNABLE}' if tunables else TUNABLE
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable] + sys.orig_argv[1:])
+
+
+def launcher(command: str) -> Callable[[], int]:
+  """The console-script entry point of ``t5x_variants.cli.<command>``."""
+  def launch():
+    reexec_with_hugepages()
+    return importlib.import_module(f't5x_variants.cli.{command}').main()
+  return launch
+
+
+train, evaluate, infer, bench, quickstart = (
+    launcher(c) for c in ('train', 'eval', 'infer', 'bench', 'quickstart'))

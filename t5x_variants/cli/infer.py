@@ -1,0 +1,70 @@
+"""t5xv-infer: decode a task split or a text file with a checkpoint, to JSONL (T5X's infer.py).
+
+  t5xv-infer --gin_file=RUN/config.gin --gin_file=gin/runs/infer.gin \\
+    --gin.CHECKPOINT_PATH="'RUN'" --gin.INFER_OUTPUT="'RUN/predictions.jsonl'"
+
+Decodes MIXTURE_OR_TASK_NAME's split, or with ``--gin.INPUT_FILE="'texts.txt'"`` one text per
+line. Decoding options: ``DecodeOptions.method = 'greedy' | 'sample' | 'beam'`` and friends.
+Each output line: {"inputs", "prediction", "score", and "targets" for task examples}.
+"""
+import json
+import os
+import sys
+from typing import Mapping, Optional
+
+import gin
+import jax
+import numpy as np
+
+from t5x_variants.cli import common
+from t5x_variants.features import EOS_ID
+from t5x_variants.train.predictor import DecodeOptions, Predictor, decode_examples
+
+
+@gin.configurable(denylist=['config'])
+def infer(config, *, checkpoint_path: str = gin.REQUIRED, output_file: str = gin.REQUIRED,
+          input_file: Optional[str] = None, mixture_or_task_name: Optional[str] = None,
+          split: str = 'validation', task_feature_lengths: Mapping[str, int] = gin.REQUIRED,
+          batch_size: int = 32, max_examples: Optional[int] = None):
+  """Writes one JSON line per example to ``output_file``; returns the number written."""
+  from t5x_variants.data import tasks, vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+  common.use_run_vocabulary(checkpoint_path)
+  predictor = Predictor(config, options=DecodeOptions()).load(checkpoint_path)
+  if input_file:
+    vocab = vocab_lib.vocabulary()
+    with open(input_file) as f:
+      texts = [line.rstrip('\n') for line in f if line.strip()][:max_examples]
+    examples = [{'inputs_pretokenized': t, 'inputs': np.asarray(vocab.encode(t) + [EOS_ID])}
+                for t in texts]
+  elif mixture_or_task_name:
+    task = tasks.get_task_or_mixture(mixture_or_task_name)
+    vocab = task.output_features['targets'].vocabulary
+    examples = tasks.task_examples(task, split, task_feature_lengths, max_examples)
+  else:
+    raise ValueError('infer needs INPUT_FILE (a text per line) or MIXTURE_OR_TASK_NAME')
+  decoded = decode_examples(predictor, vocab, examples, task_feature_lengths['inputs'],
+                            task_feature_lengths['targets'], batch_size)
+  if jax.process_index() == 0:
+    os.makedirs(os.path.dirname(os.path.abspath(output_file)), exist_ok=True)
+    with open(output_file, 'w') as f:
+      for ex in decoded:
+        record = {'inputs': tasks.text(ex['inputs_pretokenized']) if 'inputs_pretokenized' in ex
+                  else vocab.decode([int(t) for t in ex['inputs']]),
+                  'prediction': ex['prediction'], 'score': ex['score']}
+        if 'targets' in ex:
+          record['targets'] = (tasks.text(ex['targets_pretokenized']) if 'targets_pretokenized' in ex
+                               else vocab.decode([int(t) for t in ex['targets']]))
+        f.write(json.dumps(record) + '\n')
+  return len(decoded)
+
+
+def main(argv=None):
+  with common.clear_errors('t5xv-infer'):
+    _, config = common.setup(common.parser('t5xv-infer', __doc__), argv, {'infer': infer})
+    n = infer(config)
+  print(f'wrote {n} predictions')
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

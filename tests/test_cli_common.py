@@ -1,0 +1,68 @@
+"""What every command shares: the launcher's transparent huge pages (CPU hosts only), one-line
+usage errors, and quiet start-up."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from t5x_variants.cli import common, info
+
+
+def test_reexec_is_skipped_when_set_or_turned_off():
+  assert not common.wants_reexec({'GLIBC_TUNABLES': f'glibc.malloc.arena_max=2:{common.TUNABLE}'})
+  assert not common.wants_reexec({'T5XV_HUGEPAGES': '0'})
+
+
+def test_huge_pages_only_where_jax_runs_on_the_cpu():
+  """JAX_PLATFORMS decides when set; else an installed accelerator plugin or device node means
+  a GPU/TPU host, where the CPU tuning is never applied."""
+  assert common.backend_is_cpu({'JAX_PLATFORMS': 'cpu'}, plugins=['jax_cuda12_plugin'])
+  assert not common.backend_is_cpu({'JAX_PLATFORMS': 'cuda,cpu'}, plugins=[], devices=[])
+  assert not common.backend_is_cpu({'JAX_PLATFORMS': 'tpu'}, plugins=[], devices=[])
+  assert not common.backend_is_cpu({}, plugins=['jax_cuda13_plugin'], devices=[])
+  assert not common.backend_is_cpu({}, plugins=['libtpu'], devices=[])
+  assert not common.backend_is_cpu({}, plugins=[], devices=['/dev/nvidia0'])
+  assert common.backend_is_cpu({}, plugins=[], devices=[])
+  assert not common.wants_reexec({}, plugins=['jax_cuda12_plugin'], devices=[])
+
+
+@pytest.mark.skipif(not common.wants_reexec({}), reason='no glibc, no transparent huge pages, or '
+                    'an accelerator here')
+def test_reexec_runs_the_same_command_once_with_the_tunable():
+  code = ('import os; from t5x_variants.cli import common; print("start", os.getpid(), flush=True); '
+          'common.reexec_with_hugepages(); print("tunables", os.getpid(), os.environ["GLIBC_TUNABLES"])')
+  env = {k: v for k, v in os.environ.items() if k not in ('GLIBC_TUNABLES', 'T5XV_HUGEPAGES')}
+  env['GLIBC_TUNABLES'] = 'glibc.malloc.arena_max=4'
+  out = subprocess.run([sys.executable, '-c', code], env=env, capture_output=True, text=True, check=True)
+  lines = out.stdout.split()
+  assert lines.count('start') == 2 and lines.count('tunables') == 1, out.stdout
+  starts = [lines[i + 1] for i, w in enumerate(lines) if w == 'start']
+  assert starts[0] == starts[1] == lines[lines.index('tunables') + 1]  # same process, replaced
+  assert lines[-1] == f'glibc.malloc.arena_max=4:{common.TUNABLE}'
+
+
+def test_console_script_runs_through_the_launcher():
+  script = os.path.join(os.path.dirname(sys.executable), 't5xv-bench')
+  if not os.path.exists(script):
+    pytest.skip('package not installed as console scripts')
+  out = subprocess.run([script, '--help'], capture_output=True, text=True, check=True)
+  assert 't5xv-bench' in out.stdout
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--no_such_flag'], 'unrecognized arguments: --no_such_flag'),
+    (['--gin.TransformerConfig.d_model'], 'expected --gin.KEY=VALUE'),
+])
+def test_a_usage_error_is_one_line_with_status_2(argv, message, capsys):
+  with pytest.raises(SystemExit) as e:
+    info.main(['--gin_file=gin/models/t5_tiny.gin', *argv])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and err.count('\n') == 1 and err.startswith('t5xv-info: error:')
+  assert message in err
+
+
+def test_multiprocess_flags_missing_are_one_error():
+  args = common.parser('t5xv-x', 'doc').parse_args(['--multiprocess_gpu', '--process_count=2'])
+  with pytest.raises(common.UsageError, match='needs --coordinator_address, --process_index'):
+    common.initialize_processes(args)

@@ -1,0 +1,42 @@
+"""One mesh description (``MeshConfig``) and one optimizer (``make_optimizer``), both from gin,
+are what every entry point builds: train, eval/infer (the Predictor) and bench."""
+import gin
+import optax
+import pytest
+
+from conftest import tiny
+from t5x_variants.cli import bench
+from t5x_variants.train import partitioning, predictor
+from train_helpers import records_of, run_train
+
+
+def test_every_entry_point_takes_the_gin_bound_mesh(tmp_path):
+  """On this 1-device process a bound data=2 mesh cannot be built: each entry point says so,
+  which it can only do if it built its mesh from the binding."""
+  gin.bind_parameter('MeshConfig.data', 2)
+  message = 'mesh data=2 x model=1 needs 2 devices, found 1'
+  with pytest.raises(ValueError, match=message):
+    run_train(tmp_path, 1)
+  with pytest.raises(ValueError, match=message):
+    predictor.Predictor(tiny())
+  with pytest.raises(ValueError, match=message):
+    bench.bench(tiny(), 2, {'inputs': 8, 'targets': 8}, steps=1, warmup=0)
+  assert partitioning.MeshConfig(fsdp=True).rules() == partitioning.logical_axis_rules(True)
+
+
+@gin.configurable
+def no_update(params, learning_rate):
+  del params, learning_rate
+  return optax.set_to_zero()
+
+
+def test_the_trainer_takes_the_gin_bound_optimizer(tmp_path):
+  """With ``make_optimizer.optimizer = @no_update`` the parameters never move (with the default
+  Adafactor they do)."""
+  gin.parse_config('make_optimizer.optimizer = @no_update')
+  run_train(tmp_path / 'frozen', 3)
+  norms = [r['param_norm'] for r in records_of(tmp_path / 'frozen')]
+  assert len(norms) == 3 and len(set(norms)) == 1, norms
+  gin.clear_config()
+  run_train(tmp_path / 'adafactor', 3)
+  assert len({r['param_norm'] for r in records_of(tmp_path / 'adafactor')}) == 3

@@ -1,0 +1,91 @@
+"""MetricsLogger's record read back as its readers see it: TensorBoard's own event reader and
+metrics.jsonl."""
+import json
+import math
+import subprocess
+import sys
+import time
+import types
+
+import numpy as np
+
+# TensorBoard reads event files with its TensorFlow stub when this module exists (its
+# no_tensorflow build), so the reader here works the same with and without TensorFlow installed.
+sys.modules.setdefault('tensorboard.compat.notf', types.ModuleType('tensorboard.compat.notf'))
+from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+from t5x_variants.train.metrics import MetricsLogger  # pylint: disable=wrong-import-position
+
+
+def train_metrics(loss):
+  return {'loss': loss, 'accuracy': 0.25, 'learning_rate': 0.01, 'tokens_per_second': 1234.0,
+          'step_time': 0.125}
+
+
+def read_events(model_dir):
+  events = event_accumulator.EventAccumulator(str(model_dir / 'tensorboard'))
+  events.Reload()
+  return events
+
+
+def scalars(events, tag):
+  return [(e.step, e.value) for e in events.Scalars(tag)]
+
+
+def f32(x):
+  return float(np.float32(x))
+
+
+def test_scalars_and_records(tmp_path, capsys):
+  logger = MetricsLogger(str(tmp_path), total_steps=4)
+  started = time.time()
+  logger.train(2, train_metrics(2.718281828), 0, started)
+  logger.eval(2, 'glue_cola', {'loss': float('nan'), 'accuracy': 0.6180339})
+  logger.train(4, train_metrics(1.414213562), 0, started)
+  logger.eval(4, 'glue_cola', {'loss': 3.0, 'accuracy': 0.7071067})
+  logger.close()
+
+  events = read_events(tmp_path)
+  assert sorted(events.Tags()['scalars']) == sorted(
+      [f'train/{k}' for k in train_metrics(0)] + ['eval/glue_cola/loss', 'eval/glue_cola/accuracy'])
+  assert scalars(events, 'train/loss') == [(2, f32(2.718281828)), (4, f32(1.414213562))]
+  assert scalars(events, 'train/tokens_per_second') == [(2, 1234.0), (4, 1234.0)]
+  assert scalars(events, 'eval/glue_cola/accuracy') == [(2, f32(0.6180339)), (4, f32(0.7071067))]
+  (step2, nan), step4 = scalars(events, 'eval/glue_cola/loss')
+  assert step2 == 2 and math.isnan(nan) and step4 == (4, 3.0)  # TensorBoard keeps NaN
+
+  records = [json.loads(l) for l in (tmp_path / 'metrics.jsonl').read_text().splitlines()]
+  assert all(r.pop('time') >= started for r in records)
+  assert records == [
+      {'step': 2, 'kind': 'train', **train_metrics(2.718281828)},
+      {'step': 2, 'kind': 'eval', 'task': 'glue_cola', 'loss': None, 'accuracy': 0.6180339},
+      {'step': 4, 'kind': 'train', **train_metrics(1.414213562)},
+      {'step': 4, 'kind': 'eval', 'task': 'glue_cola', 'loss': 3.0, 'accuracy': 0.7071067}]
+  console = capsys.readouterr().out.splitlines()
+  assert console[0].startswith('step 2/4 loss 2.7183 acc 0.2500 lr 1.00e-02 1,234 tok/s 125 ms/step')
+  assert console[1] == 'eval glue_cola step 2: loss nan accuracy 0.6180'
+
+
+def test_scalars_reach_the_disk_before_close(tmp_path):
+  """A run that is killed keeps what it logged: the event file is flushed within seconds."""
+  logger = MetricsLogger(str(tmp_path), console=False)
+  logger.train(1, train_metrics(0.5), 0, time.time())
+  deadline = time.time() + 10
+  while 'train/loss' not in read_events(tmp_path).Tags()['scalars'] and time.time() < deadline:
+    time.sleep(0.1)
+  assert scalars(read_events(tmp_path), 'train/loss') == [(1, 0.5)]
+  logger.close()
+
+
+def test_a_quick_resume_keeps_both_event_files(tmp_path):
+  for step in (1, 2):
+    logger = MetricsLogger(str(tmp_path), console=False)
+    logger.train(step, train_metrics(step / 4), 0, time.time())
+    logger.close()
+  assert len(list((tmp_path / 'tensorboard').iterdir())) == 2
+  assert scalars(read_events(tmp_path), 'train/loss') == [(1, 0.25), (2, 0.5)]
+
+
+def test_the_logger_does_not_import_tensorflow():
+  code = "import sys, t5x_variants.train.metrics; assert 'tensorflow' not in sys.modules"
+  subprocess.run([sys.executable, '-c', code], check=True)

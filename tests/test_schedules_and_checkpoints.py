@@ -1,0 +1,179 @@
+"""Learning-rate schedules against their closed forms (eagerly and under jit), and the
+Checkpointer's period, force, keep-N and checkpoint listing on a tiny state."""
+import functools
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from t5x_variants.train import checkpoints, optimizer
+
+STEPS = np.arange(0, 1201, dtype=np.int32)
+
+
+def closed_form(steps, name, base, warmup_steps=0, total_steps=None, decay_fraction=0.0):
+  """The schedule in float64: base / sqrt(max(step, warmup)) or base, times
+  clip((total - step) / (fraction * total), 0, 1) with a decay."""
+  step = steps.astype(np.float64)
+  lr = (base / np.sqrt(np.maximum(step, warmup_steps)) if name == 'rsqrt'
+        else np.full_like(step, base))
+  if decay_fraction:
+    lr = lr * np.clip((total_steps - step) / (decay_fraction * total_steps), 0, 1)
+  return lr
+
+
+def float32_formula(step, name, base, warmup_steps=0, total_steps=None, decay_fraction=0.0):
+  """The same formula in float32 jnp ops, as the schedule computed it before it was built from
+  optax pieces: XLA rounds it a few ulps away from float64 (it divides by a constant as a
+  multiplication by its reciprocal, and under jit a / sqrt(x) as a * rsqrt(x))."""
+  step = jnp.asarray(step, jnp.float32)
+  lr = (base / jnp.sqrt(jnp.maximum(step, warmup_steps)) if name == 'rsqrt'
+        else jnp.full_like(step, base))
+  if decay_fraction:
+    lr = lr * jnp.clip((total_steps - step) / (decay_fraction * total_steps), 0.0, 1.0)
+  return lr
+
+
+CONFIGS = [
+    dict(name='rsqrt', base=1.0, warmup_steps=100),
+    dict(name='rsqrt', base=1.0, warmup_steps=100, total_steps=1000, decay_fraction=0.1),
+    dict(name='rsqrt', base=0.7, warmup_steps=33, total_steps=1005, decay_fraction=0.37),
+    dict(name='constant', base=1e-3),
+    dict(name='constant', base=0.03, total_steps=1000, decay_fraction=0.1),
+]
+
+
+def as_f32(values, steps=STEPS):
+  """A schedule's output over ``steps`` as float32 (a constant schedule gives one Python float)."""
+  return np.broadcast_to(np.asarray(values, np.float32), steps.shape)
+
+
+@pytest.mark.parametrize('config', CONFIGS, ids=lambda c: '-'.join(map(str, c.values())))
+def test_schedules_equal_their_formulas_at_every_step(config):
+  """The float32 formula to within an ulp or two (XLA may rewrite a division), eagerly and under
+  jit with a traced int32 step (as the train step calls it); within float32 rounding of the
+  float64 closed form, exactly 0 from ``total_steps`` on and positive before."""
+  schedule = optimizer.learning_rate_schedule(**config)
+  formula = functools.partial(float32_formula, **config)
+  eager = as_f32(schedule(STEPS))
+  np.testing.assert_allclose(eager, formula(STEPS), rtol=4e-7, atol=0)
+  few = STEPS[::37]
+  np.testing.assert_allclose(as_f32([schedule(int(s)) for s in few], few),
+                             as_f32([formula(int(s)) for s in few], few), rtol=4e-7, atol=0)
+  jitted = as_f32(jax.jit(jax.vmap(schedule))(jnp.asarray(STEPS)))
+  np.testing.assert_allclose(jitted, jax.jit(jax.vmap(formula))(jnp.asarray(STEPS)), rtol=4e-7,
+                             atol=0)
+  want = closed_form(STEPS, **config)
+  for got in (eager, jitted):
+    np.testing.assert_allclose(got, want, rtol=4e-7, atol=0)
+    np.testing.assert_array_equal(got == 0, want == 0)
+  if config.get('total_steps'):
+    assert not want[STEPS >= config['total_steps']].any()
+    assert want[STEPS < config['total_steps']].all()
+
+
+def test_schedule_landmarks():
+  """The values named in the papers' and T5's settings, eagerly and under jit."""
+  rsqrt = optimizer.learning_rate_schedule('rsqrt', base=1.0, warmup_steps=100)
+  glu = optimizer.learning_rate_schedule('rsqrt', base=1.0, warmup_steps=100, total_steps=1000,
+                                         decay_fraction=0.1)
+  for schedule in (rsqrt, jax.jit(rsqrt)):
+    assert schedule(jnp.int32(0)) == np.float32(0.1) == schedule(jnp.int32(100))
+    assert schedule(jnp.int32(400)) == np.float32(0.05)
+  assert glu(400) == rsqrt(400) and glu(900) == rsqrt(900)  # the decay starts at 900
+  assert glu(950) == np.float32(1 / np.sqrt(np.float32(950))) * np.float32(0.5)
+  for step in (1000, 1001, 5000):
+    assert glu(step) == 0 and jax.jit(glu)(jnp.int32(step)) == 0
+  t5 = optimizer.learning_rate_schedule('rsqrt', base=1.0, warmup_steps=10_000,
+                                        total_steps=100_000, decay_fraction=0.1)
+  for schedule in (t5, jax.jit(t5)):
+    assert schedule(jnp.int32(0)) == np.float32(0.01) == schedule(jnp.int32(10_000))
+    assert schedule(jnp.int32(40_000)) == np.float32(0.005)
+    assert schedule(jnp.int32(95_000)) == pytest.approx(0.5 / np.sqrt(95_000), rel=1e-6)
+    assert schedule(jnp.int32(100_000)) == 0
+  constant = optimizer.learning_rate_schedule('constant', base=1e-3)
+  assert np.float32(constant(123)) == np.float32(1e-3) == jax.jit(constant)(jnp.int32(123))
+
+
+def test_schedule_errors():
+  with pytest.raises(ValueError, match="unknown schedule 'cosine'; valid: rsqrt, constant"):
+    optimizer.learning_rate_schedule('cosine')
+  with pytest.raises(ValueError, match='decay_fraction needs total_steps'):
+    optimizer.learning_rate_schedule('rsqrt', decay_fraction=0.1)
+
+
+class State(flax.struct.PyTreeNode):
+  step: jax.Array
+  params: Any
+
+
+def state(step):
+  return State(step=jnp.int32(step), params={'w': jnp.full((2, 3), step, jnp.float32),
+                                             'b': jnp.arange(3, dtype=jnp.int32) + step})
+
+
+def names(paths):
+  return [p.name for p in paths]
+
+
+def test_checkpointer_saves_period_steps_and_forced_steps_once(tmp_path):
+  ckpt = checkpoints.Checkpointer(str(tmp_path), period=3, keep=None)
+  saved = [step for step in range(1, 8) if ckpt.save(step, state(step))]
+  assert saved == [3, 6]  # not step 1, although the run had no checkpoint yet
+  assert ckpt.save(7, state(7), force=True)
+  assert not ckpt.save(7, state(7), force=True)  # the final step saved again: refused
+  assert not ckpt.save(6, state(6)) and not ckpt.save(6, state(6), force=True)
+  ckpt.close()
+  assert ckpt.steps() == [3, 6, 7]
+  assert names(checkpoints.list_checkpoints(str(tmp_path))) == [
+      'checkpoint_3', 'checkpoint_6', 'checkpoint_7']
+
+
+def test_checkpointer_keeps_the_last_two_and_restores_the_newest(tmp_path):
+  ckpt = checkpoints.Checkpointer(str(tmp_path), period=1, keep=2)
+  for step in range(1, 6):
+    assert ckpt.save(step, state(step))
+  ckpt.close()
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['checkpoint_4', 'checkpoint_5']
+  resumed = checkpoints.Checkpointer(str(tmp_path), period=1, keep=2)
+  restored, step = resumed.restore_latest(state(0))
+  resumed.close()
+  assert step == 5
+  jax.tree_util.tree_map(np.testing.assert_array_equal, restored, state(5))
+
+
+def test_listing_skips_unreadable_unfinished_and_stray_entries(tmp_path):
+  ckpt = checkpoints.Checkpointer(str(tmp_path), period=2, keep=None)
+  for step in (2, 4, 6):
+    ckpt.save(step, state(step))
+  ckpt.close()
+  (tmp_path / 'checkpoint_7.unreadable' / 'state').mkdir(parents=True)
+  (tmp_path / 'checkpoint_8.orbax-checkpoint-tmp-1234' / 'state').mkdir(parents=True)
+  (tmp_path / 'checkpoint_x').write_text('')
+  (tmp_path / 'checkpoint_9').write_text('')
+  (tmp_path / 'checkpoint_10_old').mkdir()
+  assert names(checkpoints.list_checkpoints(str(tmp_path))) == [
+      'checkpoint_2', 'checkpoint_4', 'checkpoint_6']
+  assert checkpoints.checkpoint_path(str(tmp_path)) == tmp_path / 'checkpoint_6'
+  assert checkpoints.checkpoint_path(str(tmp_path / 'checkpoint_4')) == tmp_path / 'checkpoint_4'
+  reopened = checkpoints.Checkpointer(str(tmp_path), period=2)
+  assert reopened.steps() == [2, 4, 6]
+  reopened.close()
+  params = checkpoints.restore_params(str(tmp_path), state(0).params)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, params, state(6).params)
+
+
+@pytest.mark.parametrize('where', ['empty', 'missing', 'only_unreadable'])
+def test_a_run_dir_without_checkpoints_is_a_clear_error(tmp_path, where):
+  run_dir = tmp_path / 'run'
+  if where != 'missing':
+    run_dir.mkdir()
+  if where == 'only_unreadable':
+    (run_dir / 'checkpoint_7.unreadable' / 'state').mkdir(parents=True)
+  assert checkpoints.list_checkpoints(str(run_dir)) == []
+  with pytest.raises(checkpoints.CheckpointError,
+                     match=r'no checkpoint at .*run: expected a checkpoint_<step> directory'):
+    checkpoints.checkpoint_path(str(run_dir))
