@@ -24,7 +24,6 @@ from typing import Callable, Iterable, Iterator, Mapping, Optional, Tuple
 import gin
 import jax
 import numpy as np
-from jax.experimental import multihost_utils
 
 from t5x_variants.models import build_model, init_inputs
 from t5x_variants.models.config import TransformerConfig
@@ -43,11 +42,13 @@ class NonFiniteLossError(RuntimeError):
 
 class _Preemption:
   """Set by SIGTERM or SIGINT. With several processes, all of them must stop after the same step:
-  jax's preemption sync point decides. It hears of SIGTERM through the handler jax.distributed
-  registers, so SIGTERM is left to that handler and SIGINT is passed on to it as a SIGTERM."""
+  jax's preemption sync point decides (asked through orbax's checkpoint manager). It hears of
+  SIGTERM through the handler jax.distributed registers, so SIGTERM is left to that handler and
+  SIGINT is passed on to it as a SIGTERM."""
 
-  def __init__(self):
+  def __init__(self, ckpt: checkpoints.Checkpointer):
     self.signal = None
+    self.ckpt = ckpt
     self.multiprocess = jax.process_count() > 1
 
   def __enter__(self):
@@ -67,7 +68,7 @@ class _Preemption:
 
   def reached(self, step: int) -> bool:
     if self.multiprocess:
-      return multihost_utils.reached_preemption_sync_point(step)
+      return self.ckpt.manager.reached_preemption(step)
     return self.signal is not None
 
 
@@ -170,7 +171,7 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
 
   # The device queue stays full: step N's metrics are read after step N+1 is dispatched. Only a
   # step whose state is used at once (checkpoint, eval, stop) is read before the next dispatch.
-  with _Preemption() as preemption:
+  with _Preemption(ckpt) as preemption:
     while step < total_steps:
       batch = next(data, None)
       if batch is None:
