@@ -9,5 +9,5 @@ import os
 import sys
 
 if os.environ.get('T5XV_VERBOSITY', '0') == '0' and not any(
-    a.startswith('--verbosity') and a not in ('--verbosity=0',) for a in sys.argv[1:]):
+    a.startswith('--verbosity') and a != '--verbosity=0' for a in sys.argv[1:]):
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')

@@ -26,7 +26,6 @@ import jax
 import numpy as np
 
 from t5x_variants.cli import common
-from t5x_variants.features import STACKS
 from t5x_variants.models import build_model, flops, init_inputs
 from t5x_variants.train import optimizer, partitioning, train_step
 
@@ -158,7 +157,7 @@ def main(argv=None):
   with common.clear_errors('t5xv-bench'):
     args, config = common.setup(parser, argv, with_data=False)
     feature = {'encoder': 'inputs', 'decoder': 'targets'}
-    lengths = {feature[s]: getattr(args, f'{feature[s]}_length') for s in STACKS[config.architecture]}
+    lengths = {feature[s]: getattr(args, f'{feature[s]}_length') for s in config.stacks}
     peak = (args.peak_tflops, 'given with --peak_tflops') if args.peak_tflops else None
     result = bench(config, args.batch, lengths, args.steps, args.warmup, peak=peak,
                    with_profile=args.profile)

@@ -102,6 +102,7 @@ class _DropNoise(logging.Filter):
     return not any(n in record.getMessage() for n in _NOISE)
 
 
+_DROP_NOISE = _DropNoise()  # one instance: adding it to a handler twice is a no-op
 _verbosity = 0
 
 
@@ -115,15 +116,15 @@ def set_verbosity(verbosity: int):
   root = logging.getLogger()
   root.setLevel(logging.INFO if verbosity > 0 else logging.WARNING)
   logging.getLogger(LOGGER).setLevel(logging.INFO)
-  for handler in root.handlers:
-    if verbosity <= 0 and not any(isinstance(f, _DropNoise) for f in handler.filters):
-      handler.addFilter(_DropNoise())
+  handlers = list(root.handlers)
   try:  # absl (used by orbax, seqio, TFDS) logs through Python logging once its handler is set
     from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
     absl_logging.set_verbosity('info' if verbosity > 0 else 'warning')
-    absl_logging.get_absl_handler().addFilter(_DropNoise())
+    handlers.append(absl_logging.get_absl_handler())
   except ImportError:
     pass
+  for handler in handlers:
+    (handler.addFilter if verbosity <= 0 else handler.removeFilter)(_DROP_NOISE)
 
 
 # --- processes ---------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ RESULTS = 'eval_results.json'
 def teacher_forced(predictor, task_name: str, split: str, lengths, batch_size: int,
                    max_batches: Optional[int]):
   """Loss, log-perplexity, accuracy over the split (every example once)."""
-  from t5x_variants.data import pipeline, tasks  # pylint: disable=g-import-not-at-top
+  from t5x_variants.data import pipeline  # pylint: disable=g-import-not-at-top
   batches = pipeline.eval_batches(task_name, lengths, predictor.config.architecture, batch_size, split)
   return evaluation.evaluate(predictor.eval_step, predictor.params, batches, predictor.mesh,
                              max_batches)
@@ -39,7 +39,7 @@ def teacher_forced(predictor, task_name: str, split: str, lengths, batch_size: i
 def inference_metrics(predictor, task, split: str, lengths, batch_size: int,
                       max_examples: Optional[int]):
   """The task's own metrics of greedy (or DecodeOptions) predictions, after its postprocessor."""
-  from t5x_variants.data import pipeline, tasks  # pylint: disable=g-import-not-at-top
+  from t5x_variants.data import tasks  # pylint: disable=g-import-not-at-top
   examples = tasks.task_examples(task, split, lengths, max_examples)
   vocab = task.output_features['targets'].vocabulary
   decoded = decode_examples(predictor, vocab, examples, lengths['inputs'], lengths['targets'],
@@ -61,7 +61,7 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
                          max_batches: Optional[int] = None, max_examples: Optional[int] = None,
                          inference: bool = True, z_loss: float = 0.0):
   """{step: {task: metrics}} of the checkpoints evaluated by this call."""
-  from t5x_variants.data import pipeline, tasks  # pylint: disable=g-import-not-at-top
+  from t5x_variants.data import tasks  # pylint: disable=g-import-not-at-top
   common.use_run_vocabulary(checkpoint_path)
   paths = [checkpoints.checkpoint_path(checkpoint_path)]
   run_dir = paths[0].parent

@@ -31,13 +31,14 @@ def main(argv=None):
     argv.remove(arg)
   from t5x_variants.cli import eval as eval_cli, infer, train  # pylint: disable=g-import-not-at-top
   predictions = os.path.join(model_dir, 'predictions.jsonl')
-  run = [f"--gin.MODEL_DIR='{model_dir}'"]
-  from_run = [f'--gin_file={os.path.join(model_dir, "config.gin")}', f"--gin.CHECKPOINT_PATH='{model_dir}'"]
+  run_config = f'--gin_file={os.path.join(model_dir, "config.gin")}'
+  checkpoints = f"--gin.CHECKPOINT_PATH='{model_dir}'"
   steps = [
-      (train.main, ['--gin_file=gin/experiments/quickstart.gin', *run, *argv]),
-      (eval_cli.main, [*from_run[:1], '--gin_file=gin/runs/eval.gin', *from_run[1:],
+      (train.main, ['--gin_file=gin/experiments/quickstart.gin', f"--gin.MODEL_DIR='{model_dir}'",
+                    *argv]),
+      (eval_cli.main, [run_config, '--gin_file=gin/runs/eval.gin', checkpoints,
                        '--gin.EVAL_ALL=True']),
-      (infer.main, [*from_run[:1], '--gin_file=gin/runs/infer.gin', *from_run[1:],
+      (infer.main, [run_config, '--gin_file=gin/runs/infer.gin', checkpoints,
                     f"--gin.INFER_OUTPUT='{predictions}'", '--gin.infer.max_examples=2']),
   ]
   for command, args in steps:

@@ -1,11 +1,12 @@
 """Device mesh and logical-axis rules: the one place that says how arrays are sharded.
 
 ``MeshConfig`` (gin) is the one mesh description every command uses (train, eval, infer, bench):
-axes ('data', 'model') and whether parameters are also split over 'data' (fsdp). Logical names on every parameter (``embed``, ``mlp``,
-``heads``, ...) map to mesh axes by T5X's standard rules: with model=1 this is data parallelism
-with replicated parameters; with model>1 the heads / mlp / vocab dimensions are split over
-'model' (1-D parameter partitioning) and, with ``fsdp=True``, ``embed`` is also split over 'data'
-(2-D). Axes absent from the rules (``layers``, ``kv``, synthesizer ``length`` ...) are replicated.
+axes ('data', 'model') and whether parameters are also split over 'data' (fsdp). Logical names
+on every parameter (``embed``, ``mlp``, ``heads``, ...) map to mesh axes by T5X's standard rules:
+with model=1 this is data parallelism with replicated parameters; with model>1 the heads / mlp /
+vocab dimensions are split over 'model' (1-D parameter partitioning) and, with ``fsdp=True``,
+``embed`` is also split over 'data' (2-D). Axes absent from the rules (``layers``, ``kv``,
+synthesizer ``length`` ...) are replicated.
 """
 import dataclasses
 from typing import Sequence, Tuple

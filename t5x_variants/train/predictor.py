@@ -33,7 +33,8 @@ class DecodeOptions:
 
 
 class Predictor:
-  """``config``'s model on the mesh (default: the gin-bound ``MeshConfig``); ``load`` puts a checkpoint's parameters on it."""
+  """``config``'s model on the mesh (default: the gin-bound ``MeshConfig``); ``load`` puts a
+  checkpoint's parameters on it."""
 
   def __init__(self, config: TransformerConfig, mesh: partitioning.MeshConfig = None,
                options: DecodeOptions = None, z_loss: float = 0.0):
