@@ -53,8 +53,11 @@ def test_quickstart_trains_evaluates_and_decodes_quietly(quickstart):
           'metrics.jsonl', 'tensorboard', 'eval_results.json', 'predictions.jsonl'} <= names, names
   with open(os.path.join(run_dir, 'eval_results.json')) as f:
     results = json.load(f)
+  best = results.pop('best')['embedded_span_corruption']
   loss = {s: r['embedded_span_corruption']['loss'] for s, r in results.items()}
   assert set(loss) == {'20', '40'} and loss['40'] < loss['20']  # the checkpoints' weights were read
+  assert best['loss'] == {'value': loss['40'], 'step': 40}  # the best checkpoint per metric
+  assert 'best of 2 checkpoint(s), embedded_span_corruption: accuracy' in out
   assert 'tok/s' in out and 'eta' in out and 'evaluated 2 checkpoint(s)' in out
   assert out.count('prediction: ') == 2 and 'wrote 2 predictions' in out
   assert not [n for n in NOISE if n in out + err], err  # only the project's lines
@@ -98,7 +101,7 @@ def test_finetune_on_local_glue_and_eval_its_accuracy(quickstart, tmp_path):
           "--gin.MIXTURE_OR_TASK_NAME='glue_sst2_local'", '--gin.TRAIN_STEPS=30', '--gin.BATCH_SIZE=6',
           "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 4}", '--gin.train.log_period=10',
           '--gin.train.eval_period=0', '--gin.Checkpointer.period=30',
-          '--gin.learning_rate_schedule.base=0.01', "--gin.adafactor.frozen=['token_embedder']", env=env)
+          '--gin.learning_rate_schedule.base=0.01', "--gin.make_optimizer.frozen=['token_embedder']", env=env)
   first = records(run_dir, 'train')[0]
   assert first['step'] == 10  # a fresh step count: parameters only came from the checkpoint
   command('t5xv-eval', f'--gin_file={run_dir}/config.gin', '--gin_file=gin/runs/eval.gin',
@@ -117,3 +120,26 @@ def test_unknown_gin_binding_is_one_line(tmp_path, capsys):
   assert 'totl_steps' in err and 'Valid parameters' in err
   assert err.startswith('t5xv-train: error:') and err.count('error') == 1, err
   assert not os.listdir(tmp_path)  # nothing was written
+
+
+def test_a_model_vocabulary_smaller_than_the_data_is_one_line(tmp_path, capsys):
+  """The embedded vocabulary has 4100 ids: a 4000-row embedding is refused before any step."""
+  with pytest.raises(SystemExit) as e:
+    train.main(['--gin_file=gin/experiments/quickstart.gin', *TINY_RUN,
+                f"--gin.MODEL_DIR='{tmp_path}'", '--gin.TransformerConfig.vocab_size=4000'])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and err.count('\n') == 1, err
+  assert 'the model vocab_size 4000 is smaller than the vocabulary of embedded_span_corruption ' \
+         '(4100 ids); set TransformerConfig.vocab_size >= 4100 (e.g. 4224' in err
+  assert not os.listdir(tmp_path)
+
+
+def test_best_over_checkpoints_takes_the_lowest_loss_and_the_highest_score():
+  results = {'10': {'rte': {'loss': 1.0, 'accuracy': 60.0, 'num_tokens': 5.0}},
+             '20': {'rte': {'loss': 0.5, 'accuracy': 55.0, 'num_tokens': 5.0},
+                    'cola': {'mcc': 30.0, 'log_perplexity': 2.0}},
+             '30': {'cola': {'mcc': 42.0, 'log_perplexity': 2.5}},
+             'best': {'stale': {}}}
+  assert eval_cli.best_over_checkpoints(results) == {
+      'rte': {'loss': {'value': 0.5, 'step': 20}, 'accuracy': {'value': 60.0, 'step': 10}},
+      'cola': {'mcc': {'value': 42.0, 'step': 30}, 'log_perplexity': {'value': 2.0, 'step': 20}}}

@@ -25,8 +25,8 @@ def test_every_entry_point_takes_the_gin_bound_mesh(tmp_path):
 
 
 @gin.configurable
-def no_update(params, learning_rate):
-  del params, learning_rate
+def no_update(learning_rate):
+  del learning_rate
   return optax.set_to_zero()
 
 

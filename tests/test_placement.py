@@ -52,16 +52,22 @@ def test_pre_and_post_have_unit_constants_and_gin_overrides_apply():
   assert consts['encoder'][1] == pytest.approx(0.87 * (2**4 * 2)**(-1 / 16))
 
 
-@pytest.mark.parametrize('placement', ['deepnorm', 'subln'])
-def test_xavier_init_std_matches_the_gains(placement):
+@pytest.mark.parametrize('placement,subln_cross', [('deepnorm', False), ('subln', False), ('subln', True)])
+def test_xavier_init_std_matches_the_gains(placement, subln_cross):
   """xavier-normal std = gain * sqrt(2 / (fan_in + fan_out)): gain beta (DeepNorm) or gamma
-  (Sub-LN) on FFN, value and output projections (cross-attention too, with the decoder's gain);
-  gain 1 on query and key."""
+  (Sub-LN) on FFN, value and output projections, gain 1 on query and key. Cross-attention gets
+  the decoder's beta under DeepNorm (DeepNet's code) but gain 1 and no inner LN under Sub-LN
+  (Magneto's code) unless ``subln_cross_attention``."""
   c = tiny(d_model=256, num_heads=4, head_dim=64, d_ff=1024, vocab_size=16, num_encoder_layers=6,
-           num_decoder_layers=6, placement=placement, init_scheme='xavier')
+           num_decoder_layers=6, placement=placement, init_scheme='xavier',
+           subln_cross_attention=subln_cross)
   model, params = init_params(c, jnp.ones((1, 4), jnp.int32), jnp.ones((1, 4), jnp.int32))
   consts = c.residual_constants()
   assert consts == residual_constants(placement, 'encoder_decoder', 6, 6)
+  cross_gain = consts['decoder'][1] if placement == 'deepnorm' or subln_cross else 1.0
+  cross = params['decoder']['layers']['encoder_decoder_attention']
+  assert ('inner_layer_norm' in cross) == subln_cross
+  assert ('inner_layer_norm' in params['decoder']['layers']['self_attention']) == (placement == 'subln')
   xavier = lambda fi, fo: math.sqrt(2 / (fi + fo))
   checks = [
       ('encoder', ('self_attention', 'query'), 1.0, xavier(256, 256)),
@@ -72,8 +78,8 @@ def test_xavier_init_std_matches_the_gains(placement):
       ('encoder', ('mlp', 'wo'), consts['encoder'][1], xavier(1024, 256)),
       ('decoder', ('self_attention', 'value'), consts['decoder'][1], xavier(256, 256)),
       ('decoder', ('encoder_decoder_attention', 'query'), 1.0, xavier(256, 256)),
-      ('decoder', ('encoder_decoder_attention', 'value'), consts['decoder'][1], xavier(256, 256)),
-      ('decoder', ('encoder_decoder_attention', 'out'), consts['decoder'][1], xavier(256, 256)),
+      ('decoder', ('encoder_decoder_attention', 'value'), cross_gain, xavier(256, 256)),
+      ('decoder', ('encoder_decoder_attention', 'out'), cross_gain, xavier(256, 256)),
       ('decoder', ('mlp', 'wo'), consts['decoder'][1], xavier(1024, 256)),
   ]
   for stack, path, gain, std in checks:

@@ -98,11 +98,57 @@ def test_schedule_landmarks():
   assert np.float32(constant(123)) == np.float32(1e-3) == jax.jit(constant)(jnp.int32(123))
 
 
+def warmup_closed_form(steps, name, base, warmup_steps, total_steps=None, d_model=None, end_value=0.0):
+  """The warmup schedules in float64 from their papers' formulas."""
+  s = steps.astype(np.float64)
+  if name == 'noam':  # Vaswani et al. 2017, Eq. 3 (peak-normalised without d_model)
+    scale = d_model**-0.5 if d_model else np.sqrt(warmup_steps)
+    return base * scale * np.minimum(np.maximum(s, 1) ** -0.5, s * warmup_steps**-1.5)
+  progress = np.clip((s - warmup_steps) / (total_steps - warmup_steps), 0, 1)
+  decay = 1 - progress if name == 'linear' else 0.5 * (1 + np.cos(np.pi * progress))
+  return np.where(s < warmup_steps, base * s / max(warmup_steps, 1), end_value + (base - end_value) * decay)
+
+
+WARMUP_CONFIGS = [
+    dict(name='noam', base=2.0, warmup_steps=400, d_model=512),
+    dict(name='noam', base=5e-4, warmup_steps=400),
+    dict(name='linear', base=1e-3, warmup_steps=100, total_steps=1000),
+    dict(name='linear', base=1e-3, warmup_steps=0, total_steps=1000, end_value=1e-5),
+    dict(name='cosine', base=1e-3, warmup_steps=100, total_steps=1000),
+    dict(name='cosine', base=1e-3, warmup_steps=100, total_steps=1000, end_value=1e-4),
+]
+
+
+@pytest.mark.parametrize('config', WARMUP_CONFIGS, ids=lambda c: '-'.join(map(str, c.values())))
+def test_warmup_schedules_equal_their_formulas(config):
+  """Noam, warmup + linear and warmup + cosine: the float64 formulas to float32 rounding, eagerly
+  and under jit; 0 at step 0, the peak ``base`` at the end of the warmup (Noam with d_model:
+  base * (d_model * warmup)^-0.5), ``end_value`` from ``total_steps`` on, never negative."""
+  schedule = optimizer.learning_rate_schedule(**config)
+  want = warmup_closed_form(STEPS, **config)
+  for got in (as_f32(schedule(STEPS)), as_f32(jax.jit(jax.vmap(schedule))(jnp.asarray(STEPS)))):
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6 * config['base'])  # fp32 near 0
+    assert (got >= 0).all()
+  w = config['warmup_steps']
+  peak = config['base'] * (config['d_model'] * w) ** -0.5 if config.get('d_model') else config['base']
+  assert float(schedule(w)) == pytest.approx(peak, rel=1e-6)
+  assert float(schedule(w)) == pytest.approx(want.max(), rel=1e-6)
+  if w:
+    assert float(schedule(0)) == 0
+  if config.get('total_steps'):
+    for step in (config['total_steps'], config['total_steps'] + 200):
+      assert float(jax.jit(schedule)(jnp.int32(step))) == pytest.approx(config.get('end_value', 0.0), rel=1e-6)
+
+
 def test_schedule_errors():
-  with pytest.raises(ValueError, match="unknown schedule 'cosine'; valid: rsqrt, constant"):
-    optimizer.learning_rate_schedule('cosine')
-  with pytest.raises(ValueError, match='decay_fraction needs total_steps'):
+  with pytest.raises(ValueError, match="unknown schedule 'exp'; valid: rsqrt, constant, noam"):
+    optimizer.learning_rate_schedule('exp')
+  with pytest.raises(ValueError, match='with decay_fraction needs learning_rate_schedule.total_steps'):
     optimizer.learning_rate_schedule('rsqrt', decay_fraction=0.1)
+  with pytest.raises(ValueError, match="'cosine' needs learning_rate_schedule.total_steps"):
+    optimizer.learning_rate_schedule('cosine')
+  with pytest.raises(ValueError, match=r'warmup_steps 1000 must be in \[0, total_steps 1000\)'):
+    optimizer.learning_rate_schedule('linear', warmup_steps=1000, total_steps=1000)
 
 
 class State(flax.struct.PyTreeNode):

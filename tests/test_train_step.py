@@ -49,7 +49,7 @@ def test_adafactor_never_factors_the_layers_axis_and_equals_per_layer_updates():
   c = tiny(d_model=128, num_heads=2, head_dim=64, d_ff=256, vocab_size=16,
            num_encoder_layers=3, architecture='encoder_only')
   _, params = init_params(c, tokens(1, 4, vocab=16))
-  tx = optimizer.adafactor(params, learning_rate=0.01)
+  tx = optimizer.make_optimizer(params, learning_rate=0.01)
   state = tx.init(params)
   shapes = {tuple(x.shape) for x in jax.tree_util.tree_leaves(state)}
   assert (3, 128) in shapes and (3, 256) in shapes  # v_row / v_col of wi (3, 128, 256), per layer
@@ -66,7 +66,7 @@ def test_adafactor_never_factors_the_layers_axis_and_equals_per_layer_updates():
 def test_fixed_random_synthesizer_gets_no_update():
   c = tiny(architecture='encoder_only', self_attention=('fixed_random', 'dot_product'))
   _, params = init_params(c, tokens(1, 4))
-  tx = optimizer.adafactor(params, learning_rate=0.01)
+  tx = optimizer.make_optimizer(params, learning_rate=0.01)
   grads = jax.tree_util.tree_map(jnp.ones_like, params)
   updates, _ = tx.update(grads, tx.init(params), params)
   sa = updates['encoder']['layers']['self_attention']
@@ -105,14 +105,17 @@ def test_a_non_finite_step_is_skipped():
 
 @pytest.mark.slow
 def test_sharded_mesh_matches_a_single_device():
-  """data=4 x model=2 on 8 host-platform devices gives the losses of one device."""
+  """data=4 x model=2 on 8 host-platform devices gives the losses of one device, with Adafactor,
+  Adam and AdamW; their statistics are sharded like the parameter."""
   script = os.path.join(os.path.dirname(__file__), 'mesh_equivalence.py')
   out = subprocess.run([sys.executable, script], capture_output=True, text=True, check=True)
-  result = json.loads(out.stdout.strip().splitlines()[-1])
-  assert result['spec'] == ['None', 'None', 'model']  # (layers, embed, mlp): mlp over 'model'
-  assert result['stat_spec'] == ['None', 'None', 'model']  # its Adafactor statistic: the same
-  np.testing.assert_allclose(result['sharded'], result['single'], rtol=1e-5)
-  assert result['sharded'][2] < result['sharded'][0]
+  results = json.loads(out.stdout.strip().splitlines()[-1])
+  assert sorted(results) == ['adafactor', 'adam', 'adamw']
+  for result in results.values():
+    assert result['spec'] == ['None', 'None', 'model']  # (layers, embed, mlp): mlp over 'model'
+    assert result['stat_spec'] == ['None', 'None', 'model']  # its optimizer statistic: the same
+    np.testing.assert_allclose(result['sharded'], result['single'], rtol=1e-5)
+    assert result['sharded'][2] < result['sharded'][0]
 
 
 def test_factored_adafactor_statistics_follow_their_parameter_sharding():
@@ -122,7 +125,7 @@ def test_factored_adafactor_statistics_follow_their_parameter_sharding():
   spec = PartitionSpec(None, None, 'model')
   params = {'k': jax.ShapeDtypeStruct((2, 256, 512), jnp.float32,
                                       sharding=NamedSharding(mesh, spec))}
-  stats = jax.eval_shape(optimizer.adafactor(params, learning_rate=0.01).init, params)
+  stats = jax.eval_shape(optimizer.make_optimizer(params, learning_rate=0.01).init, params)
   specs = {jax.tree_util.keystr(p): tuple(s.spec) for p, s in jax.tree_util.tree_leaves_with_path(
       partitioning.follow_param_shardings(stats, params, mesh))}
   shapes = {jax.tree_util.keystr(p): x.shape for p, x in jax.tree_util.tree_leaves_with_path(stats)}

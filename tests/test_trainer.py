@@ -17,20 +17,13 @@ import time
 import gin
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 
 from conftest import tiny
 from t5x_variants.train import checkpoints, trainer
-from train_helpers import StepBatches, records_of as records, run_train, train_losses
+from train_helpers import StepBatches, records_of as records, run_train, saved_state, train_losses
 
 SCRIPT = os.path.join(os.path.dirname(__file__), 'trainer_subprocess.py')
-
-
-def saved_state(checkpoint):
-  """The TrainState tree of a checkpoint saved on this process's devices, as numpy."""
-  with ocp.PyTreeCheckpointer() as ckptr:
-    return jax.tree_util.tree_map(np.asarray, ckptr.restore(os.path.join(checkpoint, 'state')))
 
 
 @pytest.fixture
@@ -195,7 +188,7 @@ def test_a_checkpoint_of_other_optimizer_settings_is_an_error_not_a_restart(refe
   ref_dir, _, _ = reference
   model_dir = tmp_path / 'run'
   shutil.copytree(ref_dir, model_dir)
-  gin.bind_parameter('adafactor.global_norm_clip', 1.0)
+  gin.bind_parameter('make_optimizer.global_norm_clip', 1.0)
   with pytest.raises(checkpoints.CheckpointError, match='readable parameters but cannot be resumed'):
     run_train(model_dir, 6)
   assert sorted(p.name for p in model_dir.glob('checkpoint_*')) == ['checkpoint_2', 'checkpoint_4']

@@ -15,13 +15,14 @@ def synthetic_batch(batch=8, length=8, seed=0):
   return train_step.synthetic_batch(tiny(), batch, {'inputs': length, 'targets': length}, seed)
 
 
-def setup(mesh, config=None, lr=0.01, **step_kwargs):
-  """(state, jitted step) of a tiny encoder-decoder on ``mesh`` with Adafactor at constant lr."""
+def setup(mesh, config=None, lr=0.01, optimizer_fn=optimizer.adafactor, **step_kwargs):
+  """(state, jitted step) of a tiny encoder-decoder on ``mesh`` with ``optimizer_fn`` (default
+  Adafactor) at constant lr."""
   import jax
   config = config or tiny()
   model = build_model(config)
   schedule = optimizer.learning_rate_schedule('constant', base=lr)
-  tx_fn = lambda params: optimizer.adafactor(params, learning_rate=schedule)
+  tx_fn = lambda params: optimizer.make_optimizer(params, learning_rate=schedule, optimizer=optimizer_fn)
   state, shardings, tx = train_step.init_state(model, tx_fn, mesh,
                                                partitioning.MeshConfig().rules(),
                                                jax.random.PRNGKey(0), init_inputs(config))
@@ -80,6 +81,14 @@ def run_train(model_dir, total_steps, period=2, batches=None, config=None, **kwa
   return trainer.train(config or tiny(num_encoder_layers=1, num_decoder_layers=1),
                        batches or StepBatches, model_dir=str(model_dir), total_steps=total_steps,
                        log_period=1, eval_period=0, **kwargs)
+
+
+def saved_state(checkpoint):
+  """The TrainState tree of a checkpoint saved on this process's devices, as numpy."""
+  import jax
+  import orbax.checkpoint as ocp
+  with ocp.PyTreeCheckpointer() as ckptr:
+    return jax.tree_util.tree_map(np.asarray, ckptr.restore(os.path.join(checkpoint, 'state')))
 
 
 def records_of(model_dir, kind='train'):

@@ -231,7 +231,8 @@ def library_configurables(with_data: bool = True) -> Mapping[str, Callable]:
   from t5x_variants.train import checkpoints, optimizer, partitioning, predictor, trainer  # pylint: disable=g-import-not-at-top
   known = {'train': trainer.train, 'Checkpointer': checkpoints.Checkpointer,
            'MeshConfig': partitioning.MeshConfig, 'make_optimizer': optimizer.make_optimizer,
-           'adafactor': optimizer.adafactor, 'learning_rate_schedule': optimizer.learning_rate_schedule,
+           'adafactor': optimizer.adafactor, 'adam': optimizer.adam, 'adamw': optimizer.adamw,
+           'learning_rate_schedule': optimizer.learning_rate_schedule,
            'DecodeOptions': predictor.DecodeOptions}
   if with_data:
     import_data_layer()
@@ -275,6 +276,19 @@ def clear_errors(prog: str):
     message = message.split('\n  In call to configurable')[0]  # gin's note on where it was called
     print(f'{prog}: error: {message}', file=sys.stderr)
     raise SystemExit(2) from None
+
+
+def check_vocabulary_size(config, task_or_vocabulary, source: str):
+  """A model whose embedding has fewer rows than the data's vocabulary has ids is refused at
+  start: out-of-range ids would read NaN embeddings, and every step would be skipped.
+  ``task_or_vocabulary``: a seqio task or mixture (all its features) or one vocabulary."""
+  features = getattr(task_or_vocabulary, 'output_features', None)
+  vocabularies = [f.vocabulary for f in features.values()] if features else [task_or_vocabulary]
+  data_size = max(v.vocab_size for v in vocabularies)
+  if data_size > config.vocab_size:
+    raise ValueError(f'the model vocab_size {config.vocab_size} is smaller than the vocabulary of '
+                     f'{source} ({data_size} ids); set TransformerConfig.vocab_size >= {data_size} '
+                     f'(e.g. {-(-data_size // 128) * 128}, a multiple of 128)')
 
 
 def use_run_vocabulary(checkpoint_path: str):

@@ -48,12 +48,15 @@ def inspect_task(name, split='validation', n=5, lengths=None, out=None):
   examples = [{k: np.asarray(v) for k, v in ex.items()} for ex in ds.take(n).as_numpy_iterator()]
   if not examples:
     raise ValueError(f'{name} {split} produced no examples with lengths {lengths}')
-  vocabulary = task.output_features['targets'].vocabulary
+  features = task.output_features
+  vocabulary = features['targets' if 'targets' in features else 'inputs'].vocabulary
   for i, ex in enumerate(examples):
     print(f'--- example {i}', file=out)
     for key in ('inputs', 'targets'):
       if key in ex:
         print(f'{key} ({int((ex[key] != PAD_ID).sum())} tokens): {_decode(vocabulary, ex[key])}', file=out)
+    if 'targets' not in ex and 'label' in ex:  # a classification task (glue_<t>_cls)
+      print(f'label: {ex["label"]}', file=out)
   stats = {'examples': len(examples)}
   for key in ('inputs', 'targets'):
     if key in examples[0]:

@@ -5,9 +5,12 @@
 CHECKPOINT_PATH is a run directory (its newest checkpoint, or all with ``--gin.EVAL_ALL=True``)
 or one ``checkpoint_<step>`` directory. For every task of MIXTURE_OR_TASK_NAME it computes the
 teacher-forced loss, log-perplexity and token accuracy, and, for tasks with metrics (GLUE,
-SuperGLUE), decodes greedily and applies the task's postprocessor and metrics. Results go to
-RUN/metrics.jsonl (kind 'eval'), TensorBoard and RUN/eval_results.json; checkpoints already in
-eval_results.json for the same tasks are skipped.
+SuperGLUE), decodes greedily and applies the task's postprocessor and metrics; a classification
+head (encoder-only, ``glue_<t>_cls`` tasks) gets the same metrics of its predicted labels, in the
+same pass as its loss. Results go to
+RUN/metrics.jsonl (kind 'eval'), TensorBoard and RUN/eval_results.json ({step: {task: metrics}},
+and under 'best' each task's best value of every metric over the evaluated checkpoints with its
+step, also printed); checkpoints already in eval_results.json for the same tasks are skipped.
 """
 import json
 import sys
@@ -23,17 +26,20 @@ from t5x_variants.train.metrics import MetricsLogger
 from t5x_variants.train.predictor import DecodeOptions, Predictor, decode_examples
 
 RESULTS = 'eval_results.json'
+BEST = 'best'  # eval_results.json's key for the best value of each metric over checkpoints
+LOWER_IS_BETTER = ('loss', 'z_loss', 'log_perplexity')
 # The data layer (TensorFlow) is imported inside the functions, after common.setup has loaded it
 # quietly (common.import_data_layer).
 
 
 def teacher_forced(predictor, task_name: str, split: str, lengths, batch_size: int,
-                   max_batches: Optional[int]):
-  """Loss, log-perplexity, accuracy over the split (every example once)."""
+                   max_batches: Optional[int], metric_fns=()):
+  """Loss, log-perplexity, accuracy over the split (every example once); with a classification
+  head also ``metric_fns`` of its predictions (the task's GLUE metrics)."""
   from t5x_variants.data import pipeline  # pylint: disable=g-import-not-at-top
   batches = pipeline.eval_batches(task_name, lengths, predictor.config.architecture, batch_size, split)
   return evaluation.evaluate(predictor.eval_step, predictor.params, batches, predictor.mesh,
-                             max_batches)
+                             max_batches, metric_fns)
 
 
 def inference_metrics(predictor, task, split: str, lengths, batch_size: int,
@@ -53,6 +59,25 @@ def inference_metrics(predictor, task, split: str, lengths, batch_size: int,
   return {k: float(v) for k, v in metrics.items()}
 
 
+def best_over_checkpoints(results) -> dict:
+  """{task: {metric: {'value', 'step'}}}: each metric's best value over the evaluated checkpoints
+  (lowest loss and log-perplexity, highest score), as the GLU-variants paper reports fine-tuning:
+  the best checkpoint per task."""
+  best = {}
+  for step, by_task in results.items():
+    if not step.isdigit():
+      continue
+    for task, metrics in by_task.items():
+      for name, value in metrics.items():
+        if name == 'num_tokens' or value is None:
+          continue
+        current = best.setdefault(task, {}).get(name)
+        lower = name in LOWER_IS_BETTER
+        if current is None or (value < current['value'] if lower else value > current['value']):
+          best[task][name] = {'value': value, 'step': int(step)}
+  return best
+
+
 @gin.configurable(denylist=['config'])
 def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_checkpoints: bool = False,
                          mixture_or_task_name: str = gin.REQUIRED,
@@ -61,13 +86,15 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
                          max_batches: Optional[int] = None, max_examples: Optional[int] = None,
                          inference: bool = True, z_loss: float = 0.0):
   """{step: {task: metrics}} of the checkpoints evaluated by this call."""
-  from t5x_variants.data import tasks  # pylint: disable=g-import-not-at-top
+  from t5x_variants.data import classification, tasks  # pylint: disable=g-import-not-at-top
   common.use_run_vocabulary(checkpoint_path)
   paths = [checkpoints.checkpoint_path(checkpoint_path)]
   run_dir = paths[0].parent
   if all_checkpoints and run_dir == epath.Path(checkpoint_path):
     paths = checkpoints.list_checkpoints(run_dir)
   mixture = tasks.get_task_or_mixture(mixture_or_task_name)
+  common.check_vocabulary_size(config, mixture, mixture_or_task_name)
+  classify = classification.check_model(mixture_or_task_name, config) is not None
   subtasks = getattr(mixture, 'tasks', [mixture])
   names = sorted(t.name for t in subtasks)
   results_file = run_dir / RESULTS
@@ -83,16 +110,21 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
     predictor.load(str(path))
     for task in sorted(subtasks, key=lambda t: t.name):
       metrics = teacher_forced(predictor, task.name, split, task_feature_lengths, batch_size,
-                               max_batches)
+                               max_batches, task.predict_metric_fns if classify else ())
       if inference and task.predict_metric_fns and config.architecture != 'encoder_only':
         metrics.update(inference_metrics(predictor, task, split, task_feature_lengths, batch_size,
                                          max_examples))
       logger.eval(int(step), task.name, metrics)
       results.setdefault(step, {})[task.name] = metrics
       new.setdefault(int(step), {})[task.name] = metrics
+    results[BEST] = best_over_checkpoints(results)
     if jax.process_index() == 0:
       results_file.write_text(json.dumps(results, indent=1, sort_keys=True))
   logger.close()
+  evaluated = sum(step.isdigit() for step in results)
+  for task, metrics in sorted(results.get(BEST, {}).items()):
+    print(f'best of {evaluated} checkpoint(s), {task}: ' + ', '.join(
+        f'{name} {m["value"]:.4g} (step {m["step"]})' for name, m in sorted(metrics.items())))
   return new
 
 

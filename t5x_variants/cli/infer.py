@@ -36,8 +36,10 @@ def infer(config, *, checkpoint_path: str = gin.REQUIRED, output_file: str = gin
       texts = [line.rstrip('\n') for line in f if line.strip()][:max_examples]
     examples = [{'inputs_pretokenized': t, 'inputs': np.asarray(vocab.encode(t) + [EOS_ID])}
                 for t in texts]
+    common.check_vocabulary_size(config, vocab, input_file)
   elif mixture_or_task_name:
     task = tasks.get_task_or_mixture(mixture_or_task_name)
+    common.check_vocabulary_size(config, task, mixture_or_task_name)
     vocab = task.output_features['targets'].vocabulary
     examples = tasks.task_examples(task, split, task_feature_lengths, max_examples)
   else:

@@ -94,7 +94,7 @@ def _signature(strings: Sequence[str], label=tf.int64, ints: Sequence[str] = (),
 
 
 @dataclasses.dataclass(frozen=True)
-class _Spec:
+class TaskSpec:
   """One task: its sources, its text-to-text preprocessors, postprocessor and metrics."""
   tfds_name: str
   preprocessors: Tuple[Callable, ...]
@@ -118,9 +118,9 @@ _F1_ACC = (metrics.f1, metrics.accuracy)
 
 
 def _glue(name, fields, label_names, metric_fns, folder, columns=None, label_column='label', *,
-          fixed_header=None, files=_GLUE_FILES, tfds_splits=None) -> _Spec:
+          fixed_header=None, files=_GLUE_FILES, tfds_splits=None) -> TaskSpec:
   """A GLUE task; ``columns`` maps raw feature -> TSV column where the names differ."""
-  return _Spec(
+  return TaskSpec(
       tfds_name=f'glue/{name}:2.*.*',
       preprocessors=(functools.partial(text_to_text, prefix=name, fields=fields, label_names=label_names),),
       postprocess_fn=(functools.partial(label_postprocess, label_names=label_names) if label_names
@@ -150,9 +150,9 @@ GLUE_TASKS = {
 
 
 def _super_glue(name, fields, label_names, metric_fns, folder, ints=(), *, read=None,
-                preprocessors=(), postprocess_fn=None, idx=None) -> _Spec:
+                preprocessors=(), postprocess_fn=None, idx=None) -> TaskSpec:
   """A SuperGLUE classification task; ``preprocessors`` run before the text-to-text step."""
-  return _Spec(
+  return TaskSpec(
       tfds_name=f'super_glue/{name}:1.0.*',
       preprocessors=(*preprocessors,
                      functools.partial(text_to_text, prefix=name, fields=fields, label_names=label_names)),
@@ -172,7 +172,7 @@ SUPER_GLUE_TASKS = {
                            (metrics.multirc_f1a, metrics.multirc_exact_match), 'MultiRC', read=sg.read_multirc,
                            preprocessors=(sg.multirc_markup,), postprocess_fn=sg.multirc_postprocess,
                            idx=('paragraph', 'question', 'answer')),
-    'record': _Spec(
+    'record': TaskSpec(
         tfds_name='super_glue/record:1.0.*', preprocessors=(sg.record,), postprocess_fn=sg.record_postprocess,
         metric_fns=(metrics.max_over_answers_em_f1,), folder='ReCoRD', read=sg.read_record,
         files=_SUPER_GLUE_FILES,
@@ -181,7 +181,7 @@ SUPER_GLUE_TASKS = {
     'rte': _super_glue('rte', ('hypothesis', 'premise'), ('entailment', 'not_entailment'), _ACC, 'RTE'),
     'wic': _super_glue('wic', ('sentence1', 'sentence2', 'word'), _BOOL, _ACC, 'WiC',
                        ints=('start1', 'start2', 'end1', 'end2')),
-    'wsc': _Spec(
+    'wsc': TaskSpec(
         tfds_name='super_glue/wsc.fixed:1.0.*', preprocessors=(sg.wsc,), postprocess_fn=sg.wsc_postprocess,
         metric_fns=_ACC, folder='WSC', files=_SUPER_GLUE_FILES, train_filter=sg.wsc_correct_referent,
         signature=_signature(('text', 'span1_text', 'span2_text'), ints=('span1_index', 'span2_index')),
@@ -225,7 +225,7 @@ def _columns(examples: List[dict], signature) -> Dict[str, Any]:
 class _LocalSource(seqio.FunctionDataSource):
   """A task's original distribution files, read by a python generator into TFDS's raw features."""
 
-  def __init__(self, spec: _Spec, root: str, hint: str):
+  def __init__(self, spec: TaskSpec, root: str, hint: str):
     self._spec, self._root, self._hint = spec, root, hint
     self._counts = {}
     super().__init__(self._dataset, splits=tuple(spec.files))
@@ -251,17 +251,43 @@ class _LocalSource(seqio.FunctionDataSource):
     return self._counts[split]
 
 
-def _task(name: str, source: seqio.DataSource, spec: _Spec, output_features) -> seqio.Task:
+def _task(name: str, source: seqio.DataSource, spec: TaskSpec, output_features) -> seqio.Task:
   return seqio.Task(
       name, source, output_features=output_features,
       preprocessors=[*spec.preprocessors, seqio.preprocessors.tokenize, seqio.preprocessors.append_eos_after_trim],
       postprocess_fn=spec.postprocess_fn, metric_fns=list(spec.metric_fns))
 
 
-def _tfds_source(spec: _Spec, data_dir: Optional[str]) -> seqio.TfdsDataSource:
+def _tfds_source(spec: TaskSpec, data_dir: Optional[str]) -> seqio.TfdsDataSource:
   kwargs = dict(tfds_name=spec.tfds_name, tfds_data_dir=data_dir, splits=spec.tfds_splits,
                 read_only=True)  # never download at run time
   return _FilteredTfdsSource(spec.train_filter, **kwargs) if spec.train_filter else seqio.TfdsDataSource(**kwargs)
+
+
+def add_tasks(specs: Mapping[str, TaskSpec], output_features: Mapping[str, seqio.Feature],
+              tfds_data_dir: Optional[str] = None, root: Optional[str] = None, hint: str = '') -> List[str]:
+  """Registers each ``name: spec`` from TFDS and, when ``root`` is given, ``<name>_local`` from the
+  original files under it (``hint``: how to get them), skipping names already registered; returns
+  the names added."""
+  added = []
+  for name, spec in specs.items():
+    for task_name, local in ((name, False), (f'{name}_local', True)):
+      if (root or not local) and task_name not in seqio.TaskRegistry.names():
+        source = _LocalSource(spec, root, hint) if local else _tfds_source(spec, tfds_data_dir)
+        seqio.TaskRegistry.add_provider(task_name, _task(task_name, source, spec, output_features))
+        added.append(task_name)
+  return added
+
+
+def add_proportional_mixture(name: str, task_names: Sequence[str],
+                             mixing_maximum: int = MIXING_MAXIMUM) -> List[str]:
+  """Registers mixture ``name`` unless registered (then returns []): examples-proportional mixing, each
+  task's rate its number of train examples capped at K = ``mixing_maximum`` (Raffel et al. 2020, 3.5.2)."""
+  if name in seqio.MixtureRegistry.names():
+    return []
+  seqio.MixtureRegistry.add(name, list(task_names),
+                            default_rate=functools.partial(seqio.mixing_rate_num_examples, maximum=mixing_maximum))
+  return [name]
 
 
 def register_glue_tasks(output_features: Mapping[str, seqio.Feature], tfds_data_dir: Optional[str] = None,
@@ -275,22 +301,12 @@ def register_glue_tasks(output_features: Mapping[str, seqio.Feature], tfds_data_
   benchmarks = (('glue', GLUE_TASKS, glue_dir or os.environ.get('GLUE_DIR'), GLUE_HINT),
                 ('super_glue', SUPER_GLUE_TASKS, super_glue_dir or os.environ.get('SUPER_GLUE_DIR'),
                  SUPER_GLUE_HINT))
-  rate = functools.partial(seqio.mixing_rate_num_examples, maximum=mixing_maximum)
   added = []
-
-  def add(names, mixture, make_source):
-    for name, spec in names.items():
-      if name not in seqio.TaskRegistry.names():
-        seqio.TaskRegistry.add_provider(name, _task(name, make_source(spec), spec, output_features))
-        added.append(name)
-    if mixture not in seqio.MixtureRegistry.names():
-      seqio.MixtureRegistry.add(mixture, list(names), default_rate=rate)
-      added.append(mixture)
-
   for benchmark, specs, root, hint in benchmarks:
-    add({f'{benchmark}_{t}': s for t, s in specs.items()}, f'{benchmark}_proportional',
-        lambda spec: _tfds_source(spec, tfds_data_dir))
+    names = {f'{benchmark}_{t}': s for t, s in specs.items()}
+    added += add_tasks(names, output_features, tfds_data_dir, root, hint)
+    added += add_proportional_mixture(f'{benchmark}_proportional', list(names), mixing_maximum)
     if root:
-      add({f'{benchmark}_{t}_local': s for t, s in specs.items()}, f'{benchmark}_proportional_local',
-          lambda spec, root=root, hint=hint: _LocalSource(spec, root, hint))
+      added += add_proportional_mixture(f'{benchmark}_proportional_local', [f'{n}_local' for n in names],
+                                        mixing_maximum)
   return added

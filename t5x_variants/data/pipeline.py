@@ -2,8 +2,10 @@
 
 Feature conversion follows the architecture: encoder-decoder (seqio.EncDecFeatureConverter),
 decoder-only (seqio.LMFeatureConverter) or encoder-only MLM (``MLMFeatureConverter``: the loss
-sits on every position BERT selected, also the 10% replaced at random and the 10% kept). With
-``pack=True`` several examples share a row, told apart by ``*_segment_ids`` and ``*_positions``.
+sits on every position BERT selected, also the 10% replaced at random and the 10% kept); a
+classification task (data/classification.py, encoder-only only) has its own
+``ClassificationFeatureConverter``. With ``pack=True`` several examples share a row, told apart by
+``*_segment_ids`` and ``*_positions`` (never for classification: the head reads a row's first token).
 
 ``BatchIterator`` saves and restores its exact position with tf.data iterator checkpointing, so
 a resumed run sees the same batches as an uninterrupted one.
@@ -16,7 +18,7 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from t5x_variants.data import tasks
+from t5x_variants.data import classification, tasks
 from t5x_variants.features import ARCHITECTURES
 
 
@@ -59,6 +61,40 @@ class MLMFeatureConverter(seqio.FeatureConverter):
     return {name: n for name in names}
 
 
+class ClassificationFeatureConverter(seqio.FeatureConverter):
+  """inputs/label -> encoder_input_tokens (cut or zero-padded to the inputs length),
+  classification_labels (int32 class ids, or float32 for regression) and classification_weights
+  (int32, 0 for an unlabelled (test) example, whose label becomes 0). One example per row: no
+  packing."""
+  PACKING_FEATURE_DTYPES = {}
+
+  def __init__(self, regression: bool = False):
+    label = seqio.FeatureConverter.FeatureSpec(dtype=tf.float32 if regression else tf.int32, rank=0)
+    self.TASK_FEATURES = {'inputs': seqio.FeatureConverter.FeatureSpec(dtype=tf.int32), 'label': label}
+    self.MODEL_FEATURES = {
+        'encoder_input_tokens': seqio.FeatureConverter.FeatureSpec(dtype=tf.int32),
+        'classification_labels': label,
+        'classification_weights': seqio.FeatureConverter.FeatureSpec(dtype=tf.int32, rank=0)}
+    super().__init__(pack=False)
+
+  def _convert_features(self, ds, task_feature_lengths):
+    n = task_feature_lengths['inputs']
+
+    def convert(ex):
+      tokens = ex['inputs'][:n]
+      tokens = tf.pad(tokens, [[0, n - tf.shape(tokens)[0]]])
+      tokens.set_shape([n])
+      labelled = ex['label'] >= 0
+      return {'encoder_input_tokens': tokens,
+              'classification_labels': tf.where(labelled, ex['label'], tf.zeros_like(ex['label'])),
+              'classification_weights': tf.cast(labelled, tf.int32)}
+    return ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE)
+
+  def get_model_feature_lengths(self, task_feature_lengths):
+    return {'encoder_input_tokens': task_feature_lengths['inputs'], 'classification_labels': 1,
+            'classification_weights': 1}
+
+
 def feature_converter(architecture: str, pack: bool) -> seqio.FeatureConverter:
   if architecture not in ARCHITECTURES:
     raise ValueError(f'unknown architecture {architecture!r}; valid: {", ".join(ARCHITECTURES)}')
@@ -70,12 +106,22 @@ def get_dataset(name: str, task_feature_lengths: Mapping[str, int], architecture
                 split: str = 'train', shuffle: bool = True, seed: Optional[int] = 0,
                 num_epochs: Optional[int] = None, pack: bool = True, shard_index: int = 0,
                 num_shards: int = 1) -> tf.data.Dataset:
-  """Model-ready examples of this shard (host) of a task or mixture, deterministic given seed."""
+  """Model-ready examples of this shard (host) of a task or mixture, deterministic given seed.
+  A classification task is never packed and uses only the 'inputs' length."""
   task = tasks.get_task_or_mixture(name)
-  if architecture == 'encoder_only':  # the MLM weights are as long as the inputs
-    task_feature_lengths = dict(task_feature_lengths, mlm_weights=task_feature_lengths['inputs'])
+  num_labels = classification.num_labels(task)
+  if num_labels is not None:
+    if architecture != 'encoder_only':
+      raise ValueError(f'{name} is a classification task, for encoder-only models; {architecture} '
+                       'models fine-tune on the text-to-text tasks (the name without _cls)')
+    task_feature_lengths = {'inputs': task_feature_lengths['inputs'], 'label': 1}
+    converter = ClassificationFeatureConverter(regression=num_labels == 1)
+  else:
+    if architecture == 'encoder_only':  # the MLM weights are as long as the inputs
+      task_feature_lengths = dict(task_feature_lengths, mlm_weights=task_feature_lengths['inputs'])
+    converter = feature_converter(architecture, pack)
   with tasks.explain_missing_data(task):
-    return seqio.get_dataset(task, task_feature_lengths, feature_converter(architecture, pack),
+    return seqio.get_dataset(task, task_feature_lengths, converter,
                              dataset_split=split, shuffle=shuffle, num_epochs=num_epochs,
                              shard_info=seqio.ShardInfo(shard_index, num_shards), seed=seed,
                              verbose=False)

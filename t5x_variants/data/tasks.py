@@ -1,9 +1,10 @@
-"""Registered seqio tasks: {c4, local, embedded} x {span_corruption, lm, mlm}, GLUE/SuperGLUE.
+"""Registered seqio tasks: {c4, local, embedded} x {span_corruption, lm, mlm}, GLUE/SuperGLUE, SQuAD.
 
 Names: ``c4_span_corruption`` (T5 pretraining), ``c4_lm`` (decoder-only), ``c4_mlm``
 (encoder-only), the same three for ``local_`` (files bound by ``local_corpus_files.pattern``) and
-``embedded_`` (the embedded default corpus), plus the tasks and mixtures of data/glue.py.
-``register_tasks()`` registers them all once, with the gin-bound vocabulary.
+``embedded_`` (the embedded default corpus), plus the tasks and mixtures of data/glue.py,
+data/classification.py and data/squad.py. ``register_tasks()`` registers them all once, with the
+gin-bound vocabulary.
 """
 import contextlib
 import functools
@@ -70,9 +71,10 @@ def _task(name: str, source: str, objective: str, vocabulary: seqio.Vocabulary) 
 
 
 @gin.configurable
-def register_tasks(vocabulary: seqio.Vocabulary = None) -> List[str]:
-  """Registers every task and mixture (idempotent); returns the names registered by this call."""
-  from t5x_variants.data import glue  # pylint: disable=g-import-not-at-top
+def register_tasks(vocabulary: seqio.Vocabulary = None, squad_dir: Optional[str] = None) -> List[str]:
+  """Registers every task and mixture (idempotent); returns the names registered by this call.
+  ``squad_dir``: the original SQuAD files (default: env SQUAD_DIR)."""
+  from t5x_variants.data import classification, glue, squad  # pylint: disable=g-import-not-at-top
   vocabulary = vocabulary or vocab.vocabulary()
   added = []
   for source in SOURCES:
@@ -84,6 +86,8 @@ def register_tasks(vocabulary: seqio.Vocabulary = None) -> List[str]:
   features = {k: seqio.Feature(vocabulary, add_eos=True) for k in ('inputs', 'targets')}
   before = set(seqio.TaskRegistry.names()) | set(seqio.MixtureRegistry.names())
   glue.register_glue_tasks(features)
+  classification.register_classification_tasks(vocabulary)  # glue_<t>_cls (encoder-only)
+  squad.register_squad_tasks(features, squad_dir=squad_dir)
   added += sorted((set(seqio.TaskRegistry.names()) | set(seqio.MixtureRegistry.names())) - before)
   return added
 
@@ -118,8 +122,8 @@ def explain_missing_data(task_or_mixture):
         '(set TFDS_DATA_DIR to where they are, e.g. a gs:// bucket on TPU). Prepare them with '
         '`tfds build <name> --data_dir=...` (C4 needs `tfds build c4/en` with Apache Beam, or a copy '
         'of a prepared c4/en:3.1.0). Offline alternatives: the embedded_* tasks (no download) or '
-        'local_* tasks over your own files (local_corpus_files.pattern), and *_local GLUE/SuperGLUE '
-        'tasks from the original distribution files (GLUE_DIR / SUPER_GLUE_DIR).') from e
+        'local_* tasks over your own files (local_corpus_files.pattern), and *_local GLUE/SuperGLUE/SQuAD '
+        'tasks from the original distribution files (GLUE_DIR / SUPER_GLUE_DIR / SQUAD_DIR).') from e
 
 
 def task_examples(task, split: str, lengths: Mapping[str, int],

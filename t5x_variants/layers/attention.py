@@ -1,8 +1,9 @@
 """Multi-head attention whose logits come from dot products, synthesizers or a mixture of them.
 
 softmax(sum_i w_i S_i(X)) G(X) with w = softmax(learned mixture weights) (Tay et al. 2021, Sec. 3);
-S = Q K^T / sqrt(d_h) + relative position bias for ``dot_product`` (Vaswani et al. 2017),
-and G(X) the shared value projection. Logits and softmax are in float32.
+S = Q K^T / sqrt(d_h) for ``dot_product`` (Vaswani et al. 2017), and G(X) the shared value
+projection; T5's relative position bias, when given, is added to the mixed logits. Logits and
+softmax are in float32.
 
 Decoding: with ``decode=True`` keys and values live in the ``cache`` collection. The first call
 (during ``init``) creates the cache from the full-length input; every later call takes one token,
@@ -160,8 +161,6 @@ class Attention(nn.Module):
         if decode:
           key = self._cached('cached_key', key, decode_position)
         s = jnp.einsum('bqhd,bkhd->bhqk', query, key, preferred_element_type=jnp.float32)
-        if bias is not None:
-          s = add_shared_bias(s, bias.astype(jnp.float32))
       else:
         s = self._component(name)(x_q, q_positions, k_positions)
       logits.append(s.astype(jnp.float32))
@@ -171,6 +170,8 @@ class Attention(nn.Module):
       w = self.param('mixture_weights', nn.with_logical_partitioning(nn.initializers.zeros, ('mixture',)),
                      (len(logits),), jnp.float32)
       s = sum(wi * si for wi, si in zip(jax.nn.softmax(w), logits))
+    if bias is not None:  # after mixing, as the Synthesizer authors' Mesh TensorFlow code
+      s = add_shared_bias(s, bias.astype(jnp.float32))
     probs = masked_softmax(s, mask)
     probs = nn.Dropout(self.dropout_rate)(probs, deterministic=deterministic)
     y = jnp.einsum('bhqk,bkhd->bqhd', probs.astype(self.dtype), value.astype(self.dtype))

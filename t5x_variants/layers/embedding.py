@@ -1,5 +1,5 @@
-"""Token embedding table (vocab, embed), initialised N(0, 1) as in T5, with ``attend`` for tied
-output logits."""
+"""Token embedding table (vocab, embed), initialised N(0, std^2) (T5: std 1), optionally scaled by
+sqrt(embed) on lookup (Vaswani et al. 2017, Sec. 3.4), with ``attend`` for tied output logits."""
 from typing import Any
 
 import flax.linen as nn
@@ -10,15 +10,18 @@ class Embed(nn.Module):
   num_embeddings: int
   features: int
   dtype: Any = jnp.float32
+  init_std: float = 1.0
+  scale: bool = False
 
   def setup(self):
     self.embedding = self.param(
-        'embedding', nn.with_logical_partitioning(nn.initializers.normal(1.0), ('vocab', 'embed')),
+        'embedding', nn.with_logical_partitioning(nn.initializers.normal(self.init_std), ('vocab', 'embed')),
         (self.num_embeddings, self.features), jnp.float32)
 
   def __call__(self, ids):
-    return jnp.take(self.embedding, ids, axis=0).astype(self.dtype)
+    x = jnp.take(self.embedding, ids, axis=0)
+    return (x * self.features**0.5 if self.scale else x).astype(self.dtype)
 
   def attend(self, x):
-    """x E^T: logits over the vocabulary, in the dtype of x."""
+    """x E^T (unscaled E): logits over the vocabulary, in the dtype of x."""
     return jnp.einsum('...d,vd->...v', x, self.embedding.astype(x.dtype))

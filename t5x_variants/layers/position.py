@@ -1,8 +1,17 @@
-"""T5 relative position bias (Raffel et al. 2020, Sec. 2.1): a learned scalar per head and
-log-spaced distance bucket, added to the attention logits; one table shared by a stack's layers."""
+"""Position information, one choice per model (``TransformerConfig.position_embedding``):
+
+- ``relative``: T5's relative position bias (Raffel et al. 2020, Sec. 2.1), a learned scalar per
+  head and log-spaced distance bucket added to the attention logits; one table per stack.
+- ``sinusoidal``: PE(p, 2i) = sin(p / 10000^(2i/d)), PE(p, 2i+1) = cos(p / 10000^(2i/d))
+  (Vaswani et al. 2017, Sec. 3.5), added to the stack's input.
+- ``learned``: a trained (max_length, d) table added to the stack's input (Devlin et al. 2019).
+- ``none``: no position information beyond the causal mask (and a synthesizer's own).
+"""
 import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
+
+POSITION_EMBEDDINGS = ('relative', 'sinusoidal', 'learned', 'none')
 
 
 def relative_position_bucket(relative_position, bidirectional: bool, num_buckets: int,
@@ -41,3 +50,31 @@ class RelativePositionBias(nn.Module):
     buckets = relative_position_bucket(k_positions[:, None, :] - q_positions[:, :, None],
                                        self.bidirectional, self.num_buckets, self.max_distance)
     return jnp.transpose(table[:, buckets], (1, 0, 2, 3))
+
+
+def sinusoidal(positions, features: int):
+  """(..., features) float32 sinusoids of integer ``positions``, sin on even and cos on odd dims."""
+  if features % 2:
+    raise ValueError(f'sinusoidal position embeddings need an even d_model, got {features}')
+  inv_freq = 10000.0 ** (-jnp.arange(0, features, 2, dtype=jnp.float32) / features)
+  angles = positions.astype(jnp.float32)[..., None] * inv_freq
+  return jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(positions.shape + (features,))
+
+
+class AbsolutePositionEmbedding(nn.Module):
+  """PE(positions) of shape positions.shape + (features,): sinusoidal or a learned table."""
+  kind: str  # 'sinusoidal' or 'learned'
+  features: int
+  max_length: int
+
+  @nn.compact
+  def __call__(self, positions):
+    if self.kind == 'sinusoidal':
+      return sinusoidal(positions, self.features)
+    if positions.shape[-1] > self.max_length:
+      raise ValueError(f'sequence length {positions.shape[-1]} exceeds the {self.max_length} learned '
+                       'positions; raise TransformerConfig.encoder_max_length / decoder_max_length')
+    table = self.param('pos_embedding', nn.with_logical_partitioning(nn.initializers.normal(0.02),
+                                                                     ('length', 'embed')),
+                       (self.max_length, self.features), jnp.float32)
+    return jnp.take(table, positions, axis=0)

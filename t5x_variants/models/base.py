@@ -22,8 +22,9 @@ class LanguageModel(nn.Module):
 
   def setup(self):
     c = self.config
-    self.token_embedder = Embed(c.vocab_size, c.d_model, c.compute_dtype)
-    if not c.tie_embeddings:
+    self.token_embedder = Embed(c.vocab_size, c.d_model, c.compute_dtype, c.embedding_init_std,
+                                 c.scale_embeddings)
+    if not c.tie_embeddings and c.head == 'lm':  # a classification head has its own output
       self.logits_dense = Dense((c.vocab_size,), ('embed',), ('vocab',), c.init_scheme,
                                 t5_distribution='truncated_normal', dtype=jnp.float32)
 

@@ -1,9 +1,10 @@
 """One Transformer layer: self-attention, optional cross-attention, FFN, each wrapped in the
 configured residual placement (layers/placement.py).
 
-Cross-attention is always dot-product. Its value and output projections get the decoder's init
-gain and query/key get 1, the same rule as self-attention: its output is added to the decoder's
-residual stream, whose update size the DeepNet/Magneto analysis bounds (torchscale does the same).
+Cross-attention is always dot-product. Under DeepNorm its value and output projections get the
+decoder's beta and query/key 1, as in self-attention (DeepNet's code). Under Sub-LN it is plain
+by default, no inner LN and gain 1, as in Magneto's code (the extra LN and gamma sit in the
+self-attention and FFN only); ``subln_cross_attention`` gives it both.
 """
 import functools
 
@@ -46,7 +47,8 @@ class TransformerLayer(nn.Module):
         h, h, q_positions, k_positions, self_mask, self_bias, decode=self.decode,
         decode_position=decode_position, deterministic=self.deterministic)), norm('attention'))
     if self.cross_attention:
-      cross = attn(name='encoder_decoder_attention')
+      plain = c.placement == 'subln' and not c.subln_cross_attention  # Magneto's code
+      cross = attn(name='encoder_decoder_attention', **(dict(gain=1.0, inner_norm=None) if plain else {}))
       x = add(x, lambda h: drop(cross(h, encoded, None, None, cross_mask,
                                       deterministic=self.deterministic)), norm('cross_attention'))
     mlp = MlpBlock(c.activations, c.ffn_hidden_dim, c.init_scheme, gain, c.use_bias, inner,

@@ -10,10 +10,11 @@ import gin
 import jax.numpy as jnp
 
 from t5x_variants.features import ARCHITECTURES, STACKS
-from t5x_variants.layers import attention, ffn, init, norms, placement
+from t5x_variants.layers import attention, ffn, init, norms, placement, position
 
 REMAT = ('none', 'minimal', 'full', 'dots_and_probs')
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
+HEADS = ('lm', 'classification')
 
 
 def _check(name, value, valid):
@@ -32,11 +33,22 @@ class TransformerConfig:
       None means round(2/3 * d_ff), which keeps the parameter count of the two-matrix FFN.
     ffn: a variant name from layers/ffn.FFN_VARIANTS or a tuple of activation names.
     self_attention: 'dot_product', a synthesizer name, or a tuple of them (learned mixture).
-    encoder_max_length / decoder_max_length: the synthesizer length l of each stack.
+    encoder_max_length / decoder_max_length: each stack's longest sequence: the synthesizer
+      length l, and the table size of learned absolute position embeddings.
+    position_embedding: 'relative' (T5's bias on dot-product logits, after mixing in a mixture),
+      'sinusoidal' (Vaswani et al. 2017) or 'learned' added to the stack's input, or 'none'.
+    embedding_init_std / scale_embeddings: the token embedding is initialised N(0, std^2) (T5: 1)
+      and, with scale_embeddings, multiplied by sqrt(d_model) on the way in (Vaswani et al. 2017,
+      Sec. 3.4, with std d_model^-0.5 as in fairseq).
+    subln_cross_attention: give cross-attention Sub-LN's inner LN and gain gamma too; off by
+      default, as in Magneto's code (DeepNorm's beta always applies to cross-attention).
     encoder_alpha, encoder_gain, decoder_alpha, decoder_gain: override the placement's residual
       scale alpha and init gain (DeepNorm beta / Sub-LN gamma); None uses the papers' formulas.
     synthesizer_factor: a in a x b = l for factorized dense; None picks a near sqrt(l).
     synthesizer_rank: k of the factorized random synthesizer.
+    head: 'lm' (the architecture's logits over the vocabulary) or 'classification' (encoder-only:
+      BERT's pooler and classifier on the first token, logits (batch, 1, num_labels)).
+    num_labels: the classification head's outputs; 1 is regression (STS-B).
   """
   architecture: str = 'encoder_decoder'
   vocab_size: int = 32128
@@ -59,6 +71,12 @@ class TransformerConfig:
   decoder_gain: Optional[float] = None
   use_bias: bool = False
   tie_embeddings: bool = False
+  head: str = 'lm'
+  num_labels: int = 2
+  embedding_init_std: float = 1.0
+  scale_embeddings: bool = False
+  position_embedding: str = 'relative'
+  subln_cross_attention: bool = False
   relative_attention_num_buckets: int = 32
   relative_attention_max_distance: int = 128
   encoder_max_length: int = 512
@@ -75,8 +93,14 @@ class TransformerConfig:
     _check('norm', self.norm, norms.NORMS)
     _check('placement', self.placement, placement.PLACEMENTS)
     _check('init_scheme', self.init_scheme, init.INITS)
+    _check('position_embedding', self.position_embedding, position.POSITION_EMBEDDINGS)
     _check('remat', self.remat, REMAT)
     _check('dtype', self.dtype, tuple(DTYPES))
+    _check('head', self.head, HEADS)
+    if self.head == 'classification' and self.architecture != 'encoder_only':
+      raise ValueError(f"head 'classification' needs architecture 'encoder_only', not {self.architecture!r}")
+    if self.num_labels < 1:
+      raise ValueError(f'num_labels must be >= 1 (1: regression), not {self.num_labels}')
     ffn.resolve_activations(self.ffn)
     attention.resolve_components(self.self_attention)
     for stack in self.stacks:

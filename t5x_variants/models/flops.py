@@ -4,10 +4,11 @@ Counted, per token of every stack: the attention projections (query, key, value,
 Synthesizers' W_1 / W_2 or factor projections), the attention products (Q K^T, or the factorized
 random R_1 R_2^T, and probabilities times values), over the full length with no discount for
 causal masking, the FFN matrices (two or three), the logits layer (and the encoder-only MLM
-transform). A training step is 3x the forward pass (the backward pass is twice the forward; PaLM
-Appendix B, MaxText). Not counted: embedding lookups, norms, softmax, activations, the relative
-position bias, random-synthesizer table lookups, the optimizer, and recomputation under remat
-(so utilisation is model FLOPs utilisation, MFU).
+transform; a classification head: its pooler and classifier on the first token). A training step
+is 3x the forward pass (the backward pass is twice the forward; PaLM Appendix B, MaxText). Not
+counted: embedding lookups, norms, softmax, activations, the relative position bias,
+random-synthesizer table lookups, the optimizer, and recomputation under remat (so utilisation is
+model FLOPs utilisation, MFU).
 """
 from typing import Dict, Sequence
 
@@ -62,6 +63,8 @@ def forward_flops(config: TransformerConfig, batch: int, lengths: Dict[str, int]
   logits = 2 * out_tokens * config.d_model * config.vocab_size
   if config.architecture == 'encoder_only':
     logits += 2 * out_tokens * config.d_model * config.d_model  # the MLM transform
+  if config.head == 'classification':  # pooler and classifier on one token per example
+    logits = 2 * batch * config.d_model * (config.d_model + config.num_labels)
   return {'attention': attention, 'ffn': ffn, 'logits': logits, 'total': attention + ffn + logits}
 
 

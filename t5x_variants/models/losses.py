@@ -30,6 +30,19 @@ def cross_entropy(logits, targets, weights=None, label_smoothing: float = 0.0,
   return (loss + z) * w, z * w
 
 
+def classification_loss(logits, labels, weights=None, label_smoothing: float = 0.0,
+                        z_loss: float = 0.0):
+  """Per-example (loss, z_loss part) of a classification head's logits (..., num_labels), zero
+  where weights are 0: with num_labels >= 2 ``cross_entropy`` against the class ids ``labels``
+  (BERT: softmax cross-entropy); with one output (regression, STS-B) the squared error
+  (logits[..., 0] - labels)^2, which takes no label smoothing or z-loss."""
+  if logits.shape[-1] > 1:
+    return cross_entropy(logits, labels.astype(jnp.int32), weights, label_smoothing, z_loss)
+  error = jnp.square(logits[..., 0].astype(jnp.float32) - labels.astype(jnp.float32))
+  w = jnp.ones_like(error) if weights is None else weights.astype(jnp.float32)
+  return error * w, jnp.zeros_like(error)
+
+
 def normalizing_factor(loss_normalizing_factor: Union[str, float], num_tokens):
   """'num_tokens': the number of weighted tokens (at least 1); 'none': 1; a number: itself (T5's
   constant normaliser makes the loss independent of the batch's padding)."""

@@ -1,5 +1,6 @@
-"""A stack of Transformer layers: relative position bias, layers (scanned or unrolled, with
-optional remat), final norm for Pre-LN / Sub-LN, and the decode-time position counter.
+"""A stack of Transformer layers: position information (relative bias or absolute embedding),
+layers (scanned or unrolled, with optional remat), final norm for Pre-LN / Sub-LN, and the
+decode-time position counter.
 
 Scanning stacks the layer parameters on a leading ``layers`` axis, so a 1000-layer model
 compiles one layer body; the unrolled form names them ``layers_0``, ``layers_1``, ...
@@ -11,7 +12,7 @@ import flax.linen as nn
 from t5x_variants.layers.attention import causal_mask
 from t5x_variants.layers.norms import Norm
 from t5x_variants.layers.placement import has_final_norm
-from t5x_variants.layers.position import RelativePositionBias
+from t5x_variants.layers.position import AbsolutePositionEmbedding, RelativePositionBias
 from t5x_variants.models.block import TransformerLayer
 from t5x_variants.models.config import TransformerConfig
 
@@ -56,7 +57,10 @@ class Stack(nn.Module):
       q_positions, k_positions, self_mask, decode_position = self._decode_positions(
           x, positions, self_mask)
     bias = None
-    if 'dot_product' in c.attention_components:
+    if c.position_embedding in ('sinusoidal', 'learned'):
+      x = x + AbsolutePositionEmbedding(c.position_embedding, c.d_model, c.max_length(self.stack),
+                                        name='position_embedding')(q_positions).astype(x.dtype)
+    if c.position_embedding == 'relative' and 'dot_product' in c.attention_components:
       # From token indices, not (packed) positions: within a segment both give the same distance,
       # across segments the mask applies, and the bias is then one (1, heads, q, k) for the whole
       # batch (as in T5X), not one per example (measured: 64 MB less temporary memory for a packed

@@ -10,7 +10,7 @@ one is used.
 """
 import dataclasses
 import logging
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import gin
 import jax
@@ -19,6 +19,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 PREFIX = 'checkpoint'
+log = logging.getLogger(__name__)
 # Orbax's own step naming: finds and builds ``checkpoint_<step>`` names (a regex on the whole name,
 # committed directories only), for the manager and for the functions below alike.
 _NAME_FORMAT = ocp.step.standard_name_format(step_prefix=PREFIX)
@@ -190,11 +191,62 @@ def checkpoint_path(path: str) -> epath.Path:
   return latest.path
 
 
-def restore_params(path: str, abstract_params):
+def _saved_param_shapes(path: epath.Path):
+  """{'a/b/c': shape} of the parameters saved in checkpoint ``path`` (from orbax's metadata)."""
+  handler = ocp.PyTreeCheckpointHandler()
+  try:
+    return _shapes(handler.metadata(path / 'state').tree['params'])
+  finally:
+    handler.close()
+
+
+def _shapes(tree):
+  return {'/'.join(str(getattr(k, 'key', k)) for k in p): tuple(x.shape)
+          for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def _subtree(tree, keep):
+  """``tree`` (nested dicts) with only the leaves whose 'a/b/c' name is in ``keep``."""
+  out = {}
+  for p, x in jax.tree_util.tree_leaves_with_path(tree):
+    keys = [str(getattr(k, 'key', k)) for k in p]
+    if '/'.join(keys) in keep:
+      node = out
+      for k in keys[:-1]:
+        node = node.setdefault(k, {})
+      node[keys[-1]] = x
+  return out
+
+
+def restore_params(path: str, abstract_params, fresh: Sequence[str] = ()):
   """Only the parameters of a checkpoint (fine-tuning: the optimizer state starts fresh), laid out
-  as ``abstract_params`` says."""
+  as ``abstract_params`` says.
+
+  ``fresh``: top-level names (a fine-tuning head, e.g. 'pooler', 'classifier') whose parameters
+  the checkpoint may lack or hold with other shapes; they are left out of the result, for the
+  caller to initialise. Any other parameter the checkpoint lacks, or holds with another shape, is
+  a CheckpointError naming it (another model configuration). Saved parameters the model does not
+  have (an MLM head when fine-tuning a classifier) are not read. What was initialised fresh and
+  what was dropped is logged."""
   path = checkpoint_path(path)
-  target = {'params': _abstract(abstract_params)}
+  try:
+    saved = _saved_param_shapes(path)
+  except Exception as e:
+    raise CheckpointError(f'cannot read the parameters of {path}: {e}') from e
+  wanted = _shapes(abstract_params)
+  new = sorted(k for k in wanted if saved.get(k) != wanted[k])
+  refused = [k for k in new if k.split('/')[0] not in fresh]
+  if refused:
+    k = refused[0]
+    raise CheckpointError(f'{path} holds another model ({k}: saved {saved.get(k)}, this model '
+                          f'{wanted[k]}; {len(refused)} parameter(s) differ). Is it a checkpoint of '
+                          'the same model configuration?')
+  dropped = sorted(saved.keys() - wanted.keys())
+  if new or dropped:
+    log.info('restored %d of %d parameters from %s; initialised fresh: %s; not used (dropped): %s',
+             len(wanted) - len(new), len(wanted), path, ', '.join(new) or 'none',
+             ', '.join(dropped) or 'none')
+  target = {'params': _abstract(_subtree(abstract_params, wanted.keys() - set(new)))}
   restore_args = jax.tree_util.tree_map(
       lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding, global_shape=x.shape, dtype=x.dtype),
       target)

@@ -3,35 +3,59 @@
 Sums over all batches are divided once at the end, so the result is the token-weighted mean over
 the whole split, independent of how it was batched. ``loss`` includes the z-loss term the run
 trains with; ``log_perplexity`` is the plain cross-entropy per target token.
+
+A classification head counts examples where a language model counts tokens, and its per-example
+predictions (argmax, or the regression output) are also gathered, so that the task's own metrics
+(GLUE's accuracy, F1, Matthews corr., Pearson/Spearman: functions of (targets, predictions)) are
+computed over the labelled examples; they replace the token accuracy of the same name, as the
+decoded metrics of text-to-text tasks do. A regression head reports no accuracy or
+log-perplexity: its 'loss' is the mean squared error.
 """
 import itertools
-from typing import Dict, Iterable, Optional
+from typing import Callable, Dict, Iterable, Optional, Sequence
 
 import jax
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from t5x_variants.train import partitioning
 from t5x_variants.train.train_step import summed_loss
 
 
 def make_eval_step(model, config, param_sharding, mesh, z_loss: float = 0.0):
-  """Jitted (params, batch) -> sums of loss, z_loss, correct and num_tokens."""
+  """Jitted (params, batch) -> sums of loss, z_loss, correct and num_tokens (and a classification
+  head's per-example 'rows'), replicated on every device."""
   def step(params, batch):
-    return summed_loss(model, config, params, batch, None, z_loss=z_loss)[1]
-  return jax.jit(step, in_shardings=(param_sharding, partitioning.batch_sharding(mesh)))
+    return summed_loss(model, config, params, batch, None, z_loss=z_loss, rows=True)[1]
+  return jax.jit(step, in_shardings=(param_sharding, partitioning.batch_sharding(mesh)),
+                 out_shardings=NamedSharding(mesh, PartitionSpec()))
 
 
 def evaluate(eval_step, params, batches: Iterable[Dict[str, np.ndarray]], mesh,
-             max_batches: Optional[int] = None) -> Dict[str, float]:
+             max_batches: Optional[int] = None,
+             metric_fns: Sequence[Callable] = ()) -> Dict[str, float]:
   """Token-weighted metrics over ``batches`` (at most ``max_batches``): global batches that every
-  process holds whole; each feeds its own rows."""
-  totals = None
+  process holds whole; each feeds its own rows. ``metric_fns``: applied to a classification head's
+  (labels, predictions) of the examples with weight > 0."""
+  totals, rows = None, []
   for batch in itertools.islice(batches, max_batches):
     sums = eval_step(params, partitioning.global_batch(partitioning.host_rows(batch, mesh), mesh))
+    if 'rows' in sums:
+      rows.append(partitioning.to_host(sums.pop('rows')))
     totals = sums if totals is None else jax.tree_util.tree_map(jax.numpy.add, totals, sums)
   if totals is None:
     raise ValueError('the evaluation data is empty')
   totals = jax.tree_util.tree_map(float, partitioning.to_host(totals))
   n = max(totals['num_tokens'], 1.0)
-  return {'loss': totals['loss'] / n, 'log_perplexity': (totals['loss'] - totals['z_loss']) / n,
-          'accuracy': totals['correct'] / n, 'num_tokens': totals['num_tokens']}
+  out = {'loss': totals['loss'] / n, 'log_perplexity': (totals['loss'] - totals['z_loss']) / n,
+         'accuracy': totals['correct'] / n, 'num_tokens': totals['num_tokens']}
+  if rows:
+    cat = lambda k: np.concatenate([r[k] for r in rows])
+    keep = cat('weights') > 0  # not the padding rows, nor unlabelled (test) examples
+    labels, predictions = cat('labels')[keep], cat('predictions')[keep]
+    if np.issubdtype(predictions.dtype, np.floating):  # regression
+      del out['accuracy'], out['log_perplexity']
+    if keep.any():
+      for fn in metric_fns:
+        out.update({k: float(v) for k, v in fn(labels.tolist(), predictions.tolist()).items()})
+  return out

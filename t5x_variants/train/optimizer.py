@@ -1,11 +1,14 @@
-"""Adafactor with T5's settings and the learning-rate schedules of the papers.
+"""The papers' optimizers as gin objects, and their learning-rate schedules.
 
-Adafactor (Shazeer & Stern 2018) as T5 used it: factored second moments, decay rate 0.8,
-parameter-scaled relative steps, update clipping 1.0, no momentum. A scanned stack stores its
-layers on a leading ``layers`` axis; each layer gets its own statistics (the optimizer is vmapped
-over that axis), so the layers axis is never factored and parameter scale and clipping stay per
-layer, as T5X's factor rules treat it. Parameters of a ``fixed_random`` synthesizer (and any
-path listed in ``frozen``) get no update.
+- ``adafactor`` (Shazeer & Stern 2018) as T5 used it: factored second moments, decay rate 0.8,
+  parameter-scaled relative steps, update clipping 1.0, no momentum.
+- ``adam`` / ``adamw`` (optax), as DeepNet, Magneto and Xiong et al. trained.
+
+A scanned stack stores its layers on a leading ``layers`` axis; each layer gets its own
+statistics (the optimizer is vmapped over that axis), so Adafactor never factors the layers axis
+and its parameter scale and clipping stay per layer, as T5X's factor rules treat it; for the
+elementwise Adam this changes nothing. Parameters of a ``fixed_random`` synthesizer (and any path
+listed in ``make_optimizer.frozen``) get no update.
 """
 from typing import Callable, Optional, Sequence
 
@@ -14,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-SCHEDULES = ('rsqrt', 'constant')
+SCHEDULES = ('rsqrt', 'constant', 'noam', 'linear', 'cosine')
 
 
 def _inverse_sqrt(base: float, warmup_steps: int):
@@ -23,11 +26,41 @@ def _inverse_sqrt(base: float, warmup_steps: int):
   return lambda step: base / jnp.sqrt(jnp.maximum(jnp.asarray(step, jnp.float32), warmup_steps))
 
 
+def _noam(base: float, warmup_steps: int, d_model: Optional[int]):
+  """base * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (Vaswani et al. 2017, Eq. 3);
+  without d_model the factor is sqrt(warmup), so the peak at step = warmup is ``base`` (fairseq's
+  inverse_sqrt, as DeepNet and Magneto ran it)."""
+  scale = d_model**-0.5 if d_model else warmup_steps**0.5
+  def lr(step):
+    s = jnp.asarray(step, jnp.float32)
+    return base * scale * jnp.minimum(jax.lax.rsqrt(jnp.maximum(s, 1.0)), s * warmup_steps**-1.5)
+  return lr
+
+
+def _warmup_linear(base: float, warmup_steps: int, total_steps: int, end_value: float):
+  """0 -> base linearly over the warmup, then base -> end_value linearly at total_steps. Written
+  out: optax's linear_schedule under jit ends at about -2e-11, not 0 (as noted below)."""
+  def lr(step):
+    s = jnp.asarray(step, jnp.float32)
+    decay = jnp.clip((total_steps - s) / (total_steps - warmup_steps), 0.0, 1.0)
+    return jnp.where(s < warmup_steps, base * s / max(warmup_steps, 1),
+                     end_value + (base - end_value) * decay)
+  return lr
+
+
 @gin.configurable
 def learning_rate_schedule(name: str = 'rsqrt', base: float = 1.0, warmup_steps: int = 10_000,
-                           total_steps: Optional[int] = None, decay_fraction: float = 0.0):
-  """lr(step). 'rsqrt': base / sqrt(max(step, warmup_steps)) (T5: 0.01 for 10k steps, then
-  decaying); 'constant': base. With ``decay_fraction`` > 0 the rate is also multiplied by
+                           total_steps: Optional[int] = None, decay_fraction: float = 0.0,
+                           d_model: Optional[int] = None, end_value: float = 0.0):
+  """lr(step), where ``step`` counts the updates applied before this one (0 for the first).
+
+  - 'rsqrt': base / sqrt(max(step, warmup_steps)) (T5: base 1, 0.01 for 10k steps, then decaying);
+  - 'constant': base;
+  - 'noam': linear warmup to step ``warmup_steps``, then inverse square root (``_noam``);
+  - 'linear' / 'cosine': linear warmup from 0 to ``base`` over ``warmup_steps``, then linear or
+    cosine (Loshchilov & Hutter 2017; optax's) decay to ``end_value`` at ``total_steps``.
+
+  With ``decay_fraction`` > 0 the rate is also multiplied by
   clip((total_steps - step) / (decay_fraction * total_steps), 0, 1): it falls linearly to 0 over
   the last ``decay_fraction * total_steps`` steps (the GLU-variants paper: the final 10%) and is
   0 from ``total_steps`` on. That factor is written out rather than taken from
@@ -36,9 +69,21 @@ def learning_rate_schedule(name: str = 'rsqrt', base: float = 1.0, warmup_steps:
   a factor of ~2.5e-8, not 0, at and after the last step."""
   if name not in SCHEDULES:
     raise ValueError(f'unknown schedule {name!r}; valid: {", ".join(SCHEDULES)}')
-  if decay_fraction and not total_steps:
-    raise ValueError('decay_fraction needs total_steps')
-  lr = optax.constant_schedule(base) if name == 'constant' else _inverse_sqrt(base, warmup_steps)
+  if (decay_fraction or name in ('linear', 'cosine')) and not total_steps:
+    raise ValueError(f'schedule {name!r}' + (' with decay_fraction' if decay_fraction else '') +
+                     ' needs learning_rate_schedule.total_steps')
+  if name in ('linear', 'cosine') and not 0 <= warmup_steps < total_steps:
+    raise ValueError(f'warmup_steps {warmup_steps} must be in [0, total_steps {total_steps})')
+  if name == 'constant':
+    lr = optax.constant_schedule(base)
+  elif name == 'rsqrt':
+    lr = _inverse_sqrt(base, warmup_steps)
+  elif name == 'noam':
+    lr = _noam(base, warmup_steps, d_model)
+  elif name == 'cosine':
+    lr = optax.warmup_cosine_decay_schedule(0.0, base, warmup_steps, total_steps, end_value)
+  else:
+    lr = _warmup_linear(base, warmup_steps, total_steps, end_value)
   if not decay_fraction:
     return lr
   decay_steps = decay_fraction * total_steps
@@ -68,26 +113,42 @@ def param_labels(params, frozen: Sequence[str] = ()):
 
 
 @gin.configurable
-def adafactor(params, learning_rate=None, decay_rate: float = 0.8, clipping_threshold: float = 1.0,
-              multiply_by_parameter_scale: bool = True, min_dim_size_to_factor: int = 128,
-              global_norm_clip: Optional[float] = None, frozen: Sequence[str] = ()):
-  """The optimizer for ``params`` (their tree decides which leaves are per-layer or frozen)."""
-  learning_rate = learning_rate if learning_rate is not None else learning_rate_schedule()
-  make = lambda: optax.adafactor(learning_rate, min_dim_size_to_factor=min_dim_size_to_factor,
-                                 decay_rate=decay_rate, clipping_threshold=clipping_threshold,
-                                 multiply_by_parameter_scale=multiply_by_parameter_scale,
-                                 momentum=None, factored=True)
-  labels = param_labels(params, frozen)
-  names = set(jax.tree_util.tree_leaves(labels))
-  transforms = {n: optax.set_to_zero() if n == 'frozen' else make() if n == 'default'
-                else _per_layer(make()) for n in names}
-  tx = optax.multi_transform(transforms, labels)
-  return optax.chain(optax.clip_by_global_norm(global_norm_clip), tx) if global_norm_clip else tx
+def adafactor(learning_rate, decay_rate: float = 0.8, clipping_threshold: float = 1.0,
+              multiply_by_parameter_scale: bool = True, min_dim_size_to_factor: int = 128):
+  """Adafactor as T5 ran it (factored, no momentum)."""
+  return optax.adafactor(learning_rate, min_dim_size_to_factor=min_dim_size_to_factor,
+                         decay_rate=decay_rate, clipping_threshold=clipping_threshold,
+                         multiply_by_parameter_scale=multiply_by_parameter_scale, momentum=None,
+                         factored=True)
 
 
 @gin.configurable
-def make_optimizer(params, learning_rate, optimizer: Callable = adafactor):
+def adam(learning_rate, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8):
+  """Adam (Kingma & Ba 2015); DeepNet, Magneto and fairseq's Transformers use b2 = 0.98."""
+  return optax.adam(learning_rate, b1=b1, b2=b2, eps=eps)
+
+
+@gin.configurable
+def adamw(learning_rate, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
+          weight_decay: float = 0.01):
+  """AdamW (Loshchilov & Hutter 2019): decay lr * weight_decay * theta decoupled from the Adam
+  step, on every trained parameter (as fairseq's and PyTorch's AdamW)."""
+  return optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
+
+
+@gin.configurable
+def make_optimizer(params, learning_rate, optimizer: Callable = adafactor,
+                   global_norm_clip: Optional[float] = None, frozen: Sequence[str] = ()):
   """The run's optimizer for ``params``, used by every command that builds a train step (T5X's
-  ``OPTIMIZER``): ``make_optimizer.optimizer = @adafactor`` (the default), whose own settings are
-  bound on it (``adafactor.decay_rate = 0.8``, ...)."""
-  return optimizer(params, learning_rate=learning_rate)
+  ``OPTIMIZER``): ``make_optimizer.optimizer = @adafactor`` (the default), ``@adam`` or
+  ``@adamw``, whose own settings are bound on them (``adam.b2 = 0.98``, ...).
+
+  Each scanned layer stack gets the optimizer per layer (vmapped over the ``layers`` axis), the
+  ``frozen`` paths no update, and with ``global_norm_clip`` the gradients are first clipped to
+  that global norm (Pascanu et al. 2013)."""
+  labels = param_labels(params, frozen)
+  transforms = {n: optax.set_to_zero() if n == 'frozen' else
+                optimizer(learning_rate) if n == 'default' else _per_layer(optimizer(learning_rate))
+                for n in set(jax.tree_util.tree_leaves(labels))}
+  tx = optax.multi_transform(transforms, labels)
+  return optax.chain(optax.clip_by_global_norm(global_norm_clip), tx) if global_norm_clip else tx

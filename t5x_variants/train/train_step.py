@@ -31,9 +31,15 @@ TARGETS = {'encoder_decoder': 'decoder', 'decoder_only': 'decoder', 'encoder_onl
 
 def synthetic_batch(config: TransformerConfig, batch: int, lengths, seed: int = 0):
   """Random tokens (no padding, ids >= 2) with every target position weighted, for the
-  architecture's features (``lengths``: 'inputs' / 'targets'); for benchmarks and tests."""
+  architecture's features (``lengths``: 'inputs' / 'targets'), or a classification head's
+  (random labels, every example weighted); for benchmarks and tests."""
   rng = np.random.RandomState(seed)
   ids = lambda n: rng.randint(2, config.vocab_size, (batch, n)).astype(np.int32)
+  if config.head == 'classification':
+    labels = (rng.rand(batch).astype(np.float32) if config.num_labels == 1
+              else rng.randint(0, config.num_labels, batch).astype(np.int32))
+    return {'encoder_input_tokens': ids(lengths['inputs']), 'classification_labels': labels,
+            'classification_weights': np.ones(batch, np.int32)}
   if config.architecture == 'encoder_only':
     tokens = ids(lengths['inputs'])
     return {'encoder_input_tokens': tokens, 'encoder_target_tokens': tokens,
@@ -53,15 +59,42 @@ class TrainState(flax.struct.PyTreeNode):
 
 
 def summed_loss(model, config: TransformerConfig, params, batch, dropout_rng, label_smoothing=0.0,
-                z_loss=0.0):
-  """(summed loss, metrics sums) of one (micro)batch; dropout on when ``dropout_rng`` is given."""
+                z_loss=0.0, rows: bool = False):
+  """(summed loss, metrics sums) of one (micro)batch; dropout on when ``dropout_rng`` is given.
+  A classification head's batch has ``classification_labels`` / ``classification_weights`` (one
+  per example, counted as its 'num_tokens'); with ``rows`` its metrics also hold 'rows': each
+  example's prediction (argmax, or the regression output), label and weight (for evaluation)."""
   inputs = {k: batch[k] for k in MODEL_INPUTS[config.architecture] if k in batch}
   rngs = {'dropout': dropout_rng} if dropout_rng is not None else {}
   logits = model.apply({'params': params}, **inputs, enable_dropout=dropout_rng is not None, rngs=rngs)
+  if config.head == 'classification':
+    return _classification_sums(config, logits[:, 0], batch, label_smoothing, z_loss, rows)
   prefix = TARGETS[config.architecture]
+  if f'{prefix}_target_tokens' not in batch:
+    raise ValueError(f'the batch has no {prefix}_target_tokens (features: {", ".join(sorted(batch))});'
+                     ' a classification task needs TransformerConfig.head = "classification"')
   m = losses.loss_and_metrics(logits, batch[f'{prefix}_target_tokens'], batch[f'{prefix}_loss_weights'],
                               label_smoothing, z_loss, loss_normalizing_factor='none')
   del m['accuracy']  # a ratio; the step sums 'correct' over microbatches instead
+  return m['loss'], m
+
+
+def _classification_sums(config: TransformerConfig, logits, batch, label_smoothing, z_loss, rows):
+  if 'classification_labels' not in batch:
+    raise ValueError('a classification head needs classification_labels and classification_weights '
+                     f'(a classification task such as glue_rte_cls); the batch has {", ".join(sorted(batch))}')
+  labels = batch['classification_labels']
+  weights = batch['classification_weights'].astype(jnp.float32)
+  per_example, z = losses.classification_loss(logits, labels, weights, label_smoothing, z_loss)
+  if config.num_labels == 1:  # regression: no accuracy
+    predictions, correct = logits[:, 0], jnp.zeros((), jnp.float32)
+  else:
+    predictions = jnp.argmax(logits, -1).astype(jnp.int32)
+    correct = jnp.sum((predictions == labels) * weights)
+  m = {'loss': jnp.sum(per_example), 'z_loss': jnp.sum(z), 'correct': correct,
+       'num_tokens': jnp.sum(weights)}
+  if rows:
+    m['rows'] = {'predictions': predictions, 'labels': labels, 'weights': weights}
   return m['loss'], m
 
 
@@ -127,11 +160,23 @@ def _fresh(params, tx) -> TrainState:
 
 def create_state(layout: StateLayout, model, rng, init_inputs, params=None) -> TrainState:
   """A step-0 state built directly in its shards: freshly initialised parameters, or ``params``
-  (e.g. a pretrained checkpoint's) with a fresh optimizer state."""
-  if params is not None:
+  (e.g. a pretrained checkpoint's) with a fresh optimizer state. ``params`` may hold only some of
+  the model's parameters (a pretrained encoder without the fine-tuning head): the others are
+  initialised fresh, as ``rng`` would initialise them."""
+  init = lambda: nn.unbox(model.init(rng, *init_inputs)['params'])
+  if params is None:
+    return jax.jit(lambda: _fresh(init(), layout.tx), out_shardings=layout.shardings)()
+  given = flax.traverse_util.flatten_dict(params)
+  if given.keys() == flax.traverse_util.flatten_dict(layout.abstract.params).keys():
     return jax.jit(lambda p: _fresh(p, layout.tx), out_shardings=layout.shardings)(params)
-  init = lambda: _fresh(nn.unbox(model.init(rng, *init_inputs)['params']), layout.tx)
-  return jax.jit(init, out_shardings=layout.shardings)()
+
+  def merged(p):  # the replaced parts of the fresh initialisation are never computed (XLA DCE)
+    full = flax.traverse_util.flatten_dict(init())
+    unknown = p.keys() - full.keys()
+    if unknown:
+      raise ValueError(f'parameters the model does not have: {sorted("/".join(k) for k in unknown)}')
+    return _fresh(flax.traverse_util.unflatten_dict({**full, **p}), layout.tx)
+  return jax.jit(merged, out_shardings=layout.shardings)(given)
 
 
 def init_state(model, tx_fn: Callable, mesh, rules, rng, init_inputs):

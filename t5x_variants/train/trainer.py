@@ -19,13 +19,13 @@ import os
 import shutil
 import signal
 import time
-from typing import Callable, Iterable, Iterator, Mapping, Optional, Tuple
+from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence, Tuple
 
 import gin
 import jax
 import numpy as np
 
-from t5x_variants.models import build_model, init_inputs
+from t5x_variants.models import build_model, fresh_head_params, init_inputs
 from t5x_variants.models.config import TransformerConfig
 from t5x_variants.models.summary import model_info
 from t5x_variants.train import checkpoints, evaluation, optimizer, partitioning, train_step
@@ -92,9 +92,10 @@ def _host_tokens(batch) -> Tuple[int, int]:
   return tokens or int(np.prod(next(iter(batch.values())).shape)), len(next(iter(batch.values())))
 
 
-@gin.configurable(denylist=['config', 'train_data', 'eval_data', 'files'])
+@gin.configurable(denylist=['config', 'train_data', 'eval_data', 'eval_metric_fns', 'files'])
 def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
           eval_data: Optional[Callable[[], Mapping[str, Iterable]]] = None,
+          eval_metric_fns: Optional[Mapping[str, Sequence[Callable]]] = None,
           files: Mapping[str, str] = None,
           model_dir: str = gin.REQUIRED, total_steps: int = gin.REQUIRED,
           mesh: Optional[partitioning.MeshConfig] = None, num_microbatches: int = 1,
@@ -106,7 +107,9 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
 
   ``train_data()``: this host's iterator of numpy batches (with ``save``/``restore`` to make the
   data position part of checkpoints); ``eval_data()``: {name: finite iterable of global batches,
-  the same on every process}. ``mesh``: the gin-bound ``MeshConfig`` by default. Dropout is on
+  the same on every process}; ``eval_metric_fns``: {name: the task's metric functions of
+  (targets, predictions)}, applied to a classification head's predictions at each eval (GLUE's
+  accuracy, F1, ...). ``mesh``: the gin-bound ``MeshConfig`` by default. Dropout is on
   when ``config.dropout_rate`` > 0. The optimizer and schedule are the gin-bound
   ``make_optimizer`` and ``learning_rate_schedule``.
   """
@@ -128,7 +131,8 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
     state, start = restored
     log.info('resumed from step %d in %s', start, model_dir)
   else:
-    params = (checkpoints.restore_params(init_checkpoint, layout.abstract.params)
+    params = (checkpoints.restore_params(init_checkpoint, layout.abstract.params,
+                                         fresh=fresh_head_params(config))
               if init_checkpoint else None)
     state, start = train_step.create_state(layout, model, rng, inputs, params), 0
   _write_run_files(model_dir, config, files or {})  # after restoring: a refused resume keeps them
@@ -143,7 +147,8 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
 
   def run_eval(step):
     for name, batches in (eval_data() if eval_data else {}).items():
-      logger.eval(step, name, evaluation.evaluate(eval_step, state.params, batches, mesh, eval_batches))
+      logger.eval(step, name, evaluation.evaluate(eval_step, state.params, batches, mesh, eval_batches,
+                                                  (eval_metric_fns or {}).get(name, ())))
 
   def read(pending):
     """Waits for a dispatched step's metrics, applies ``on_nonfinite`` and logs on its period."""
@@ -161,7 +166,7 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
             f'the loss or gradients at step {read_step} are not finite (loss {metrics["loss"]}); '
             f'the update was not applied and the checkpoints in {model_dir} (last: step '
             f'{ckpt.steps()[-1] if ckpt.steps() else "none"}) are intact. Lower the learning '
-            'rate, add train.z_loss or adafactor.global_norm_clip, or set '
+            'rate, add train.z_loss or make_optimizer.global_norm_clip, or set '
             "train.on_nonfinite='skip'.")
       log.warning('step %d: non-finite loss or gradients, update skipped', read_step)
     if read_step % log_period == 0 or read_step == total_steps:

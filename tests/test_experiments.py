@@ -1,0 +1,139 @@
+"""Every experiment gin file parses and builds, holds its paper's headline settings (the GLU
+recipe's 222,903,552 parameters for every FFN, LayerNorm and Adam for DeepNet / Magneto / Xiong,
+Adafactor for the T5-based papers), and each family's small recipe trains."""
+import glob
+import os
+
+import flax.linen as nn
+import gin
+import jax
+import numpy as np
+import pytest
+
+from t5x_variants.cli import common
+from t5x_variants.models import build_model, init_inputs
+from t5x_variants.train import optimizer
+
+EXPERIMENTS = os.path.join(common.PACKAGE_DIR, 'gin', 'experiments')
+FFNS = ['relu', 'gelu', 'swish', 'glu', 'bilinear', 'reglu', 'geglu', 'swiglu']
+PLACEMENT_FAMILIES = ('deepnet', 'foundation', 'vanilla')
+# Files that are added to a recipe rather than run alone.
+OVERLAYS = {'small_scale.gin', 'steps_65k.gin', 'no_warmup.gin'}
+
+
+def experiment_files():
+  return sorted(os.path.relpath(p, common.PACKAGE_DIR)
+                for p in glob.glob(os.path.join(EXPERIMENTS, '**', '*.gin'), recursive=True))
+
+
+def load(*files, bindings=()):
+  """The TransformerConfig of gin ``files`` (+ bindings), with the data layer's configurables."""
+  gin.clear_config()
+  common.parse_gin(list(files), list(bindings), configurables=common.library_configurables())
+  return common.build_config()
+
+
+def query(name):
+  """A bound value (macros resolved); for a reference (``@adam``) the configurable's name."""
+  value = gin.query_parameter(name)
+  if not isinstance(value, gin.config.ConfigurableReference):
+    return value
+  return value.scoped_configurable_fn() if value.selector == 'gin.macro' else value.selector
+
+
+def num_params(config) -> int:
+  model = build_model(config)
+  params = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), *init_inputs(config)))['params']
+  return sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(nn.unbox(params)))
+
+
+def test_every_file_is_covered():
+  names = {os.path.relpath(p, 'gin/experiments') for p in experiment_files()}
+  assert {f'glu_variants/{f}.gin' for f in FFNS} <= names
+  for family in PLACEMENT_FAMILIES + ('synthesizer',):
+    assert any(n.startswith(family) and n.endswith('_small.gin') for n in names), family
+
+
+@pytest.mark.parametrize('path', experiment_files())
+def test_every_experiment_file_builds(path):
+  """Alone (overlays after a recipe of their family), its model config validates and its
+  optimizer and schedule build (finetune files: after a pretraining run's config)."""
+  name = os.path.basename(path)
+  family = os.path.dirname(path)
+  files = [path]
+  if name in OVERLAYS or name.startswith('depth_'):
+    base = {'gin/experiments': 'gin/experiments/glu_variants/small.gin',
+            'gin/experiments/glu_variants': 'gin/experiments/glu_variants/relu.gin'}.get(
+                family, os.path.join(family, 'span_corruption.gin'))
+    files = [base, path]
+  if name == 'finetune.gin':
+    files = [os.path.join(family, 'relu.gin' if 'glu' in family else 'span_corruption.gin'), path]
+  load(*files, bindings=['MODEL_DIR = "/tmp/unused"'] +
+       (['INITIAL_CHECKPOINT_PATH = "/tmp/unused"'] if name == 'finetune.gin' else []))
+  schedule = optimizer.learning_rate_schedule()
+  assert float(schedule(query('learning_rate_schedule.warmup_steps') or 0)) > 0
+  from t5x_variants.data import pipeline, tasks  # pylint: disable=g-import-not-at-top
+  with gin.config_scope('train'):
+    data = pipeline.DatasetConfig()
+  tasks.get_task_or_mixture(data.mixture_or_task_name)  # registered (the data need not be here)
+  assert min(data.task_feature_lengths.values()) > 0
+  params = {'decoder': {'layers': {'w': np.zeros((2, 3, 4), np.float32)}}}
+  optimizer.make_optimizer(params, schedule).init(params)
+
+
+@pytest.mark.parametrize('ffn', FFNS)
+def test_glu_recipe_is_t5_v1_0_base_with_222_903_552_parameters(ffn):
+  c = load(f'gin/experiments/glu_variants/{ffn}.gin', bindings=['MODEL_DIR = "/tmp/unused"'])
+  assert num_params(c) == 222_903_552
+  assert c.activations == {'relu': ('relu',), 'gelu': ('gelu',), 'swish': ('swish',)}.get(ffn, c.activations)
+  assert (c.tie_embeddings, c.dropout_rate, c.norm, c.placement, c.vocab_size) == (True, 0.0, 'rmsnorm', 'pre', 32128)
+  assert query('make_optimizer.optimizer') == 'adafactor'
+  assert query('vocabulary.kind') == 't5'
+  assert query('train.total_steps') == 524_288
+  lr = optimizer.learning_rate_schedule()
+  assert float(lr(0)) == pytest.approx(0.01) and float(lr(40_000)) == pytest.approx(0.005)
+  assert float(lr(524_288 - 26_214)) == pytest.approx(0.5 / np.sqrt(524_288 - 26_214), rel=1e-4)
+  assert float(lr(524_288)) == 0
+
+
+@pytest.mark.parametrize('path', [p for p in experiment_files()
+                                  if os.path.basename(os.path.dirname(p)) in PLACEMENT_FAMILIES
+                                  and os.path.basename(p) not in OVERLAYS
+                                  and not os.path.basename(p).startswith('depth_')])
+@pytest.mark.parametrize('placement', ['pre_ln', 'post_ln', 'deepnorm', 'subln'])
+def test_placement_recipes_use_layernorm_and_adam(path, placement):
+  """DeepNet, Magneto and Xiong et al. trained with LayerNorm (not RMSNorm) and Adam."""
+  c = load(path, f'gin/variants/norm/{placement}.gin', bindings=['MODEL_DIR = "/tmp/unused"'])
+  assert c.norm == 'layernorm' and c.placement == {'pre_ln': 'pre', 'post_ln': 'post'}.get(placement, placement)
+  assert query('make_optimizer.optimizer') in ('adam', 'adamw')
+  assert c.init_scheme == 'xavier' and c.use_bias
+
+
+def test_depth_files_set_both_stacks_and_the_deepnorm_constants_follow():
+  c = load('gin/experiments/deepnet/span_corruption.gin', 'gin/variants/norm/deepnorm.gin',
+           'gin/experiments/deepnet/depth_50.gin', bindings=['MODEL_DIR = "/tmp/unused"'])
+  assert (c.num_encoder_layers, c.num_decoder_layers) == (50, 50)
+  assert c.residual_constants()['decoder'] == pytest.approx(((3 * 50)**0.25, (12 * 50)**-0.25))
+
+
+SMALL_RUNS = [
+    ('gin/experiments/glu_variants/small.gin', 'gin/variants/ffn/swiglu.gin'),
+    ('gin/experiments/foundation/lm_small.gin', 'gin/variants/norm/subln.gin'),
+    ('gin/experiments/foundation/mlm_small.gin', 'gin/variants/norm/pre_ln.gin'),
+    ('gin/experiments/deepnet/span_corruption_small.gin', 'gin/variants/norm/deepnorm.gin'),
+    ('gin/experiments/synthesizer/span_corruption_small.gin', 'gin/variants/attention/synth_random_plus_v.gin'),
+    ('gin/experiments/synthesizer/lm_small.gin', 'gin/variants/attention/synth_fixed_random.gin'),
+    ('gin/experiments/vanilla/span_corruption_small.gin', 'gin/variants/norm/post_ln.gin'),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('recipe,variant', SMALL_RUNS, ids=lambda p: os.path.basename(p))
+def test_small_recipes_train(recipe, variant, tmp_path):
+  """A few steps of each family's small recipe through t5xv-train, on the embedded corpus."""
+  from t5x_variants.cli import train
+  gin.clear_config()
+  assert train.main([f'--gin_file={recipe}', f'--gin_file={variant}', f'--gin.MODEL_DIR="{tmp_path}"',
+                     '--gin.TRAIN_STEPS=3', '--gin.BATCH_SIZE=4', '--gin.train.log_period=1',
+                     '--gin.train.eval_period=0', '--gin.learning_rate_schedule.warmup_steps=1']) == 0
+  assert (tmp_path / 'checkpoint_3').exists()
