@@ -56,14 +56,18 @@ def _decode_stepwise(model, params, enc, dec):
   return jnp.stack(out, axis=1)
 
 
-@pytest.mark.parametrize('arch,variant', CASES, ids=lambda v: _ids(v))
-def test_cached_decoding_equals_full_forward(arch, variant):
-  c = tiny(architecture=arch, self_attention=variant, decoder_max_length=L, placement='subln')
-  enc = (tokens(2, 5, seed=3),) if arch == 'encoder_decoder' else ()
+def assert_cached_decoding_equals_full_forward(c):
+  enc = (tokens(2, 5, seed=3),) if c.architecture == 'encoder_decoder' else ()
   dec = tokens(2, L)
   model, params = init_params(c, *enc, dec)
   full = jit_apply(model)({'params': params}, *enc, dec)
   np.testing.assert_allclose(_decode_stepwise(model, params, enc, dec), full, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize('arch,variant', CASES, ids=lambda v: _ids(v))
+def test_cached_decoding_equals_full_forward(arch, variant):
+  assert_cached_decoding_equals_full_forward(
+      tiny(architecture=arch, self_attention=variant, decoder_max_length=L, placement='subln'))
 
 
 @pytest.mark.parametrize('placement', ['post', 'deepnorm'])

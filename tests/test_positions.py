@@ -9,7 +9,7 @@ import pytest
 
 from conftest import count, init_params, jit_apply, tiny, tokens
 from t5x_variants.layers.position import sinusoidal
-from test_models import _decode_stepwise
+from test_models import assert_cached_decoding_equals_full_forward
 
 L = 8
 
@@ -57,12 +57,8 @@ def test_only_no_positions_leaves_the_encoder_permutation_equivariant(kind):
 @pytest.mark.parametrize('kind', ['sinusoidal', 'learned'])
 @pytest.mark.parametrize('arch', ['decoder_only', 'encoder_decoder'])
 def test_cached_decoding_with_absolute_positions_equals_full_forward(arch, kind):
-  c = tiny(architecture=arch, position_embedding=kind, decoder_max_length=L)
-  enc = (tokens(2, 5, seed=3),) if arch == 'encoder_decoder' else ()
-  dec = tokens(2, L)
-  model, params = init_params(c, *enc, dec)
-  full = jit_apply(model)({'params': params}, *enc, dec)
-  np.testing.assert_allclose(_decode_stepwise(model, params, enc, dec), full, rtol=1e-4, atol=1e-4)
+  assert_cached_decoding_equals_full_forward(
+      tiny(architecture=arch, position_embedding=kind, decoder_max_length=L))
 
 
 @pytest.mark.parametrize('kind', ['sinusoidal', 'learned'])
