@@ -47,10 +47,10 @@ def _label_names(spec: glue.TaskSpec):
   return spec.preprocessors[-1].keywords['label_names']
 
 
-def _task(name: str, source: seqio.DataSource, spec: glue.TaskSpec, vocabulary) -> ClassificationTask:
+def _task(name: str, source: seqio.DataSource, spec: glue.TaskSpec, output_features) -> ClassificationTask:
   label_names = _label_names(spec)
   return ClassificationTask(
-      name, source, output_features={'inputs': seqio.Feature(vocabulary, add_eos=True)},
+      name, source, output_features=output_features,
       preprocessors=[*spec.preprocessors, functools.partial(to_classification, regression=not label_names),
                      seqio.preprocessors.tokenize, seqio.preprocessors.append_eos_after_trim],
       metric_fns=list(spec.metric_fns), num_labels=len(label_names) if label_names else 1)
@@ -60,17 +60,9 @@ def register_classification_tasks(vocabulary: seqio.Vocabulary, tfds_data_dir: O
                                   glue_dir: Optional[str] = None) -> List[str]:
   """Registers ``glue_<t>_cls`` (and ``glue_<t>_cls_local`` with ``glue_dir`` or GLUE_DIR), skipping
   names already registered; returns the names added."""
-  root = glue_dir or os.environ.get('GLUE_DIR')
-  added = []
-  for t, spec in glue.GLUE_TASKS.items():
-    sources = {f'glue_{t}{SUFFIX}': lambda spec=spec: glue._tfds_source(spec, tfds_data_dir)}  # pylint: disable=protected-access
-    if root:
-      sources[f'glue_{t}{SUFFIX}_local'] = lambda spec=spec: glue._LocalSource(spec, root, glue.GLUE_HINT)  # pylint: disable=protected-access
-    for name, source in sources.items():
-      if name not in seqio.TaskRegistry.names():
-        seqio.TaskRegistry.add_provider(name, _task(name, source(), spec, vocabulary))
-        added.append(name)
-  return added
+  specs = {f'glue_{t}{SUFFIX}': spec for t, spec in glue.GLUE_TASKS.items()}
+  return glue.add_tasks(specs, {'inputs': seqio.Feature(vocabulary, add_eos=True)}, tfds_data_dir,
+                        glue_dir or os.environ.get('GLUE_DIR'), glue.GLUE_HINT, make_task=_task)
 
 
 def num_labels(task_or_mixture) -> Optional[int]:

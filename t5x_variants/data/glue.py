@@ -265,16 +265,19 @@ def _tfds_source(spec: TaskSpec, data_dir: Optional[str]) -> seqio.TfdsDataSourc
 
 
 def add_tasks(specs: Mapping[str, TaskSpec], output_features: Mapping[str, seqio.Feature],
-              tfds_data_dir: Optional[str] = None, root: Optional[str] = None, hint: str = '') -> List[str]:
+              tfds_data_dir: Optional[str] = None, root: Optional[str] = None, hint: str = '',
+              make_task: Callable[..., seqio.Task] = None) -> List[str]:
   """Registers each ``name: spec`` from TFDS and, when ``root`` is given, ``<name>_local`` from the
   original files under it (``hint``: how to get them), skipping names already registered; returns
-  the names added."""
+  the names added. ``make_task(name, source, spec, output_features)`` builds each task (default:
+  the text-to-text one)."""
+  make_task = make_task or _task
   added = []
   for name, spec in specs.items():
     for task_name, local in ((name, False), (f'{name}_local', True)):
       if (root or not local) and task_name not in seqio.TaskRegistry.names():
         source = _LocalSource(spec, root, hint) if local else _tfds_source(spec, tfds_data_dir)
-        seqio.TaskRegistry.add_provider(task_name, _task(task_name, source, spec, output_features))
+        seqio.TaskRegistry.add_provider(task_name, make_task(task_name, source, spec, output_features))
         added.append(task_name)
   return added
 
