@@ -1,0 +1,210 @@
+"""A sweep: base gin files x variant gin files (one or more axes) x seeds, each run in its own
+run directory under one sweep directory, recorded in ``SWEEP_DIR/sweep.json``.
+
+A run is named by its variant files' stems and its seed (``swiglu-seed0``,
+``post_ln+depth_18-seed1``) and trained by ``t5xv-train`` in ``SWEEP_DIR/<name>``. Seed ``s``
+sets ``train.seed`` (initialization, dropout) and ``train/DatasetConfig.seed`` (data order). A
+sweep binds ``train.on_nonfinite = 'stop'``: a diverging run stops at its first non-finite step
+and is recorded as diverged there (a binding given to the sweep overrides it).
+
+Statuses in sweep.json: ``pending``, ``running`` (or killed), ``interrupted`` (Ctrl-C: the run
+saved a checkpoint), ``done``, ``diverged`` (non-finite loss, with its step) and ``failed`` (with the error line).
+Running a sweep again skips done and diverged runs, resumes interrupted ones from their last
+checkpoint (the trainer does) and retries failed ones.
+"""
+import dataclasses
+import glob
+import itertools
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from typing import Callable, Dict, List, Optional, Sequence
+
+SWEEP_FILE = 'sweep.json'
+FINISHED = ('done', 'diverged')
+DEFAULT_BINDINGS = ("train.on_nonfinite = 'stop'",)
+
+
+class SweepError(ValueError):
+  """A sweep that cannot be built or does not match the sweep directory's."""
+
+
+def expand(pattern: str) -> List[str]:
+  """The gin files of one ``--variants`` value: comma-separated files or globs, in order."""
+  files = []
+  for part in filter(None, (p.strip() for p in pattern.split(','))):
+    matches = sorted(glob.glob(part)) if glob.has_magic(part) else [part]
+    if not matches or not all(os.path.isfile(m) for m in matches):
+      raise SweepError(f'--variants {part!r} matches no gin file')
+    files += matches
+  return files
+
+
+def stem(path: str) -> str:
+  return os.path.splitext(os.path.basename(path))[0]
+
+
+@dataclasses.dataclass
+class Run:
+  name: str
+  variant: str  # the variant files' stems joined by '+'
+  variant_files: List[str]
+  seed: int
+  status: str = 'pending'
+  reason: Optional[str] = None
+  diverged_step: Optional[int] = None
+  seconds: Optional[float] = None
+
+
+@dataclasses.dataclass
+class Sweep:
+  sweep_dir: str
+  base: List[str]
+  axes: List[List[str]]
+  seeds: int
+  bindings: List[str]
+  paper: Optional[str] = None
+  runs: List[Run] = dataclasses.field(default_factory=list)
+
+  @classmethod
+  def build(cls, sweep_dir: str, base: Sequence[str], variant_patterns: Sequence[str], seeds: int,
+            bindings: Sequence[str] = (), paper: Optional[str] = None) -> 'Sweep':
+    """The grid, seed-major (every variant's seed 0 first), so a partial sweep compares them all."""
+    if seeds < 1:
+      raise SweepError(f'--seeds must be at least 1, got {seeds}')
+    missing = [f for f in base if not os.path.isfile(f)]
+    if missing:
+      raise SweepError(f'base gin file not found: {", ".join(missing)}')
+    axes = [expand(p) for p in variant_patterns] or [[]]
+    sweep = cls(os.path.abspath(sweep_dir), list(base), axes, seeds, list(bindings), paper)
+    combos = list(itertools.product(*axes))
+    for seed in range(seeds):
+      for files in combos:
+        variant = '+'.join(stem(f) for f in files) or 'base'
+        sweep.runs.append(Run(f'{variant}-seed{seed}', variant, list(files), seed))
+    names = [r.name for r in sweep.runs]
+    if len(set(names)) != len(names):
+      raise SweepError('two variant files have the same name; give them distinct file names')
+    return sweep
+
+  def model_dir(self, run: Run) -> str:
+    return os.path.join(self.sweep_dir, run.name)
+
+  def command(self, run: Run, executable: Sequence[str] = ('t5xv-train',)) -> List[str]:
+    """The ``t5xv-train`` command line of ``run``."""
+    bindings = [*DEFAULT_BINDINGS, f"MODEL_DIR = '{self.model_dir(run)}'",
+                f'train.seed = {run.seed}', f'train/DatasetConfig.seed = {run.seed}', *self.bindings]
+    return [*executable, *[f'--gin_file={f}' for f in [*self.base, *run.variant_files]],
+            *[f'--gin.{k.strip()}={v.strip()}' for k, _, v in (b.partition('=') for b in bindings)]]
+
+  # --- sweep.json --------------------------------------------------------------------------------
+
+  def to_json(self) -> dict:
+    d = dataclasses.asdict(self)
+    for r, run in zip(d['runs'], self.runs):
+      r['model_dir'] = self.model_dir(run)
+      r['command'] = shell_line(self.command(run))
+    return d
+
+  def save(self):
+    os.makedirs(self.sweep_dir, exist_ok=True)
+    path = os.path.join(self.sweep_dir, SWEEP_FILE)
+    with open(path + '.tmp', 'w') as f:
+      json.dump(self.to_json(), f, indent=1)
+    os.replace(path + '.tmp', path)  # a reader never sees half a file
+
+  @classmethod
+  def load(cls, sweep_dir: str) -> 'Sweep':
+    path = os.path.join(sweep_dir, SWEEP_FILE)
+    if not os.path.isfile(path):
+      raise FileNotFoundError(f'{path} not found: not a sweep directory (t5xv-sweep writes it)')
+    with open(path) as f:
+      d = json.load(f)
+    fields = {f.name for f in dataclasses.fields(Run)}
+    runs = [Run(**{k: v for k, v in r.items() if k in fields}) for r in d.pop('runs')]
+    return cls(**d, runs=runs)
+
+  def merge_previous(self):
+    """Keeps the record of runs this sweep directory already has; refuses a different base."""
+    if not os.path.isfile(os.path.join(self.sweep_dir, SWEEP_FILE)):
+      return
+    old = Sweep.load(self.sweep_dir)
+    if (old.base, old.bindings) != (self.base, self.bindings):
+      raise SweepError(f'{self.sweep_dir} holds a sweep of other base gin files or bindings '
+                       f'({" ".join(old.base + old.bindings)}); use another --sweep_dir')
+    previous = {r.name: r for r in old.runs}
+    self.runs = [previous.get(r.name, r) for r in self.runs]
+    self.paper = self.paper or old.paper
+
+
+def shell_line(command: Sequence[str]) -> str:
+  """``command`` for a shell, with gin string values written as ``--gin.KEY="'value'"``."""
+  def quote(arg):
+    key, sep, value = arg.partition('=')
+    if sep and shlex.quote(arg) != arg and not set('"$`\\!') & set(arg):
+      return f'{key}="{value}"' if shlex.quote(key) == key else shlex.quote(arg)
+    return shlex.quote(arg)
+  return ' '.join(quote(a) for a in command)
+
+
+def _outcome(run: Run, returncode: int, log_file: str):
+  """Sets the run's status from its exit status and the last error line of its log."""
+  if returncode == 0:
+    run.status, run.reason = 'done', None
+    return
+  with open(log_file, errors='replace') as f:
+    errors = [l.strip() for l in f if 'error:' in l]
+  run.reason = errors[-1] if errors else f'exit status {returncode} (see {log_file})'
+  diverged = re.search(r'at step (\d+) are not finite', run.reason)
+  run.status = 'diverged' if diverged else 'failed'
+  run.diverged_step = int(diverged.group(1)) if diverged else None
+
+
+def _duration(seconds: float) -> str:
+  seconds = int(seconds)
+  return f'{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}'
+
+
+def trainer_executable() -> List[str]:
+  """``t5xv-train`` of this Python's environment (its launcher sets up huge pages on CPU)."""
+  script = os.path.join(os.path.dirname(sys.executable), 't5xv-train')
+  return [script] if os.path.isfile(script) else [sys.executable, '-m', 't5x_variants.cli.train']
+
+
+def run_sweep(sweep: Sweep, executable: Sequence[str], say: Callable[[str], None] = print) -> Dict:
+  """Trains every unfinished run in order, one at a time, saving sweep.json around each; a
+  failed or diverged run does not stop the others. Returns {status: count}."""
+  todo = [r for r in sweep.runs if r.status not in FINISHED]
+  durations = []
+  for i, run in enumerate(todo, 1):
+    os.makedirs(sweep.model_dir(run), exist_ok=True)
+    log_file = os.path.join(sweep.model_dir(run), 'train.log')
+    run.status = 'running'
+    sweep.save()
+    eta = (f'sweep eta {_duration(sum(durations) / len(durations) * (len(todo) - i + 1))}'
+           if durations else 'sweep eta: after the first run')
+    say(f'[{i}/{len(todo)}] {run.variant} seed {run.seed}: training in {sweep.model_dir(run)} ({eta})')
+    start = time.time()
+    with open(log_file, 'a') as log:
+      proc = subprocess.Popen(sweep.command(run, executable), stdout=log, stderr=subprocess.STDOUT)
+      try:
+        returncode = proc.wait()
+      except KeyboardInterrupt:  # the trainer got the SIGINT too: it saves a checkpoint first
+        proc.wait()
+        run.status = 'interrupted'
+        sweep.save()
+        raise
+    run.seconds = (run.seconds or 0) + time.time() - start
+    durations.append(time.time() - start)
+    _outcome(run, returncode, log_file)
+    sweep.save()
+    say(f'[{i}/{len(todo)}] {run.variant} seed {run.seed}: {run.status} in '
+        f'{_duration(durations[-1])}' + (f': {run.reason}' if run.reason else ''))
+  counts = {}
+  for r in sweep.runs:
+    counts[r.status] = counts.get(r.status, 0) + 1
+  return counts

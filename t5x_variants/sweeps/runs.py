@@ -1,0 +1,102 @@
+"""What a run directory says about its run: ``metrics.jsonl`` (train, eval and diagnostics
+records), ``config.gin`` (total steps) and ``model-info.txt`` (parameter count)."""
+import dataclasses
+import json
+import math
+import os
+import re
+from typing import Dict, List, Optional
+
+# A run counts as diverged at the first logged step whose training loss is not finite, or whose
+# loss is more than this many nats above the lowest loss logged before it (a blow-up that did not
+# end in NaN, as Post-LN's divergence often does).
+BLOW_UP_NATS = 1.0
+
+
+@dataclasses.dataclass
+class RunRecord:
+  model_dir: str
+  train: List[dict]
+  evals: Dict[str, List[dict]]  # task -> eval records by step
+  diagnostics: List[dict]
+  total_steps: Optional[int]
+  params: Optional[int]
+
+  @property
+  def step(self) -> int:
+    return max([r['step'] for r in self.train] or [0])
+
+  @property
+  def task(self) -> Optional[str]:
+    """The evaluated task (the first, if several)."""
+    return next(iter(self.evals), None)
+
+  def eval_curve(self, task: Optional[str] = None) -> List[tuple]:
+    """(step, held-out log-perplexity, or loss for tasks without one) of every eval."""
+    records = self.evals.get(task or self.task, [])
+    return [(r['step'], r.get('log_perplexity', r.get('loss'))) for r in records
+            if r.get('log_perplexity', r.get('loss')) is not None]
+
+  def final_eval(self) -> Optional[float]:
+    curve = self.eval_curve()
+    return curve[-1][1] if curve else None
+
+  def best_eval(self) -> Optional[float]:
+    values = [v for _, v in self.eval_curve()]
+    return min(values) if values else None
+
+  def tokens_per_second(self) -> Optional[float]:
+    """Mean over the logged windows after the first (which holds the compilation)."""
+    values = [r['tokens_per_second'] for r in self.train[1:] if r.get('tokens_per_second')]
+    return sum(values) / len(values) if values else None
+
+  def diverged_at(self) -> Optional[int]:
+    lowest = math.inf
+    for r in self.train:
+      loss = r.get('loss')
+      if loss is None or not math.isfinite(loss) or r.get('skipped') or loss > lowest + BLOW_UP_NATS:
+        return r['step']
+      lowest = min(lowest, loss)
+    return None
+
+
+def _read_jsonl(path: str) -> List[dict]:
+  records = []
+  if os.path.isfile(path):
+    with open(path) as f:
+      for line in f:
+        try:
+          records.append(json.loads(line))
+        except json.JSONDecodeError:  # a line being written as we read
+          pass
+  return records
+
+
+def _last_by_step(records: List[dict]) -> List[dict]:
+  """One record per step (a resumed run logs some steps again: the latest wins), by step."""
+  return sorted({r['step']: r for r in records}.values(), key=lambda r: r['step'])
+
+
+def read_run(model_dir: str) -> RunRecord:
+  records = _read_jsonl(os.path.join(model_dir, 'metrics.jsonl'))
+  evals = {}
+  for r in records:
+    if r.get('kind') == 'eval':
+      evals.setdefault(r['task'], []).append(r)
+  total_steps = params = None
+  config = os.path.join(model_dir, 'config.gin')
+  if os.path.isfile(config):
+    with open(config) as f:
+      text = f.read()
+    found = re.search(r'^train\.total_steps = (\d+)', text, re.M) or re.search(
+        r'^TRAIN_STEPS = (\d+)', text, re.M)
+    total_steps = int(found.group(1)) if found else None
+  info = os.path.join(model_dir, 'model-info.txt')
+  if os.path.isfile(info):
+    with open(info) as f:
+      found = re.search(r'Total number of parameters: ([\d,]+)', f.read())
+    params = int(found.group(1).replace(',', '')) if found else None
+  return RunRecord(model_dir, _last_by_step([r for r in records if r.get('kind') == 'train']),
+                   {t: _last_by_step(v) for t, v in evals.items()},
+                   _last_by_step([r for r in records if r.get('kind') == 'diagnostics']),
+                   total_steps, params)
