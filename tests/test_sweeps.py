@@ -250,3 +250,32 @@ def test_a_tiny_sweep_end_to_end(tmp_path):
   assert 'Spearman' not in text  # fewer than 3 variants: no ranking
   for name in ('sweep_curves', 'sweep_final'):
     assert_png(sweep_dir / f'{name}.png')
+
+
+def test_print_commands_lists_the_unfinished_runs(tmp_path, capsys):
+  from t5x_variants.cli import sweep as sweep_cli  # pylint: disable=g-import-not-at-top
+  base, a, b = gin_files(tmp_path, 'base.gin', 'a.gin', 'b.gin')
+  flags = [f'--sweep_dir={tmp_path}/s', f'--gin_file={base}', f'--variants={a},{b}', '--seeds=2',
+           '--gin.train.log_period=5', '--print_commands']
+  assert sweep_cli.main(flags) == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert len(lines) == 4 and lines[0].startswith(f't5xv-train --gin_file={base} --gin_file={a} ')
+  assert lines[3].endswith("--gin.MODEL_DIR=\"'" f"{tmp_path}/s/b-seed1'\" --gin.train.seed=1 "
+                           '--gin.train/DatasetConfig.seed=1 --gin.train.log_period=5')
+  saved = grid.Sweep.load(str(tmp_path / 's'))
+  saved.runs[0].status = 'done'
+  saved.save()
+  assert sweep_cli.main(flags) == 0
+  assert [l.split('MODEL_DIR=')[1].split()[0] for l in capsys.readouterr().out.splitlines()] == [
+      f"\"'{tmp_path}/s/{n}'\"" for n in ('b-seed0', 'a-seed1', 'b-seed1')]
+
+
+def test_report_without_runs_is_a_usage_error(capsys):
+  from t5x_variants.cli import report as report_cli  # pylint: disable=g-import-not-at-top
+  with pytest.raises(SystemExit) as exit_info:
+    report_cli.main([])
+  assert exit_info.value.code == 2 and 'give --sweep_dir or --run_dirs' in capsys.readouterr().err
+  with pytest.raises(SystemExit) as exit_info:
+    report_cli.main(['--sweep_dir=/nonexistent'])
+  assert exit_info.value.code == 2
+  assert 'sweep.json not found: not a sweep directory' in capsys.readouterr().err
