@@ -21,7 +21,7 @@ sweep --sweep_dir="$ROOT/glu" --gin_file=gin/experiments/glu_variants/small.gin 
 # 2. Magneto: Pre-LN vs Sub-LN (LayerNorm) on causal LM, MLM and span corruption.
 for objective in lm mlm span_corruption; do
   sweep --sweep_dir="$ROOT/magneto_$objective" --gin_file="gin/experiments/foundation/${objective}_small.gin" \
-    --variants=gin/variants/norm/pre_ln.gin,gin/variants/norm/subln.gin --seeds=1
+    --variants=gin/variants/norm/pre_ln.gin,gin/variants/norm/subln.gin --seeds=1 --paper=magneto
 done
 # 3. DeepNet: the four placements over depth, with the per-layer diagnostics: 6+6 layers first ...
 DEEPNET=(--sweep_dir="$ROOT/deepnet" --gin_file=gin/experiments/deepnet/span_corruption_small.gin
@@ -29,12 +29,12 @@ DEEPNET=(--sweep_dir="$ROOT/deepnet" --gin_file=gin/experiments/deepnet/span_cor
 sweep "${DEEPNET[@]}" --variants=gin/experiments/deepnet/depth_6.gin
 # 4. Synthesizer: every attention variant on span corruption ...
 sweep --sweep_dir="$ROOT/synthesizer_span_corruption" \
-  --gin_file=gin/experiments/synthesizer/span_corruption_small.gin --variants="$SYNTH" --seeds=1
+  --gin_file=gin/experiments/synthesizer/span_corruption_small.gin --variants="$SYNTH" --seeds=1 --paper=synthesizer
 # ... DeepNet's 18+18 layers (the same sweep, grown: about 4x the cost of a 6+6 run) ...
 sweep "${DEEPNET[@]}" --variants=gin/experiments/deepnet/depth_6.gin,gin/experiments/deepnet/depth_18.gin
 # ... and the Synthesizers on causal LM.
 sweep --sweep_dir="$ROOT/synthesizer_lm" --gin_file=gin/experiments/synthesizer/lm_small.gin \
-  --variants="$SYNTH" --seeds=1
+  --variants="$SYNTH" --seeds=1 --paper=synthesizer
 
 "$BIN/t5xv-report" --output_dir="$REPORT" --title='Small-scale replications' \
   $(for d in glu magneto_lm magneto_mlm magneto_span_corruption deepnet synthesizer_span_corruption synthesizer_lm; do

@@ -101,6 +101,8 @@ def ranking(group: Group):
   the variants both have; None if fewer than 3."""
   table = group.paper
   ours, theirs, names = [], [], []
+  if not table.rows:
+    return None
   for v in group.variants():
     values = final_values(group.of(v))
     published = table.rows.get(v, (None,))[table.rank_column]
@@ -149,7 +151,8 @@ def table(group: Group) -> List[str]:
 def group_markdown(group: Group, out_dir: str) -> List[str]:
   lines = [f'## {group.name}', '']
   if group.paper:
-    lines += [f'Paper: {group.paper.title} ({group.paper.source}).', '']
+    lines += [f'Paper: {group.paper.title} ({group.paper.source}).'
+              + (f' What it found: {group.paper.findings}' if group.paper.findings else ''), '']
   lines += table(group) + ['']
   task = next((t.record.task for t in group.trials if t.record.task), None)
   lines.append(f'Log-perplexity: teacher-forced cross-entropy per target token on the held-out '
@@ -159,7 +162,7 @@ def group_markdown(group: Group, out_dir: str) -> List[str]:
                f'{BLOW_UP_NATS:g} nat above the lowest before it.' if task else
                'No evaluation yet.')
   lines.append('')
-  if group.paper:
+  if group.paper and group.paper.rows:
     found = ranking(group)
     if found:
       rho, flips = found
