@@ -9,6 +9,7 @@ self-attention and FFN only); ``subln_cross_attention`` gives it both.
 import functools
 
 import flax.linen as nn
+import jax.numpy as jnp
 
 from t5x_variants.layers.attention import Attention
 from t5x_variants.layers.ffn import MlpBlock
@@ -54,4 +55,6 @@ class TransformerLayer(nn.Module):
     mlp = MlpBlock(c.activations, c.ffn_hidden_dim, c.init_scheme, gain, c.use_bias, inner,
                    c.norm_epsilon, c.dropout_rate, dtype, name='mlp')
     x = add(x, lambda h: drop(mlp(h, self.deterministic)), norm('mlp'))
+    if self.is_mutable_collection('intermediates'):  # train/diagnostics.py: each position's x^2
+      self.sow('intermediates', 'residual_mean_square', jnp.mean(jnp.square(x.astype(jnp.float32)), -1))
     return x, None

@@ -79,7 +79,7 @@ class Stack(nn.Module):
                   deterministic=deterministic, decode=decode)
     args = (q_positions, k_positions, self_mask, bias, encoded, cross_mask, decode_position)
     if c.scan_layers:
-      layer = nn.scan(layer, variable_axes={'params': 0, 'cache': 0},
+      layer = nn.scan(layer, variable_axes={'params': 0, 'cache': 0, 'intermediates': 0},
                       split_rngs={'params': True, 'dropout': True}, in_axes=(nn.broadcast,) * len(args),
                       length=c.num_layers(self.stack), metadata_params={nn.PARTITION_NAME: 'layers'})
       x, _ = layer(**kwargs, name='layers')(x, *args)
@@ -90,4 +90,5 @@ class Stack(nn.Module):
     if has_final_norm(c.placement):
       x = Norm(c.norm, c.norm_epsilon, c.compute_dtype, name=f'{self.stack}_norm')(x)
       x = nn.Dropout(c.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
+    self.sow('intermediates', 'output', x)  # when 'intermediates' is mutable (train/diagnostics.py)
     return x

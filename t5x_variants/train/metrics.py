@@ -22,7 +22,8 @@ def _format_duration(seconds: float) -> str:
 
 class MetricsLogger:
   """``train(step, metrics)`` and ``eval(step, name, metrics)`` append to ``metrics.jsonl``,
-  TensorBoard (tags ``train/<metric>``, ``eval/<name>/<metric>``) and the console."""
+  TensorBoard (tags ``train/<metric>``, ``eval/<name>/<metric>``) and the console;
+  ``diagnostics(step, values)`` to the first two (``diagnostics/<key>``)."""
 
   def __init__(self, model_dir: str, total_steps: Optional[int] = None, console: bool = True):
     self.enabled = jax.process_index() == 0
@@ -72,6 +73,12 @@ class MetricsLogger:
     if self.console:
       print(f'eval {name} step {step}: ' + ' '.join(f'{k} {v:.4f}' for k, v in metrics.items()),
             flush=True)
+
+  def diagnostics(self, step: int, values: Mapping[str, float]):
+    """Logs the per-layer diagnostics of ``train/diagnostics.py``."""
+    if self.enabled:
+      self._write({'step': step, 'kind': 'diagnostics', **values, 'time': time.time()},
+                  {f'diagnostics/{k}': v for k, v in values.items()})
 
   def close(self):
     if self.enabled:

@@ -64,9 +64,20 @@ def summed_loss(model, config: TransformerConfig, params, batch, dropout_rng, la
   A classification head's batch has ``classification_labels`` / ``classification_weights`` (one
   per example, counted as its 'num_tokens'); with ``rows`` its metrics also hold 'rows': each
   example's prediction (argmax, or the regression output), label and weight (for evaluation)."""
-  inputs = {k: batch[k] for k in MODEL_INPUTS[config.architecture] if k in batch}
   rngs = {'dropout': dropout_rng} if dropout_rng is not None else {}
-  logits = model.apply({'params': params}, **inputs, enable_dropout=dropout_rng is not None, rngs=rngs)
+  logits = model.apply({'params': params}, **model_inputs(config, batch),
+                       enable_dropout=dropout_rng is not None, rngs=rngs)
+  return logits_loss(config, logits, batch, label_smoothing, z_loss, rows)
+
+
+def model_inputs(config: TransformerConfig, batch):
+  """The batch's features that are arguments of the architecture's model."""
+  return {k: batch[k] for k in MODEL_INPUTS[config.architecture] if k in batch}
+
+
+def logits_loss(config: TransformerConfig, logits, batch, label_smoothing=0.0, z_loss=0.0,
+                rows: bool = False):
+  """``summed_loss`` of the model's ``logits`` on ``batch``."""
   if config.head == 'classification':
     return _classification_sums(config, logits[:, 0], batch, label_smoothing, z_loss, rows)
   prefix = TARGETS[config.architecture]

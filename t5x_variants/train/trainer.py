@@ -28,7 +28,8 @@ import numpy as np
 from t5x_variants.models import build_model, fresh_head_params, init_inputs
 from t5x_variants.models.config import TransformerConfig
 from t5x_variants.models.summary import model_info
-from t5x_variants.train import checkpoints, evaluation, optimizer, partitioning, train_step
+from t5x_variants.train import (checkpoints, diagnostics, evaluation, optimizer, partitioning,
+                                train_step)
 from t5x_variants.train.metrics import MetricsLogger
 
 NONFINITE = ('skip', 'stop')
@@ -102,7 +103,7 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
           label_smoothing: float = 0.0, z_loss: float = 1e-4,
           loss_normalizing_factor='num_tokens', on_nonfinite: str = 'skip',
           log_period: int = 100, eval_period: int = 1000, eval_batches: Optional[int] = None,
-          init_checkpoint: Optional[str] = None, seed: int = 0):
+          init_checkpoint: Optional[str] = None, seed: int = 0, diagnostics_period: int = 0):
   """Trains to ``total_steps``; returns the last logged train metrics (with 'step').
 
   ``train_data()``: this host's iterator of numpy batches (with ``save``/``restore`` to make the
@@ -111,7 +112,8 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
   (targets, predictions)}, applied to a classification head's predictions at each eval (GLUE's
   accuracy, F1, ...). ``mesh``: the gin-bound ``MeshConfig`` by default. Dropout is on
   when ``config.dropout_rate`` > 0. The optimizer and schedule are the gin-bound
-  ``make_optimizer`` and ``learning_rate_schedule``.
+  ``make_optimizer`` and ``learning_rate_schedule``. ``diagnostics_period`` > 0 logs the
+  per-layer diagnostics of ``train/diagnostics.py`` at step 0 and every that many steps.
   """
   if on_nonfinite not in NONFINITE:
     raise ValueError(f'unknown on_nonfinite {on_nonfinite!r}; valid: {", ".join(NONFINITE)}')
@@ -142,6 +144,9 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
       loss_normalizing_factor=loss_normalizing_factor, dropout=config.dropout_rate > 0)
   eval_step = evaluation.make_eval_step(model, config, layout.shardings.params, mesh, z_loss)
   logger = MetricsLogger(model_dir, total_steps)
+  diag = diagnostics.Diagnostics(
+      model_dir, model, config, layout.shardings.params, mesh, label_smoothing=label_smoothing,
+      z_loss=z_loss, loss_normalizing_factor=loss_normalizing_factor) if diagnostics_period else None
   step, last, window, pending = start, {}, [], None
   started = clock = time.time()  # clock: when the last step was read (or a pause ended)
 
@@ -149,6 +154,11 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
     for name, batches in (eval_data() if eval_data else {}).items():
       logger.eval(step, name, evaluation.evaluate(eval_step, state.params, batches, mesh, eval_batches,
                                                   (eval_metric_fns or {}).get(name, ())))
+
+  def log_diagnostics(step):
+    nonlocal clock
+    logger.diagnostics(step, diag(state.params))
+    clock = time.time()
 
   def read(pending):
     """Waits for a dispatched step's metrics, applies ``on_nonfinite`` and logs on its period."""
@@ -182,6 +192,8 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
       if batch is None:
         log.warning('the training data ran out after step %d', step)
         break
+      if diag and step == start and diag.begin(state.params, batch, fresh=start == 0):
+        log_diagnostics(step)
       state, metrics = step_fn(state, partitioning.global_batch(batch, mesh), rng)
       step += 1
       if pending:
@@ -189,11 +201,14 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
       pending = (step, metrics, *_host_tokens(batch))
       stop = preemption.reached(step)
       evaluate = eval_period and step % eval_period == 0
-      if stop or evaluate or step % ckpt.period == 0:
+      diagnose = diag and step % diagnostics_period == 0
+      if stop or evaluate or diagnose or step % ckpt.period == 0:
         read(pending)  # a non-finite step stops the run before its state is saved
         pending = None
       if ckpt.save(step, state, data, force=stop):  # before eval, so a failing eval loses nothing
         clock = time.time()
+      if diagnose:
+        log_diagnostics(step)
       if stop:
         log.warning('%s: saved a checkpoint at step %d; run the same command to resume',
                     preemption.signal or 'preemption', step)
