@@ -183,7 +183,8 @@ def test_ranking_names_the_flipped_pairs(tmp_path):
                                              'log_perplexity': value}], total_steps=4)
     dirs.append(str(d))
   group = report.run_dirs_group(dirs, paper='glu')
-  rho, flips = report.ranking(group)
+  rho, flips, n = report.ranking(group)
+  assert n == 4
   assert flips == [('geglu', 'swiglu')]
   assert rho == pytest.approx(stats.spearmanr(list(ours.values()), [1.997, 1.942, 1.944, 1.960]).statistic)
   assert rho == pytest.approx(0.8)

@@ -97,8 +97,8 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float:
 
 
 def ranking(group: Group):
-  """(rho, flipped pairs) of our mean final log-perplexity against the paper's rank column, over
-  the variants both have; None if fewer than 3."""
+  """(rho, flipped pairs, number of variants) of our mean final log-perplexity against the
+  paper's rank column, over the variants both have; None if fewer than 3."""
   table = group.paper
   ours, theirs, names = [], [], []
   if not table.rows:
@@ -114,7 +114,7 @@ def ranking(group: Group):
     return None
   flips = [(a, b) for (i, a), (j, b) in itertools.combinations(enumerate(names), 2)
            if (ours[i] - ours[j]) * (theirs[i] - theirs[j]) < 0]
-  return spearman(ours, theirs), flips
+  return spearman(ours, theirs), flips, len(names)
 
 
 def _status(trials: Sequence[Trial]) -> str:
@@ -165,9 +165,9 @@ def group_markdown(group: Group, out_dir: str) -> List[str]:
   if group.paper and group.paper.rows:
     found = ranking(group)
     if found:
-      rho, flips = found
+      rho, flips, n = found
       lines.append(f'Ranking against the paper\'s "{group.paper.columns[group.paper.rank_column]}" '
-                   f'column: Spearman rho = {rho:.2f} over {len(set(group.variants()) & set(group.paper.rows))} '
+                   f'column: Spearman rho = {rho:.2f} over {n} '
                    'variants; pairs ordered differently from the paper: '
                    + (', '.join(f'{a}/{b}' for a, b in flips) if flips else 'none') + '.')
       lines.append('')
