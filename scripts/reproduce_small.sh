@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The small-scale replications of EXPERIMENTS.md: one t5xv-sweep per table, in order of cost,
+# The small-scale replications of EXPERIMENTS.md: the t5xv-sweeps of every table, cheapest first,
 # then one t5xv-report over all of them. Resumable: run it again and finished runs are skipped.
 #
 #   scripts/reproduce_small.sh [SWEEP_ROOT] [REPORT_DIR]     (defaults: /tmp/t5xv_sweeps, docs/experiments)
@@ -12,29 +12,40 @@ ROOT=${1:-/tmp/t5xv_sweeps}
 REPORT=${2:-docs/experiments}
 BIN=${T5XV_BIN:-.venv/bin}
 sweep() { "$BIN/t5xv-sweep" "$@" || echo "t5xv-sweep $1: some runs failed (see sweep.json)"; }
-NORMS=gin/variants/norm/post_ln.gin,gin/variants/norm/deepnorm.gin,gin/variants/norm/pre_ln.gin,gin/variants/norm/subln.gin
+NORM=gin/variants/norm
+DEPTH=gin/experiments/deepnet
+NORMS=$NORM/post_ln.gin,$NORM/deepnorm.gin,$NORM/pre_ln.gin,$NORM/subln.gin
 SYNTH='gin/variants/attention/*.gin'
 
 # 1. GLU variants, Table 1: the 8 FFNs, parameter-matched, span corruption, 2 seeds.
 sweep --sweep_dir="$ROOT/glu" --gin_file=gin/experiments/glu_variants/small.gin \
   --variants='gin/variants/ffn/*.gin' --seeds=2 --paper=glu
-# 2. Magneto: Pre-LN vs Sub-LN (LayerNorm) on causal LM, MLM and span corruption.
-for objective in lm mlm span_corruption; do
-  sweep --sweep_dir="$ROOT/magneto_$objective" --gin_file="gin/experiments/foundation/${objective}_small.gin" \
-    --variants=gin/variants/norm/pre_ln.gin,gin/variants/norm/subln.gin --seeds=1 --paper=magneto
-done
-# 3. DeepNet: the four placements over depth, with the per-layer diagnostics: 6+6 layers first ...
-DEEPNET=(--sweep_dir="$ROOT/deepnet" --gin_file=gin/experiments/deepnet/span_corruption_small.gin
-         --variants="$NORMS" --gin.train.diagnostics_period=10 --seeds=1 --paper=deepnet)
-sweep "${DEEPNET[@]}" --variants=gin/experiments/deepnet/depth_6.gin
-# 4. Synthesizer: every attention variant on span corruption ...
-sweep --sweep_dir="$ROOT/synthesizer_span_corruption" \
-  --gin_file=gin/experiments/synthesizer/span_corruption_small.gin --variants="$SYNTH" --seeds=1 --paper=synthesizer
-# ... DeepNet's 18+18 layers (the same sweep, grown: about 4x the cost of a 6+6 run) ...
-sweep "${DEEPNET[@]}" --variants=gin/experiments/deepnet/depth_6.gin,gin/experiments/deepnet/depth_18.gin
-# ... and the Synthesizers on causal LM.
-sweep --sweep_dir="$ROOT/synthesizer_lm" --gin_file=gin/experiments/synthesizer/lm_small.gin \
-  --variants="$SYNTH" --seeds=1 --paper=synthesizer
+# The cheapest run of each table first; a sweep called again with more variants grows.
+magneto() {
+  sweep --sweep_dir="$ROOT/magneto_$1" --gin_file="gin/experiments/foundation/${1}_small.gin" \
+    --variants="$NORM/pre_ln.gin,$NORM/subln.gin" --seeds=1 --paper=magneto
+}
+deepnet() {  # placements, depths
+  sweep --sweep_dir="$ROOT/deepnet" --gin_file=gin/experiments/deepnet/span_corruption_small.gin \
+    --variants="$1" --variants="$2" --gin.train.diagnostics_period=10 --seeds=1 --paper=deepnet
+}
+synthesizer() {
+  sweep --sweep_dir="$ROOT/synthesizer_$1" --gin_file="gin/experiments/synthesizer/${1}_small.gin" \
+    --variants="$SYNTH" --seeds=1 --paper=synthesizer
+}
+# 2. Magneto: Pre-LN vs Sub-LN (LayerNorm) on causal LM and MLM ...
+magneto lm
+magneto mlm
+# 3. DeepNet: Post-LN vs DeepNorm at 6+6 layers, with the per-layer diagnostics ...
+deepnet "$NORM/post_ln.gin,$NORM/deepnorm.gin" "$DEPTH/depth_6.gin"
+# 4. Synthesizer: every attention variant on span corruption.
+synthesizer span_corruption
+# 2. ... Magneto on span corruption; 3. ... Pre-LN and Sub-LN at 6+6, then all four at 18+18
+# (about 3x the cost of a 6+6 run); 4. ... the Synthesizers on causal LM.
+magneto span_corruption
+deepnet "$NORMS" "$DEPTH/depth_6.gin"
+deepnet "$NORMS" "$DEPTH/depth_6.gin,$DEPTH/depth_18.gin"
+synthesizer lm
 
 "$BIN/t5xv-report" --output_dir="$REPORT" --title='Small-scale replications' \
   $(for d in glu magneto_lm magneto_mlm magneto_span_corruption deepnet synthesizer_span_corruption synthesizer_lm; do
