@@ -7,11 +7,15 @@
 # About 4 minutes per 2+2-layer run on 2 CPU cores; deeper DeepNet runs cost in proportion to depth.
 # A sweep with failed runs does not stop the others (see each sweep's sweep.json).
 set -uo pipefail
+trap 'exit 130' INT  # Ctrl-C stops the script (each sweep saves its running run's checkpoint)
 cd "$(dirname "$0")/.."
 ROOT=${1:-/tmp/t5xv_sweeps}
 REPORT=${2:-docs/experiments}
 BIN=${T5XV_BIN:-.venv/bin}
-sweep() { "$BIN/t5xv-sweep" "$@" || echo "t5xv-sweep $1: some runs failed (see sweep.json)"; }
+sweep() {
+  "$BIN/t5xv-sweep" "$@"
+  case $? in 0) ;; 130) exit 130 ;; *) echo "t5xv-sweep $1: some runs failed (see sweep.json)" ;; esac
+}
 NORM=gin/variants/norm
 DEPTH=gin/experiments/deepnet
 NORMS=$NORM/post_ln.gin,$NORM/deepnorm.gin,$NORM/pre_ln.gin,$NORM/subln.gin

@@ -27,6 +27,12 @@ with open(os.path.join(os.path.dirname(model_dir), 'calls.txt'), 'a') as f:
 if any(a.endswith('bad.gin') for a in args):
   print('t5xv-train: error: the loss or gradients at step 7 are not finite (loss nan); ...')
   sys.exit(2)
+if any(a.endswith('stopped.gin') for a in args):  # a signal: checkpoint saved, exit 0, not finished
+  with open(os.path.join(model_dir, 'metrics.jsonl'), 'w') as f:
+    f.write(json.dumps({'step': 2, 'kind': 'train', 'loss': 5.0}) + '\\n')
+  with open(os.path.join(model_dir, 'config.gin'), 'w') as f:
+    f.write('train.total_steps = 4\\n')
+  sys.exit(0)
 if any(a.endswith('crash.gin') for a in args):
   print('t5xv-train: error: cannot read gin file: no such file')
   sys.exit(2)
@@ -280,3 +286,39 @@ def test_report_without_runs_is_a_usage_error(capsys):
     report_cli.main(['--sweep_dir=/nonexistent'])
   assert exit_info.value.code == 2
   assert 'sweep.json not found: not a sweep directory' in capsys.readouterr().err
+
+
+def test_a_smaller_grid_keeps_the_record_and_runs_trained_elsewhere_count(tmp_path):
+  trainer = tmp_path / 'fake_trainer.py'
+  trainer.write_text(FAKE_TRAINER)
+  executable = [sys.executable, str(trainer)]
+  base, good, bad, stopped = gin_files(tmp_path, 'base.gin', 'good.gin', 'bad.gin', 'stopped.gin')
+  build = lambda variants: grid.Sweep.build(str(tmp_path / 'sweep'), [base], [variants], 1)
+  counts = grid.run_sweep(build(f'{good},{bad},{stopped}'), executable, say=lambda _: None)
+  assert counts == {'done': 1, 'diverged': 1, 'interrupted': 1}  # exit 0 before the last step
+  smaller = build(good)
+  smaller.merge_previous()
+  smaller.save()
+  assert grid.run_sweep(smaller, executable, say=lambda _: None) == {'done': 1}
+  assert calls(tmp_path) == ['good-seed0', 'bad-seed0', 'stopped-seed0']  # nothing retrained
+  record = {r.name: r.status for r in grid.Sweep.load(str(tmp_path / 'sweep')).all_runs()}
+  assert record == {'good-seed0': 'done', 'bad-seed0': 'diverged', 'stopped-seed0': 'interrupted'}
+  # A run trained by a scheduler from --print_commands: its directory reached the last step.
+  write_metrics(tmp_path / 'sweep' / 'stopped-seed0', [train_record(4, 4.0)], total_steps=4)
+  group = report.sweep_group(str(tmp_path / 'sweep'))
+  assert sorted((t.variant, t.status) for t in group.trials) == [
+      ('bad', 'diverged'), ('good', 'done'), ('stopped', 'done')]
+  again = build(f'{good},{bad},{stopped}')
+  again.merge_previous()
+  grid.run_sweep(again, executable, say=lambda _: None)
+  assert calls(tmp_path) == ['good-seed0', 'bad-seed0', 'stopped-seed0']
+
+
+def test_no_variants_is_one_run_and_one_sweep_per_directory(tmp_path):
+  base, = gin_files(tmp_path, 'base.gin')
+  sweep = grid.Sweep.build(str(tmp_path / 's'), [base], [], 2)
+  assert [r.name for r in sweep.runs] == ['base-seed0', 'base-seed1']
+  holder = grid._lock(str(tmp_path / 's'))  # pylint: disable=protected-access
+  with pytest.raises(grid.SweepError, match='another t5xv-sweep is running'):
+    grid.run_sweep(sweep, ['true'], say=lambda _: None)
+  holder.close()

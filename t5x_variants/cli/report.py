@@ -18,7 +18,7 @@ def main(argv=None):
   p.add_argument('--sweep_dir', action='append', default=[], help='a sweep directory (repeatable)')
   p.add_argument('--run_dirs', default='', help='comma-separated run directories (one table)')
   p.add_argument('--paper', choices=sorted(papers.TABLES), default=None,
-                 help='published table for --run_dirs (a sweep names its own)')
+                 help='published results for --run_dirs (a sweep keeps its own --paper)')
   p.add_argument('--output_dir', default=None,
                  help='where report.md and the plots go (default: the one --sweep_dir)')
   p.add_argument('--title', default='Sweep report')

@@ -30,6 +30,7 @@ def main(argv=None):
     sweep = grid.Sweep.build(args.sweep_dir, args.gin_file, args.variants, args.seeds,
                              args.gin_bindings, args.paper)
     sweep.merge_previous()
+    sweep.update_from_run_dirs()
     sweep.save()
     if args.print_commands:
       for run in sweep.runs:

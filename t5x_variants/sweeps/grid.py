@@ -7,22 +7,31 @@ sets ``train.seed`` (initialization, dropout) and ``train/DatasetConfig.seed`` (
 sweep binds ``train.on_nonfinite = 'stop'``: a diverging run stops at its first non-finite step
 and is recorded as diverged there (a binding given to the sweep overrides it).
 
-Statuses in sweep.json: ``pending``, ``running`` (or killed), ``interrupted`` (Ctrl-C: the run
-saved a checkpoint), ``done``, ``diverged`` (non-finite loss, with its step) and ``failed`` (with the error line).
-Running a sweep again skips done and diverged runs, resumes interrupted ones from their last
-checkpoint (the trainer does) and retries failed ones.
+Statuses in sweep.json: ``pending``, ``running`` (or killed), ``interrupted`` (Ctrl-C or SIGTERM:
+passed on to the trainer, which saves a checkpoint once it is training), ``done``, ``diverged``
+(non-finite loss, with its step) and ``failed`` (with the error line). Running a sweep again skips
+done and diverged runs (and runs whose directory reached the last step, e.g. trained from
+``--print_commands``), resumes interrupted ones from their last checkpoint (the trainer does) and
+retries failed ones. Runs recorded by an earlier, larger grid stay in sweep.json (and in the
+report) without being scheduled. One sweep process at a time holds a sweep directory.
 """
+import collections
 import dataclasses
+import fcntl
 import glob
 import itertools
 import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
 from typing import Callable, Dict, List, Optional, Sequence
+
+from t5x_variants.sweeps import runs as run_records
+from t5x_variants.train.metrics import format_duration
 
 SWEEP_FILE = 'sweep.json'
 FINISHED = ('done', 'diverged')
@@ -69,6 +78,7 @@ class Sweep:
   bindings: List[str]
   paper: Optional[str] = None
   runs: List[Run] = dataclasses.field(default_factory=list)
+  kept: List[Run] = dataclasses.field(default_factory=list)  # recorded earlier, not in this grid
 
   @classmethod
   def build(cls, sweep_dir: str, base: Sequence[str], variant_patterns: Sequence[str], seeds: int,
@@ -79,7 +89,7 @@ class Sweep:
     missing = [f for f in base if not os.path.isfile(f)]
     if missing:
       raise SweepError(f'base gin file not found: {", ".join(missing)}')
-    axes = [expand(p) for p in variant_patterns] or [[]]
+    axes = [expand(p) for p in variant_patterns]
     sweep = cls(os.path.abspath(sweep_dir), list(base), axes, seeds, list(bindings), paper)
     combos = list(itertools.product(*axes))
     for seed in range(seeds):
@@ -103,9 +113,14 @@ class Sweep:
 
   # --- sweep.json --------------------------------------------------------------------------------
 
+  def all_runs(self) -> List[Run]:
+    return self.runs + self.kept
+
   def to_json(self) -> dict:
     d = dataclasses.asdict(self)
-    for r, run in zip(d['runs'], self.runs):
+    d['runs'] = [dataclasses.asdict(r) for r in self.all_runs()]
+    del d['kept']
+    for r, run in zip(d['runs'], self.all_runs()):
       r['model_dir'] = self.model_dir(run)
       r['command'] = shell_line(self.command(run))
     return d
@@ -113,9 +128,9 @@ class Sweep:
   def save(self):
     os.makedirs(self.sweep_dir, exist_ok=True)
     path = os.path.join(self.sweep_dir, SWEEP_FILE)
-    with open(path + '.tmp', 'w') as f:
+    with open(f'{path}.{os.getpid()}.tmp', 'w') as f:
       json.dump(self.to_json(), f, indent=1)
-    os.replace(path + '.tmp', path)  # a reader never sees half a file
+    os.replace(f'{path}.{os.getpid()}.tmp', path)  # a reader never sees half a file
 
   @classmethod
   def load(cls, sweep_dir: str) -> 'Sweep':
@@ -126,6 +141,7 @@ class Sweep:
       d = json.load(f)
     fields = {f.name for f in dataclasses.fields(Run)}
     runs = [Run(**{k: v for k, v in r.items() if k in fields}) for r in d.pop('runs')]
+    d['sweep_dir'] = os.path.abspath(sweep_dir)  # where it is now, if it was moved
     return cls(**d, runs=runs)
 
   def merge_previous(self):
@@ -138,7 +154,15 @@ class Sweep:
                        f'({" ".join(old.base + old.bindings)}); use another --sweep_dir')
     previous = {r.name: r for r in old.runs}
     self.runs = [previous.get(r.name, r) for r in self.runs]
+    names = {r.name for r in self.runs}
+    self.kept = [r for r in old.runs if r.name not in names]
     self.paper = self.paper or old.paper
+
+  def update_from_run_dirs(self):
+    """Marks done the unfinished runs whose directory reached its last step (trained elsewhere)."""
+    for run in self.all_runs():
+      if run.status not in FINISHED and run_records.read_run(self.model_dir(run)).finished():
+        run.status, run.reason = 'done', None
 
 
 def shell_line(command: Sequence[str]) -> str:
@@ -151,22 +175,20 @@ def shell_line(command: Sequence[str]) -> str:
   return ' '.join(quote(a) for a in command)
 
 
-def _outcome(run: Run, returncode: int, log_file: str):
-  """Sets the run's status from its exit status and the last error line of its log."""
+def _outcome(run: Run, returncode: int, finished: bool, log_file: str, log_start: int):
+  """Sets the run's status from its exit status, whether it reached its last step (a trainer
+  stopped by a signal saves a checkpoint and exits 0) and the last error line this attempt wrote
+  to its log (from byte ``log_start``)."""
   if returncode == 0:
-    run.status, run.reason = 'done', None
+    run.status, run.reason = ('done', None) if finished else ('interrupted', None)
     return
   with open(log_file, errors='replace') as f:
+    f.seek(log_start)
     errors = [l.strip() for l in f if 'error:' in l]
   run.reason = errors[-1] if errors else f'exit status {returncode} (see {log_file})'
   diverged = re.search(r'at step (\d+) are not finite', run.reason)
   run.status = 'diverged' if diverged else 'failed'
   run.diverged_step = int(diverged.group(1)) if diverged else None
-
-
-def _duration(seconds: float) -> str:
-  seconds = int(seconds)
-  return f'{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}'
 
 
 def trainer_executable() -> List[str]:
@@ -175,36 +197,55 @@ def trainer_executable() -> List[str]:
   return [script] if os.path.isfile(script) else [sys.executable, '-m', 't5x_variants.cli.train']
 
 
+def _lock(sweep_dir: str):
+  """An exclusive lock on the sweep directory for this process's lifetime (two sweeps on one
+  directory would train the same runs)."""
+  os.makedirs(sweep_dir, exist_ok=True)
+  handle = open(os.path.join(sweep_dir, '.lock'), 'w')
+  try:
+    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except BlockingIOError:
+    raise SweepError(f'another t5xv-sweep is running in {sweep_dir}; wait for it or stop it') from None
+  return handle
+
+
 def run_sweep(sweep: Sweep, executable: Sequence[str], say: Callable[[str], None] = print) -> Dict:
-  """Trains every unfinished run in order, one at a time, saving sweep.json around each; a
-  failed or diverged run does not stop the others. Returns {status: count}."""
+  """Trains every unfinished run of the grid in order, one at a time, saving sweep.json around
+  each; a failed or diverged run does not stop the others. SIGINT and SIGTERM are passed on to the
+  trainer, which saves a checkpoint, and then raise KeyboardInterrupt. Returns {status: count}."""
+  lock = _lock(sweep.sweep_dir)
+  sweep.update_from_run_dirs()
   todo = [r for r in sweep.runs if r.status not in FINISHED]
   durations = []
-  for i, run in enumerate(todo, 1):
-    os.makedirs(sweep.model_dir(run), exist_ok=True)
-    log_file = os.path.join(sweep.model_dir(run), 'train.log')
-    run.status = 'running'
-    sweep.save()
-    eta = (f'sweep eta {_duration(sum(durations) / len(durations) * (len(todo) - i + 1))}'
-           if durations else 'sweep eta: after the first run')
-    say(f'[{i}/{len(todo)}] {run.variant} seed {run.seed}: training in {sweep.model_dir(run)} ({eta})')
-    start = time.time()
-    with open(log_file, 'a') as log:
-      proc = subprocess.Popen(sweep.command(run, executable), stdout=log, stderr=subprocess.STDOUT)
-      try:
-        returncode = proc.wait()
-      except KeyboardInterrupt:  # the trainer got the SIGINT too: it saves a checkpoint first
-        proc.wait()
-        run.status = 'interrupted'
-        sweep.save()
-        raise
-    run.seconds = (run.seconds or 0) + time.time() - start
-    durations.append(time.time() - start)
-    _outcome(run, returncode, log_file)
-    sweep.save()
-    say(f'[{i}/{len(todo)}] {run.variant} seed {run.seed}: {run.status} in '
-        f'{_duration(durations[-1])}' + (f': {run.reason}' if run.reason else ''))
-  counts = {}
-  for r in sweep.runs:
-    counts[r.status] = counts.get(r.status, 0) + 1
-  return counts
+  previous_sigterm = signal.signal(signal.SIGTERM, signal.default_int_handler)
+  try:
+    for i, run in enumerate(todo, 1):
+      os.makedirs(sweep.model_dir(run), exist_ok=True)
+      log_file = os.path.join(sweep.model_dir(run), 'train.log')
+      run.status = 'running'
+      sweep.save()
+      eta = (f'sweep eta {format_duration(sum(durations) / len(durations) * (len(todo) - i + 1))}'
+             if durations else 'sweep eta: after the first run')
+      say(f'[{i}/{len(todo)}] {run.variant} seed {run.seed}: training in {sweep.model_dir(run)} ({eta})')
+      start = time.time()
+      with open(log_file, 'a') as log:
+        log_start = log.tell()
+        proc = subprocess.Popen(sweep.command(run, executable), stdout=log, stderr=subprocess.STDOUT)
+        try:
+          returncode, interrupted = proc.wait(), False
+        except KeyboardInterrupt:
+          proc.send_signal(signal.SIGINT)  # a terminal's Ctrl-C reached it already: no harm
+          returncode, interrupted = proc.wait(), True
+      run.seconds = (run.seconds or 0) + time.time() - start
+      durations.append(time.time() - start)
+      finished = run_records.read_run(sweep.model_dir(run)).finished()
+      _outcome(run, returncode, finished, log_file, log_start)
+      sweep.save()
+      if interrupted:
+        raise KeyboardInterrupt
+      say(f'[{i}/{len(todo)}] {run.variant} seed {run.seed}: {run.status} in '
+          f'{format_duration(durations[-1])}' + (f': {run.reason}' if run.reason else ''))
+  finally:
+    signal.signal(signal.SIGTERM, previous_sigterm)
+    lock.close()
+  return dict(collections.Counter(r.status for r in sweep.runs))

@@ -16,17 +16,16 @@ LAYER_KEY = re.compile(r'(grad_norm|activation_norm)/(\w+)/(\d+)$')
 
 
 def _band(ax, curves: List[List[Tuple[int, float]]], label: str):
-  """Mean over the seeds at the steps they share, the band from their min to max."""
+  """Mean over the seeds that reached each step, the band from their min to max."""
   curves = [dict(c) for c in curves if c]
-  if not curves:
-    return
-  steps = sorted(set.intersection(*(set(c) for c in curves)))
+  steps = sorted(set().union(*curves))
   if not steps:
     return
-  values = np.array([[c[s] for s in steps] for c in curves], float)
-  line, = ax.plot(steps, values.mean(0), label=label, lw=1.2)
+  values = np.array([[c.get(s, np.nan) for s in steps] for c in curves], float)
+  line, = ax.plot(steps, np.nanmean(values, 0), label=label, lw=1.2)
   if len(curves) > 1:
-    ax.fill_between(steps, values.min(0), values.max(0), color=line.get_color(), alpha=0.2)
+    ax.fill_between(steps, np.nanmin(values, 0), np.nanmax(values, 0), color=line.get_color(),
+                    alpha=0.2)
 
 
 def _save(fig, out_dir: str, name: str) -> str:
@@ -85,14 +84,15 @@ def depth_plot(group, out_dir: str, final_values, diverged_step) -> str:
     trials = group.of(v)
     values = final_values(trials)
     lines.setdefault(placement, []).append(
-        (depth, np.mean(values) if values else None, any(diverged_step(t) for t in trials)))
-  top = max([m for pts in lines.values() for _, m, _ in pts if m is not None] or [1.0])
+        (depth, np.mean(values) if values else None,
+         any(diverged_step(t) is not None for t in trials)))
   for placement, points in lines.items():
     points.sort()
     ok = [(d, m) for d, m, _ in points if m is not None]
     line, = ax.plot([d for d, _ in ok], [m for _, m in ok], 'o-', label=placement)
-    bad = [d for d, _, div in points if div]
-    ax.plot(bad, [top * 1.05] * len(bad), 'x', color=line.get_color(), ms=9, mew=2)
+    bad = [d for d, _, div in points if div]  # at the top of the axes, whatever its values
+    ax.plot(bad, [0.95] * len(bad), 'x', color=line.get_color(), ms=9, mew=2,
+            transform=ax.get_xaxis_transform())
   depths = sorted({d for points in lines.values() for d, _, _ in points})
   ax.set(title='final log-perplexity by depth (x: diverged)', xlabel='layers per stack',
          xscale='log')
@@ -104,7 +104,7 @@ def depth_plot(group, out_dir: str, final_values, diverged_step) -> str:
 
 def diagnostics_plot(group, out_dir: str) -> str:
   """Update norm over steps, and gradient and activation norms per layer at the last record
-  (seed 0 of each variant)."""
+  (of each variant's first run that has diagnostics)."""
   fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
   for v in group.variants():
     records = next((t.record.diagnostics for t in group.of(v) if t.record.diagnostics), [])

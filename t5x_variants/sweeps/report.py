@@ -2,9 +2,9 @@
 log-perplexity (mean ± std over seeds), steps, parameters, tokens/s and divergence; the paper's
 numbers beside them with the ranking agreement (Spearman's rho and the pairs that flip); and the
 plots of ``plots``. Partial sweeps give partial tables, their runs marked as running or pending."""
+import collections
 import dataclasses
 import itertools
-import math
 import os
 import re
 from typing import List, Optional, Sequence
@@ -42,8 +42,9 @@ class Group:
 
 def sweep_group(sweep_dir: str) -> Group:
   sweep = grid.Sweep.load(sweep_dir)
+  sweep.update_from_run_dirs()
   trials = []
-  for run in sweep.runs:
+  for run in sweep.all_runs():
     record = read_run(sweep.model_dir(run))
     trials.append(Trial(run.variant, run.seed, run.status, record, run.reason, run.diverged_step))
   return Group(os.path.basename(os.path.normpath(sweep_dir)), trials,
@@ -57,14 +58,13 @@ def run_dirs_group(run_dirs: Sequence[str], name: str = 'runs', paper: Optional[
     base = os.path.basename(os.path.normpath(d))
     found = re.fullmatch(r'(.+)-seed(\d+)', base)
     record = read_run(d)
-    done = record.total_steps is not None and record.step >= record.total_steps
     trials.append(Trial(found.group(1) if found else base, int(found.group(2)) if found else 0,
-                        'done' if done else 'incomplete', record))
+                        'done' if record.finished() else 'incomplete', record))
   return Group(name, trials, papers.TABLES.get(paper) if paper else None)
 
 
 def diverged_step(trial: Trial) -> Optional[int]:
-  return trial.nonfinite_step or trial.record.diverged_at()
+  return trial.nonfinite_step if trial.nonfinite_step is not None else trial.record.diverged_at()
 
 
 def mean_std(values: Sequence[float]) -> str:
@@ -105,7 +105,7 @@ def ranking(group: Group):
     return None
   for v in group.variants():
     values = final_values(group.of(v))
-    published = table.rows.get(v, (None,))[table.rank_column]
+    published = table.rows.get(v, (None,) * len(table.columns))[table.rank_column]
     if values and published is not None:
       names.append(v)
       ours.append(float(np.mean(values)))
@@ -118,10 +118,7 @@ def ranking(group: Group):
 
 
 def _status(trials: Sequence[Trial]) -> str:
-  counts = {}
-  for t in trials:
-    counts[t.status] = counts.get(t.status, 0) + 1
-  return ', '.join(f'{n} {s}' for s, n in counts.items())
+  return ', '.join(f'{n} {s}' for s, n in collections.Counter(t.status for t in trials).items())
 
 
 def table(group: Group) -> List[str]:
@@ -167,7 +164,8 @@ def group_markdown(group: Group, out_dir: str) -> List[str]:
     if found:
       rho, flips, n = found
       lines.append(f'Ranking against the paper\'s "{group.paper.columns[group.paper.rank_column]}" '
-                   f'column: Spearman rho = {rho:.2f} over {n} '
+                   f'column: Spearman rho = '
+                   f'{"undefined (all our values are equal)" if np.isnan(rho) else f"{rho:.2f}"} over {n} '
                    'variants; pairs ordered differently from the paper: '
                    + (', '.join(f'{a}/{b}' for a, b in flips) if flips else 'none') + '.')
       lines.append('')

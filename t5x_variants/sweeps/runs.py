@@ -7,9 +7,10 @@ import os
 import re
 from typing import Dict, List, Optional
 
-# A run counts as diverged at the first logged step whose training loss is not finite, or whose
-# loss is more than this many nats above the lowest loss logged before it (a blow-up that did not
-# end in NaN, as Post-LN's divergence often does).
+# A run counts as diverged at the first logged step whose training loss was not finite (or whose
+# update was skipped as non-finite), or, if its last logged loss is more than this many nats above
+# the lowest logged before it (a blow-up that did not end in NaN and did not recover, as Post-LN's
+# divergence often does), at the first step that was.
 BLOW_UP_NATS = 1.0
 
 
@@ -50,14 +51,18 @@ class RunRecord:
     values = [r['tokens_per_second'] for r in self.train[1:] if r.get('tokens_per_second')]
     return sum(values) / len(values) if values else None
 
+  def finished(self) -> bool:
+    return self.total_steps is not None and self.step >= self.total_steps
+
   def diverged_at(self) -> Optional[int]:
-    lowest = math.inf
+    lowest, blown_up = math.inf, None
     for r in self.train:
       loss = r.get('loss')
-      if loss is None or not math.isfinite(loss) or r.get('skipped') or loss > lowest + BLOW_UP_NATS:
+      if loss is None or not math.isfinite(loss) or r.get('skipped'):
         return r['step']
+      blown_up = (blown_up or r['step']) if loss > lowest + BLOW_UP_NATS else None  # or recovered
       lowest = min(lowest, loss)
-    return None
+    return blown_up
 
 
 def _read_jsonl(path: str) -> List[dict]:

@@ -15,7 +15,7 @@ import tensorboardX
 _writer_ids = itertools.count()
 
 
-def _format_duration(seconds: float) -> str:
+def format_duration(seconds: float) -> str:
   seconds = int(seconds)
   return f'{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}'
 
@@ -57,11 +57,11 @@ class MetricsLogger:
       elapsed = time.time() - start_time
       eta = ''
       if self.total_steps and step > start_step:
-        eta = f' eta {_format_duration(elapsed / (step - start_step) * (self.total_steps - step))}'
+        eta = f' eta {format_duration(elapsed / (step - start_step) * (self.total_steps - step))}'
       total = f'/{self.total_steps}' if self.total_steps else ''
       print(f'step {step}{total} loss {metrics["loss"]:.4f} acc {metrics["accuracy"]:.4f} '
             f'lr {metrics["learning_rate"]:.2e} {metrics["tokens_per_second"]:,.0f} tok/s '
-            f'{metrics["step_time"] * 1000:.0f} ms/step elapsed {_format_duration(elapsed)}{eta}',
+            f'{metrics["step_time"] * 1000:.0f} ms/step elapsed {format_duration(elapsed)}{eta}',
             flush=True)
 
   def eval(self, step: int, name: str, metrics: Mapping[str, float]):
