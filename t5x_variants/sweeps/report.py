@@ -155,8 +155,9 @@ def group_markdown(group: Group, out_dir: str) -> List[str]:
   lines.append(f'Log-perplexity: teacher-forced cross-entropy per target token on the held-out '
                f'split of `{task}` at the last evaluation (final) and the lowest of all (best), '
                f'mean ± sample std over the finished seeds that did not diverge. '
-               f'Diverged: a non-finite loss, or a logged training loss more than '
-               f'{BLOW_UP_NATS:g} nat above the lowest before it.' if task else
+               f'Diverged: a non-finite loss or skipped update, or a logged training loss more '
+               f'than {BLOW_UP_NATS:g} nat above the lowest before it that had not come back '
+               'by the last log (the step where it first was).' if task else
                'No evaluation yet.')
   lines.append('')
   if group.paper and group.paper.rows:
