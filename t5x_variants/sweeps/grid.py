@@ -212,7 +212,7 @@ def _lock(sweep_dir: str):
 def run_sweep(sweep: Sweep, executable: Sequence[str], say: Callable[[str], None] = print) -> Dict:
   """Trains every unfinished run of the grid in order, one at a time, saving sweep.json around
   each; a failed or diverged run does not stop the others. SIGINT and SIGTERM are passed on to the
-  trainer, which saves a checkpoint, and then raise KeyboardInterrupt. Returns {status: count}."""
+  trainer as SIGTERM (it saves a checkpoint), and then raise KeyboardInterrupt. Returns {status: count}."""
   lock = _lock(sweep.sweep_dir)
   sweep.update_from_run_dirs()
   todo = [r for r in sweep.runs if r.status not in FINISHED]
@@ -234,12 +234,15 @@ def run_sweep(sweep: Sweep, executable: Sequence[str], say: Callable[[str], None
         try:
           returncode, interrupted = proc.wait(), False
         except KeyboardInterrupt:
-          proc.send_signal(signal.SIGINT)  # a terminal's Ctrl-C reached it already: no harm
+          # SIGTERM: a background job's SIGINT is ignored until the trainer sets its handler
+          proc.send_signal(signal.SIGTERM)
           returncode, interrupted = proc.wait(), True
       run.seconds = (run.seconds or 0) + time.time() - start
       durations.append(time.time() - start)
       finished = run_records.read_run(sweep.model_dir(run)).finished()
       _outcome(run, returncode, finished, log_file, log_start)
+      if interrupted and not finished:
+        run.status, run.reason = 'interrupted', None
       sweep.save()
       if interrupted:
         raise KeyboardInterrupt
