@@ -3,6 +3,7 @@ parameters and closed form, its loss, the GLUE classification tasks and their fe
 fine-tuning from an MLM checkpoint (encoder restored, head fresh), and evaluation with the tasks'
 GLUE metrics (in training, and by t5xv-eval's evaluate_checkpoints)."""
 import dataclasses
+import functools
 import json
 import logging
 
@@ -216,8 +217,9 @@ def test_finetuning_from_an_mlm_checkpoint(tmp_path, caplog):
   losses_ = [r['loss'] for r in records_of(tmp_path / 'ft')]
   assert len(losses_) == 10 and losses_[-1] < 0.5 * losses_[0], losses_
   (ev,) = records_of(tmp_path / 'ft', 'eval')
-  assert {'loss', 'log_perplexity', 'accuracy', 'f1', 'num_tokens'} <= set(ev) and ev['num_tokens'] == 8
+  assert {'loss', 'log_perplexity', 'token_accuracy', 'accuracy', 'f1', 'num_tokens'} <= set(ev) and ev['num_tokens'] == 8
   assert 0.0 <= ev['accuracy'] <= 100.0 and ev['accuracy'] > 50.0  # percent, from the predictions
+  assert ev['token_accuracy'] == pytest.approx(ev['accuracy'] / 100)  # a fraction, of the same rows
 
 
 def test_a_checkpoint_of_another_model_is_refused(tmp_path):
@@ -254,7 +256,7 @@ def test_eval_metrics_of_a_constructed_classifier():
               'classification_weights': weights[i:i + 4]} for i in (0, 4)]
   out = _eval(CLS, params, batches, (metrics.f1, metrics.accuracy, metrics.matthews_corrcoef))
   assert out == pytest.approx({'loss': np.log(2), 'log_perplexity': np.log(2), 'accuracy': 40.0,
-                               'f1': 0.0, 'matthews_corrcoef': 0.0, 'num_tokens': 5.0})
+                               'token_accuracy': 0.4, 'f1': 0.0, 'matthews_corrcoef': 0.0, 'num_tokens': 5.0})
 
 
 def test_eval_metrics_of_a_regression_head():
@@ -276,7 +278,7 @@ def test_eval_metrics_of_a_regression_head():
 
 
 def test_t5xv_eval_reports_the_glue_metrics_of_a_classifier(register, tmp_path):
-  """evaluate_checkpoints on a classification task: eval_results.json {step: {task: metrics}}
+  """evaluate_checkpoints on a classification task: eval_results.json {split: {step: {task: metrics}}}
   with the loss and the task's accuracy of the checkpoint's predicted labels."""
   from t5x_variants.cli import eval as eval_cli
   from t5x_variants.data import pipeline
@@ -289,7 +291,7 @@ def test_t5xv_eval_reports_the_glue_metrics_of_a_classifier(register, tmp_path):
   new = eval_cli.evaluate_checkpoints(config, checkpoint_path=str(tmp_path / 'run'),
                                       mixture_or_task_name='glue_sst2_cls_local',
                                       task_feature_lengths=lengths, batch_size=4)
-  results = json.loads((tmp_path / 'run' / 'eval_results.json').read_text())
+  results = json.loads((tmp_path / 'run' / 'eval_results.json').read_text())['validation']
   assert new == {3: results['3']} and set(results['3']) == {'glue_sst2_cls_local'}
   got = results['3']['glue_sst2_cls_local']
   batches = list(pipeline.eval_batches('glue_sst2_cls_local', lengths, 'encoder_only', 4))
@@ -299,3 +301,15 @@ def test_t5xv_eval_reports_the_glue_metrics_of_a_classifier(register, tmp_path):
   assert got['accuracy'] == pytest.approx(expected) and got['num_tokens'] == 5
   log_softmax = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
   assert got['loss'] == pytest.approx(-np.mean(log_softmax[range(5), [1, 0, 1, 0, 1]]), rel=1e-5)
+  # The skip is keyed by split: the same checkpoint again on validation is skipped, on train it is
+  # evaluated (its file has one example less), and both splits stay in the file.
+  (register / 'SST-2' / 'train.tsv').write_text('\n'.join(sst2[:-1]) + '\n')
+  evaluate = functools.partial(eval_cli.evaluate_checkpoints, config, checkpoint_path=str(tmp_path / 'run'),
+                               mixture_or_task_name='glue_sst2_cls_local',
+                               task_feature_lengths=lengths, batch_size=4)
+  assert evaluate() == {}
+  on_train = evaluate(split='train')
+  assert on_train[3]['glue_sst2_cls_local']['num_tokens'] == 4
+  saved = json.loads((tmp_path / 'run' / 'eval_results.json').read_text())
+  assert saved['train']['3'] == on_train[3] and saved['validation']['3'] == results['3']
+  assert set(saved['train']['best']['glue_sst2_cls_local']['loss']) == {'value', 'step'}

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from etils import epath
 
 from t5x_variants.cli import eval as eval_cli, infer, train
 from train_helpers import records_of as records
@@ -52,12 +53,12 @@ def test_quickstart_trains_evaluates_and_decodes_quietly(quickstart):
   assert {'config.gin', 'model-info.txt', 'vocab.model', 'checkpoint_20', 'checkpoint_40',
           'metrics.jsonl', 'tensorboard', 'eval_results.json', 'predictions.jsonl'} <= names, names
   with open(os.path.join(run_dir, 'eval_results.json')) as f:
-    results = json.load(f)
+    results = json.load(f)['validation']
   best = results.pop('best')['embedded_span_corruption']
   loss = {s: r['embedded_span_corruption']['loss'] for s, r in results.items()}
   assert set(loss) == {'20', '40'} and loss['40'] < loss['20']  # the checkpoints' weights were read
   assert best['loss'] == {'value': loss['40'], 'step': 40}  # the best checkpoint per metric
-  assert 'best of 2 checkpoint(s), embedded_span_corruption: accuracy' in out
+  assert 'best of 2 checkpoint(s), embedded_span_corruption (validation): log_perplexity' in out
   assert 'tok/s' in out and 'eta' in out and 'evaluated 2 checkpoint(s)' in out
   assert out.count('prediction: ') == 2 and 'wrote 2 predictions' in out
   assert not [n for n in NOISE if n in out + err], err  # only the project's lines
@@ -68,7 +69,7 @@ def test_eval_skips_checkpoints_already_evaluated(quickstart, capsys):
   run_dir = quickstart[0]
   assert eval_cli.main([f'--gin_file={run_dir}/config.gin', '--gin_file=gin/runs/eval.gin',
                         f"--gin.CHECKPOINT_PATH='{run_dir}'", '--gin.EVAL_ALL=True']) == 0
-  assert capsys.readouterr().out.count('already evaluated, skipped') == 2
+  assert capsys.readouterr().out.count('already evaluated on validation, skipped') == 2
 
 
 @pytest.mark.slow
@@ -106,8 +107,9 @@ def test_finetune_on_local_glue_and_eval_its_accuracy(quickstart, tmp_path):
   assert first['step'] == 10  # a fresh step count: parameters only came from the checkpoint
   command('t5xv-eval', f'--gin_file={run_dir}/config.gin', '--gin_file=gin/runs/eval.gin',
           f"--gin.CHECKPOINT_PATH='{run_dir}'", env=env)
-  metrics = json.loads(open(os.path.join(run_dir, 'eval_results.json')).read())['30']['glue_sst2_local']
-  assert 0.0 <= metrics['accuracy'] <= 100.0 and 'loss' in metrics
+  metrics = json.loads(open(os.path.join(run_dir, 'eval_results.json')).read())['validation']['30']['glue_sst2_local']
+  assert 0.0 <= metrics['accuracy'] <= 100.0 and 'loss' in metrics  # percent, of the decoded labels
+  assert 0.0 <= metrics['token_accuracy'] <= 1.0  # a fraction, teacher-forced
   assert metrics['loss'] < 3.0, metrics  # learnt the label words ('positive' / 'negative')
 
 
@@ -143,3 +145,13 @@ def test_best_over_checkpoints_takes_the_lowest_loss_and_the_highest_score():
   assert eval_cli.best_over_checkpoints(results) == {
       'rte': {'loss': {'value': 0.5, 'step': 20}, 'accuracy': {'value': 60.0, 'step': 10}},
       'cola': {'mcc': {'value': 42.0, 'step': 30}, 'log_perplexity': {'value': 2.0, 'step': 20}}}
+
+
+def test_results_written_before_the_split_key_are_read_as_validation(tmp_path):
+  old = {'10': {'rte': {'loss': 1.0}}, 'best': {'rte': {'loss': {'value': 1.0, 'step': 10}}}}
+  path = tmp_path / 'eval_results.json'
+  path.write_text(json.dumps(old))
+  assert eval_cli.read_results(epath.Path(path)) == {'validation': old}
+  path.write_text(json.dumps({'test': old}))
+  assert eval_cli.read_results(epath.Path(path)) == {'test': old}
+  assert eval_cli.read_results(epath.Path(tmp_path / 'missing.json')) == {}

@@ -18,7 +18,7 @@ from t5x_variants.train.metrics import MetricsLogger  # pylint: disable=wrong-im
 
 
 def train_metrics(loss):
-  return {'loss': loss, 'accuracy': 0.25, 'learning_rate': 0.01, 'tokens_per_second': 1234.0,
+  return {'loss': loss, 'token_accuracy': 0.25, 'learning_rate': 0.01, 'tokens_per_second': 1234.0,
           'step_time': 0.125}
 
 
@@ -42,12 +42,15 @@ def test_scalars_and_records(tmp_path, capsys):
   logger.train(2, train_metrics(2.718281828), 0, started)
   logger.eval(2, 'glue_cola', {'loss': float('nan'), 'accuracy': 0.6180339})
   logger.train(4, train_metrics(1.414213562), 0, started)
-  logger.eval(4, 'glue_cola', {'loss': 3.0, 'accuracy': 0.7071067})
+  logger.eval(4, 'glue_cola', {'loss': 3.0, 'accuracy': 0.7071067}, split='validation')
+  logger.eval(4, 'glue_cola', {'loss': 5.0}, split='test')  # t5xv-eval on another split
   logger.close()
 
   events = read_events(tmp_path)
   assert sorted(events.Tags()['scalars']) == sorted(
-      [f'train/{k}' for k in train_metrics(0)] + ['eval/glue_cola/loss', 'eval/glue_cola/accuracy'])
+      [f'train/{k}' for k in train_metrics(0)] +
+      ['eval/glue_cola/loss', 'eval/glue_cola/accuracy', 'eval/glue_cola/test/loss'])
+  assert scalars(events, 'eval/glue_cola/test/loss') == [(4, 5.0)]
   assert scalars(events, 'train/loss') == [(2, f32(2.718281828)), (4, f32(1.414213562))]
   assert scalars(events, 'train/tokens_per_second') == [(2, 1234.0), (4, 1234.0)]
   assert scalars(events, 'eval/glue_cola/accuracy') == [(2, f32(0.6180339)), (4, f32(0.7071067))]
@@ -60,9 +63,11 @@ def test_scalars_and_records(tmp_path, capsys):
       {'step': 2, 'kind': 'train', **train_metrics(2.718281828)},
       {'step': 2, 'kind': 'eval', 'task': 'glue_cola', 'loss': None, 'accuracy': 0.6180339},
       {'step': 4, 'kind': 'train', **train_metrics(1.414213562)},
-      {'step': 4, 'kind': 'eval', 'task': 'glue_cola', 'loss': 3.0, 'accuracy': 0.7071067}]
+      {'step': 4, 'kind': 'eval', 'task': 'glue_cola', 'split': 'validation', 'loss': 3.0,
+       'accuracy': 0.7071067},
+      {'step': 4, 'kind': 'eval', 'task': 'glue_cola', 'split': 'test', 'loss': 5.0}]
   console = capsys.readouterr().out.splitlines()
-  assert console[0].startswith('step 2/4 loss 2.7183 acc 0.2500 lr 1.00e-02 1,234 tok/s 125 ms/step')
+  assert console[0].startswith('step 2/4 loss 2.7183 token acc 0.2500 lr 1.00e-02 1,234 tok/s 125 ms/step')
   assert console[1] == 'eval glue_cola step 2: loss nan accuracy 0.6180'
 
 

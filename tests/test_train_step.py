@@ -39,7 +39,7 @@ def test_cross_entropy_with_label_smoothing_and_z_loss_matches_the_formula():
   np.testing.assert_allclose(m['loss'], (nll * weights).sum() / 3, rtol=1e-5)
   assert float(m['num_tokens']) == 3
   hits = (logits.argmax(-1) == targets) * weights
-  np.testing.assert_allclose(m['accuracy'], hits.sum() / 3)
+  np.testing.assert_allclose(m['token_accuracy'], hits.sum() / 3)
   assert float(losses.normalizing_factor(2048.0, 3.0)) == 2048.0
   with pytest.raises(ValueError, match="unknown loss_normalizing_factor 'tokens'"):
     losses.normalizing_factor('tokens', 3.0)

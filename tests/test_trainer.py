@@ -225,7 +225,7 @@ def test_a_run_writes_its_record(reference):
   logged = records(ref_dir)
   assert [r['step'] for r in logged] == [1, 2, 3, 4]
   assert all(r['tokens_per_second'] > 0 and r['learning_rate'] == pytest.approx(0.01)
-             and 0 <= r['accuracy'] <= 1 for r in logged)
+             and 0 <= r['token_accuracy'] <= 1 for r in logged)
   assert "learning_rate_schedule.name = 'constant'" in (ref_dir / 'config.gin').read_text()
   assert 'architecture: encoder_decoder' in (ref_dir / 'model-info.txt').read_text()
   events = list((ref_dir / 'tensorboard').glob('events.out.tfevents.*'))

@@ -7,10 +7,12 @@ or one ``checkpoint_<step>`` directory. For every task of MIXTURE_OR_TASK_NAME i
 teacher-forced loss, log-perplexity and token accuracy, and, for tasks with metrics (GLUE,
 SuperGLUE), decodes greedily and applies the task's postprocessor and metrics; a classification
 head (encoder-only, ``glue_<t>_cls`` tasks) gets the same metrics of its predicted labels, in the
-same pass as its loss. Results go to
-RUN/metrics.jsonl (kind 'eval'), TensorBoard and RUN/eval_results.json ({step: {task: metrics}},
-and under 'best' each task's best value of every metric over the evaluated checkpoints with its
-step, also printed); checkpoints already in eval_results.json for the same tasks are skipped.
+same pass as its loss. ``token_accuracy`` is the teacher-forced fraction of target tokens
+predicted right; ``accuracy`` (percent) is a task metric of the decoded text or labels. Results go
+to RUN/metrics.jsonl (kind 'eval', with the split), TensorBoard and RUN/eval_results.json
+({split: {step: {task: metrics}}}, and under each split's 'best' each task's best value of every
+metric over the evaluated checkpoints with its step, also printed); checkpoints already there for
+the same split and tasks are skipped.
 """
 import json
 import sys
@@ -28,6 +30,7 @@ from t5x_variants.train.predictor import DecodeOptions, Predictor, decode_exampl
 RESULTS = 'eval_results.json'
 BEST = 'best'  # eval_results.json's key for the best value of each metric over checkpoints
 LOWER_IS_BETTER = ('loss', 'z_loss', 'log_perplexity')
+DEFAULT_SPLIT = 'validation'
 # The data layer (TensorFlow) is imported inside the functions, after common.setup has loaded it
 # quietly (common.import_data_layer).
 
@@ -78,14 +81,23 @@ def best_over_checkpoints(results) -> dict:
   return best
 
 
+def read_results(path: epath.Path) -> dict:
+  """eval_results.json as {split: {step: {task: metrics}, 'best': ...}}. A file written before
+  results were keyed by split ({step: ...} at the top) is read as the default split's."""
+  results = json.loads(path.read_text()) if path.exists() else {}
+  if any(key.isdigit() or key == BEST for key in results):
+    return {DEFAULT_SPLIT: results}
+  return results
+
+
 @gin.configurable(denylist=['config'])
 def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_checkpoints: bool = False,
                          mixture_or_task_name: str = gin.REQUIRED,
                          task_feature_lengths: Mapping[str, int] = gin.REQUIRED,
-                         split: str = 'validation', batch_size: int = 32,
+                         split: str = DEFAULT_SPLIT, batch_size: int = 32,
                          max_batches: Optional[int] = None, max_examples: Optional[int] = None,
                          inference: bool = True, z_loss: float = 0.0):
-  """{step: {task: metrics}} of the checkpoints evaluated by this call."""
+  """{step: {task: metrics}} of the checkpoints evaluated on ``split`` by this call."""
   from t5x_variants.data import classification, tasks  # pylint: disable=g-import-not-at-top
   common.use_run_vocabulary(checkpoint_path)
   paths = [checkpoints.checkpoint_path(checkpoint_path)]
@@ -98,14 +110,15 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
   subtasks = getattr(mixture, 'tasks', [mixture])
   names = sorted(t.name for t in subtasks)
   results_file = run_dir / RESULTS
-  results = json.loads(results_file.read_text()) if results_file.exists() else {}
+  all_results = read_results(results_file)
+  results = all_results.setdefault(split, {})
   predictor = Predictor(config, options=DecodeOptions(), z_loss=z_loss)
   logger = MetricsLogger(str(run_dir), console=True)
   new = {}
   for path in paths:
     step = path.name.split('_')[-1]
     if all(n in results.get(step, {}) for n in names):
-      print(f'checkpoint {step}: already evaluated, skipped')
+      print(f'checkpoint {step}: already evaluated on {split}, skipped')
       continue
     predictor.load(str(path))
     for task in sorted(subtasks, key=lambda t: t.name):
@@ -114,16 +127,16 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
       if inference and task.predict_metric_fns and config.architecture != 'encoder_only':
         metrics.update(inference_metrics(predictor, task, split, task_feature_lengths, batch_size,
                                          max_examples))
-      logger.eval(int(step), task.name, metrics)
+      logger.eval(int(step), task.name, metrics, split=split)
       results.setdefault(step, {})[task.name] = metrics
       new.setdefault(int(step), {})[task.name] = metrics
     results[BEST] = best_over_checkpoints(results)
     if jax.process_index() == 0:
-      results_file.write_text(json.dumps(results, indent=1, sort_keys=True))
+      results_file.write_text(json.dumps(all_results, indent=1, sort_keys=True))
   logger.close()
   evaluated = sum(step.isdigit() for step in results)
   for task, metrics in sorted(results.get(BEST, {}).items()):
-    print(f'best of {evaluated} checkpoint(s), {task}: ' + ', '.join(
+    print(f'best of {evaluated} checkpoint(s), {task} ({split}): ' + ', '.join(
         f'{name} {m["value"]:.4g} (step {m["step"]})' for name, m in sorted(metrics.items())))
   return new
 

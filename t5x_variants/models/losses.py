@@ -58,10 +58,10 @@ def loss_and_metrics(logits, targets, weights, label_smoothing: float = 0.0, z_l
                      loss_normalizing_factor: Union[str, float] = 'num_tokens'
                      ) -> Dict[str, jnp.ndarray]:
   """The scalar training loss (summed, divided by ``normalizing_factor``) and its metrics;
-  ``correct`` is the number of weighted tokens predicted right."""
+  ``correct`` is the number of weighted tokens predicted right, ``token_accuracy`` its fraction."""
   per_token, z = cross_entropy(logits, targets, weights, label_smoothing, z_loss)
   num_tokens = jnp.sum(weights.astype(jnp.float32))
   factor = normalizing_factor(loss_normalizing_factor, num_tokens)
   correct = jnp.sum((jnp.argmax(logits, -1) == targets) * weights)
   return {'loss': jnp.sum(per_token) / factor, 'z_loss': jnp.sum(z) / factor, 'correct': correct,
-          'accuracy': correct / jnp.maximum(num_tokens, 1.0), 'num_tokens': num_tokens}
+          'token_accuracy': correct / jnp.maximum(num_tokens, 1.0), 'num_tokens': num_tokens}

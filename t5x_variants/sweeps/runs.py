@@ -86,7 +86,7 @@ def read_run(model_dir: str) -> RunRecord:
   records = _read_jsonl(os.path.join(model_dir, 'metrics.jsonl'))
   evals = {}
   for r in records:
-    if r.get('kind') == 'eval':
+    if r.get('kind') == 'eval' and r.get('split', 'validation') == 'validation':
       evals.setdefault(r['task'], []).append(r)
   total_steps = params = None
   config = os.path.join(model_dir, 'config.gin')

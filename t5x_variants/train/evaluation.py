@@ -7,9 +7,10 @@ trains with; ``log_perplexity`` is the plain cross-entropy per target token.
 A classification head counts examples where a language model counts tokens, and its per-example
 predictions (argmax, or the regression output) are also gathered, so that the task's own metrics
 (GLUE's accuracy, F1, Matthews corr., Pearson/Spearman: functions of (targets, predictions)) are
-computed over the labelled examples; they replace the token accuracy of the same name, as the
-decoded metrics of text-to-text tasks do. A regression head reports no accuracy or
-log-perplexity: its 'loss' is the mean squared error.
+computed over the labelled examples. ``token_accuracy`` (a fraction of target tokens, or of
+examples for a head) is kept apart from those metrics' ``accuracy`` (percent), as from the decoded
+metrics of text-to-text tasks. A regression head reports no token accuracy or log-perplexity: its
+'loss' is the mean squared error.
 """
 import itertools
 from typing import Callable, Dict, Iterable, Optional, Sequence
@@ -48,13 +49,13 @@ def evaluate(eval_step, params, batches: Iterable[Dict[str, np.ndarray]], mesh,
   totals = jax.tree_util.tree_map(float, partitioning.to_host(totals))
   n = max(totals['num_tokens'], 1.0)
   out = {'loss': totals['loss'] / n, 'log_perplexity': (totals['loss'] - totals['z_loss']) / n,
-         'accuracy': totals['correct'] / n, 'num_tokens': totals['num_tokens']}
+         'token_accuracy': totals['correct'] / n, 'num_tokens': totals['num_tokens']}
   if rows:
     cat = lambda k: np.concatenate([r[k] for r in rows])
     keep = cat('weights') > 0  # not the padding rows, nor unlabelled (test) examples
     labels, predictions = cat('labels')[keep], cat('predictions')[keep]
     if np.issubdtype(predictions.dtype, np.floating):  # regression
-      del out['accuracy'], out['log_perplexity']
+      del out['token_accuracy'], out['log_perplexity']
     if keep.any():
       for fn in metric_fns:
         out.update({k: float(v) for k, v in fn(labels.tolist(), predictions.tolist()).items()})

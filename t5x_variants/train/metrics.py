@@ -59,19 +59,22 @@ class MetricsLogger:
       if self.total_steps and step > start_step:
         eta = f' eta {format_duration(elapsed / (step - start_step) * (self.total_steps - step))}'
       total = f'/{self.total_steps}' if self.total_steps else ''
-      print(f'step {step}{total} loss {metrics["loss"]:.4f} acc {metrics["accuracy"]:.4f} '
+      print(f'step {step}{total} loss {metrics["loss"]:.4f} token acc {metrics["token_accuracy"]:.4f} '
             f'lr {metrics["learning_rate"]:.2e} {metrics["tokens_per_second"]:,.0f} tok/s '
             f'{metrics["step_time"] * 1000:.0f} ms/step elapsed {format_duration(elapsed)}{eta}',
             flush=True)
 
-  def eval(self, step: int, name: str, metrics: Mapping[str, float]):
+  def eval(self, step: int, name: str, metrics: Mapping[str, float], split: Optional[str] = None):
+    """Logs an eval of task ``name``; one of another split than validation (t5xv-eval's
+    ``split``) is recorded with it and tagged ``eval/<name>/<split>/<metric>``."""
     if not self.enabled:
       return
-    record = {'step': step, 'kind': 'eval', 'task': name, **{k: float(v) for k, v in metrics.items()},
-              'time': time.time()}
-    self._write(record, {f'eval/{name}/{k}': v for k, v in metrics.items()})
+    record = {'step': step, 'kind': 'eval', 'task': name, **({'split': split} if split else {}),
+              **{k: float(v) for k, v in metrics.items()}, 'time': time.time()}
+    tag = name if split in (None, 'validation') else f'{name}/{split}'
+    self._write(record, {f'eval/{tag}/{k}': v for k, v in metrics.items()})
     if self.console:
-      print(f'eval {name} step {step}: ' + ' '.join(f'{k} {v:.4f}' for k, v in metrics.items()),
+      print(f'eval {tag} step {step}: ' + ' '.join(f'{k} {v:.4f}' for k, v in metrics.items()),
             flush=True)
 
   def diagnostics(self, step: int, values: Mapping[str, float]):

@@ -86,7 +86,7 @@ def logits_loss(config: TransformerConfig, logits, batch, label_smoothing=0.0, z
                      ' a classification task needs TransformerConfig.head = "classification"')
   m = losses.loss_and_metrics(logits, batch[f'{prefix}_target_tokens'], batch[f'{prefix}_loss_weights'],
                               label_smoothing, z_loss, loss_normalizing_factor='none')
-  del m['accuracy']  # a ratio; the step sums 'correct' over microbatches instead
+  del m['token_accuracy']  # a ratio; the step sums 'correct' over microbatches instead
   return m['loss'], m
 
 
@@ -134,7 +134,7 @@ def train_step(state: TrainState, batch: Dict[str, jnp.ndarray], rng, *, model, 
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   new = TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state)
   metrics = {'loss': sums['loss'] / factor, 'z_loss': sums['z_loss'] / factor,
-             'accuracy': sums['correct'] / jnp.maximum(sums['num_tokens'], 1.0),
+             'token_accuracy': sums['correct'] / jnp.maximum(sums['num_tokens'], 1.0),
              'num_tokens': sums['num_tokens'], 'learning_rate': schedule(state.step),
              'grad_norm': optax.tree_utils.tree_norm(grads), 'param_norm': optax.tree_utils.tree_norm(new.params)}
   finite = jnp.isfinite(metrics['loss']) & jnp.isfinite(metrics['grad_norm'])

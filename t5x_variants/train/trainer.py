@@ -236,7 +236,7 @@ def _summarize(step: int, window) -> dict:
   applied = [w[0] for w in window if not w[0]['skipped']] or [w[0] for w in window]
   mean = lambda k: float(np.mean([m[k] for m in applied]))
   latest = window[-1][0]
-  return {'loss': mean('loss'), 'z_loss': mean('z_loss'), 'accuracy': mean('accuracy'),
+  return {'loss': mean('loss'), 'z_loss': mean('z_loss'), 'token_accuracy': mean('token_accuracy'),
           'learning_rate': latest['learning_rate'], 'grad_norm': mean('grad_norm'),
           'param_norm': latest['param_norm'], 'skipped': sum(w[0]['skipped'] for w in window),
           'tokens_per_second': sum(w[1] for w in window) * jax.process_count() / seconds,
