@@ -131,7 +131,7 @@ def test_a_non_finite_step_stops_or_is_skipped(reference, tmp_path):
   checkpoints 1-2 intact; 'skip' resumes from step 2, logs step 3 as skipped with its update not
   applied (checkpoint 3's parameters and optimizer state equal checkpoint 2's) and finishes."""
   _, ref, _ = reference
-  poisoned = functools.partial(StepBatches, poison=3)
+  poisoned = functools.partial(StepBatches, poison=(3,))
   with pytest.raises(trainer.NonFiniteLossError, match=r'at step 3 .*last: step 2'):
     run_train(tmp_path, 4, period=1, batches=poisoned, on_nonfinite='stop')
   assert sorted(p.name for p in tmp_path.glob('checkpoint_*')) == ['checkpoint_1', 'checkpoint_2']
@@ -148,6 +148,20 @@ def test_a_non_finite_step_stops_or_is_skipped(reference, tmp_path):
   assert not np.array_equal(
       saved_state(tmp_path / 'checkpoint_4')['params']['decoder']['layers']['mlp']['wi']['kernel'],
       before['params']['decoder']['layers']['mlp']['wi']['kernel'])
+
+
+def test_skipped_steps_in_a_row_stop_the_run(tmp_path):
+  """With train.max_skipped_in_a_row 3, steps 2-4 skipped stop the run naming step 2, after
+  step 4 (steps 2 and 3 alone do not); a run whose every step is skipped never ends as done."""
+  poisoned = functools.partial(StepBatches, poison=(2, 3, 5, 6, 7))
+  with pytest.raises(trainer.NonFiniteLossError, match=r'^3 steps in a row .*first at step 5 '
+                     r'\(loss nan\); .*last: step 4'):
+    run_train(tmp_path / 'a', 8, period=4, batches=poisoned, max_skipped_in_a_row=3)
+  assert [r['step'] for r in records(tmp_path / 'a')] == [1, 2, 3, 4, 5, 6, 7]
+  every = functools.partial(StepBatches, poison=(1, 2))
+  with pytest.raises(trainer.NonFiniteLossError, match=r'^every step of this run \(1 to 2\)'):
+    run_train(tmp_path / 'b', 2, period=4, batches=every)
+  assert not list((tmp_path / 'b').glob('checkpoint_*'))
 
 
 def test_an_unreadable_latest_checkpoint_falls_back_to_the_previous_one(reference, tmp_path):

@@ -34,10 +34,10 @@ def setup(mesh, config=None, lr=0.01, optimizer_fn=optimizer.adafactor, **step_k
 class StepBatches:
   """A deterministic, resumable iterator: step i's batch is ``synthetic_batch(rows, seed=i)``
   (different every step), of which this host yields its share of rows. ``save(prefix)`` writes
-  the position to the file ``prefix``; ``restore`` reads it. ``poison``: the step whose loss
+  the position to the file ``prefix``; ``restore`` reads it. ``poison``: the steps whose loss
   weights are NaN; ``delay``: seconds to wait for each batch (a slow input pipeline)."""
 
-  def __init__(self, rows=4, host=0, hosts=1, poison=None, delay=0.0):
+  def __init__(self, rows=4, host=0, hosts=1, poison=(), delay=0.0):
     self.rows, self.host, self.hosts, self.poison, self.delay = rows, host, hosts, poison, delay
     self.position = 0
 
@@ -48,7 +48,7 @@ class StepBatches:
     time.sleep(self.delay)
     self.position += 1
     batch = step_batch(self.position, self.rows)
-    if self.position == self.poison:
+    if self.position in self.poison:
       batch['decoder_loss_weights'][0, 0] = np.nan
     share = self.rows // self.hosts
     return {k: v[self.host * share:(self.host + 1) * share] for k, v in batch.items()}

@@ -5,7 +5,9 @@ metrics. On their periods: log (``metrics.jsonl``, TensorBoard, console), teache
 checkpoint. At start it resumes from the newest readable checkpoint in ``model_dir`` (state and
 data position, onto whatever mesh this run has), or starts from ``init_checkpoint``'s parameters
 (fine-tuning: fresh optimizer state), or from scratch. SIGTERM / SIGINT save a checkpoint and
-return; a non-finite loss is skipped or stops the run, as ``on_nonfinite`` says.
+return; a non-finite loss is skipped or stops the run, as ``on_nonfinite`` says, and
+``max_skipped_in_a_row`` skipped steps in a row, or a run that applied no update at all, stop it
+with an error.
 
 The loop dispatches step N+1 before it reads step N's metrics (the step runs asynchronously), so
 an accelerator is never idle while the host logs or fetches the next batch; the non-finite skip
@@ -102,6 +104,7 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
           mesh: Optional[partitioning.MeshConfig] = None, num_microbatches: int = 1,
           label_smoothing: float = 0.0, z_loss: float = 1e-4,
           loss_normalizing_factor='num_tokens', on_nonfinite: str = 'skip',
+          max_skipped_in_a_row: int = 20,
           log_period: int = 100, eval_period: int = 1000, eval_batches: Optional[int] = None,
           init_checkpoint: Optional[str] = None, seed: int = 0, diagnostics_period: int = 0):
   """Trains to ``total_steps``; returns the last logged train metrics (with 'step').
@@ -114,6 +117,8 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
   when ``config.dropout_rate`` > 0. The optimizer and schedule are the gin-bound
   ``make_optimizer`` and ``learning_rate_schedule``. ``diagnostics_period`` > 0 logs the
   per-layer diagnostics of ``train/diagnostics.py`` at step 0 and every that many steps.
+  Raises NonFiniteLossError at the first non-finite step (``on_nonfinite='stop'``), after
+  ``max_skipped_in_a_row`` skipped ones in a row, or at the end if no step's update was applied.
   """
   if on_nonfinite not in NONFINITE:
     raise ValueError(f'unknown on_nonfinite {on_nonfinite!r}; valid: {", ".join(NONFINITE)}')
@@ -148,6 +153,8 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
       model_dir, model, config, layout.shardings.params, mesh, label_smoothing=label_smoothing,
       z_loss=z_loss, loss_normalizing_factor=loss_normalizing_factor) if diagnostics_period else None
   step, last, window, pending = start, {}, [], None
+  skipped = []  # the skipped steps since the last applied one: (step, loss)
+  applied = 0
   started = clock = time.time()  # clock: when the last step was read (or a pause ended)
 
   def run_eval(step):
@@ -160,24 +167,38 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
     logger.diagnostics(step, diag(state.params))
     clock = time.time()
 
+  def stop_nonfinite(at_step: int, what: str, remedy: str):
+    """Logs the steps since the last log, closes the run's files and raises."""
+    if window:
+      logger.train(at_step, _summarize(at_step, window), start, started)
+    ckpt.close()
+    logger.close()
+    raise NonFiniteLossError(
+        f'{what}; the update was not applied and the checkpoints in {model_dir} (last: step '
+        f'{ckpt.steps()[-1] if ckpt.steps() else "none"}) are intact. Lower the learning rate, add '
+        f'train.z_loss or make_optimizer.global_norm_clip, {remedy}.')
+
   def read(pending):
     """Waits for a dispatched step's metrics, applies ``on_nonfinite`` and logs on its period."""
-    nonlocal clock, last, window
+    nonlocal clock, last, window, applied
     read_step, device_metrics, tokens, sequences = pending
     metrics = jax.tree_util.tree_map(float, partitioning.to_host(device_metrics))
     now = time.time()
     window.append((metrics, tokens, sequences, now - clock))
     clock = now
-    if metrics['skipped']:
-      if on_nonfinite == 'stop':
-        ckpt.close()
-        logger.close()
-        raise NonFiniteLossError(
-            f'the loss or gradients at step {read_step} are not finite (loss {metrics["loss"]}); '
-            f'the update was not applied and the checkpoints in {model_dir} (last: step '
-            f'{ckpt.steps()[-1] if ckpt.steps() else "none"}) are intact. Lower the learning '
-            'rate, add train.z_loss or make_optimizer.global_norm_clip, or set '
-            "train.on_nonfinite='skip'.")
+    if not metrics['skipped']:
+      skipped.clear()
+      applied += 1
+    elif on_nonfinite == 'stop':
+      stop_nonfinite(read_step, f'the loss or gradients at step {read_step} are not finite (loss '
+                     f'{metrics["loss"]})', "or set train.on_nonfinite='skip'")
+    else:
+      skipped.append((read_step, metrics['loss']))
+      if len(skipped) >= max_skipped_in_a_row:
+        stop_nonfinite(read_step, f'{len(skipped)} steps in a row had a non-finite loss or gradients, the '
+                       f'first at step {skipped[0][0]} (loss {skipped[0][1]})',
+                       'or check the data against the model (e.g. its vocab_size); '
+                       'train.max_skipped_in_a_row sets how many are tolerated')
       log.warning('step %d: non-finite loss or gradients, update skipped', read_step)
     if read_step % log_period == 0 or read_step == total_steps:
       last = _summarize(read_step, window)
@@ -218,6 +239,9 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
         clock = time.time()
   if pending:
     read(pending)
+  if step > start and not applied:
+    stop_nonfinite(step, f'every step of this run ({start + 1} to {step}) had a non-finite loss or '
+                   f'gradients, the first with loss {skipped[0][1]}', 'or check the data')
   if window:  # steps since the last log (a stop between log periods)
     last = _summarize(step, window)
     logger.train(step, last, start, started)
