@@ -7,6 +7,11 @@ import os
 os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', os.path.join(
     os.environ.get('XDG_CACHE_HOME', os.path.expanduser('~/.cache')), 't5x_variants', 'jax_tests'))
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.2')
+# A restore without target shardings (unsafe on another topology) is an error here and in the
+# processes the tests start; pyproject.toml's filterwarnings says the same to pytest.
+RESTORE_WITHOUT_SHARDINGS = 'error:Sharding info not provided when restoring:UserWarning'
+os.environ['PYTHONWARNINGS'] = ','.join(
+    w for w in (os.environ.get('PYTHONWARNINGS'), RESTORE_WITHOUT_SHARDINGS) if w)
 
 import flax.linen as nn
 import jax

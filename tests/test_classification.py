@@ -17,8 +17,9 @@ import pytest
 from t5x_variants.data import metrics
 from t5x_variants.models import build_model, init_inputs
 from t5x_variants.models import flops, losses
-from t5x_variants.train import checkpoints, evaluation, optimizer, partitioning, train_step
+from t5x_variants.train import checkpoints, evaluation, partitioning
 from conftest import init_params, jit_apply, tiny, tokens
+from train_helpers import save_fresh_state
 from test_glue import glue_dir  # noqa: F401  (the local GLUE files fixture)
 
 seqio = pytest.importorskip('seqio')
@@ -158,18 +159,6 @@ def test_converter_gives_tokens_labels_and_weights(register):
 # --- fine-tuning from an MLM checkpoint ------------------------------------------------------
 
 
-def _save_state(config, model_dir, seed, step=1):
-  """A step-``step`` checkpoint of ``config`` freshly initialised with ``seed``."""
-  mesh = partitioning.MeshConfig().mesh()
-  tx_fn = lambda p: optimizer.make_optimizer(p, optimizer.learning_rate_schedule('constant', base=0.01))
-  state, _, _ = train_step.init_state(build_model(config), tx_fn, mesh, partitioning.MeshConfig().rules(),
-                                      jax.random.PRNGKey(seed), init_inputs(config))
-  ckpt = checkpoints.Checkpointer(str(model_dir), period=1)
-  ckpt.save(step, state, force=True)
-  ckpt.close()
-  return jax.tree_util.tree_map(np.asarray, state.params)
-
-
 def _abstract(config):
   """The model's abstract parameters, sharded over the default mesh (what restore_params takes)."""
   mesh = partitioning.MeshConfig().mesh()
@@ -190,7 +179,7 @@ def test_finetuning_from_an_mlm_checkpoint(tmp_path, caplog):
   task's metrics of the head's predictions."""
   from t5x_variants.train import trainer
   from train_helpers import records_of
-  mlm = _save_state(MLM, tmp_path / 'mlm', seed=7)
+  mlm = save_fresh_state(MLM, tmp_path / 'mlm', seed=7)
   batch = _toy_batch()
   run = lambda steps, **kw: trainer.train(
       CLS, lambda: iter([batch] * steps), model_dir=str(tmp_path / 'ft'), total_steps=steps,
@@ -224,7 +213,7 @@ def test_finetuning_from_an_mlm_checkpoint(tmp_path, caplog):
 
 def test_a_checkpoint_of_another_model_is_refused(tmp_path):
   """Only the head may be missing: an encoder of another shape is a CheckpointError."""
-  _save_state(dataclasses.replace(MLM, d_ff=48), tmp_path, seed=0)
+  save_fresh_state(dataclasses.replace(MLM, d_ff=48), tmp_path, seed=0)
   abstract = _abstract(CLS)
   with pytest.raises(checkpoints.CheckpointError, match='another model .*encoder/.*saved .*48'):
     checkpoints.restore_params(str(tmp_path), abstract, fresh=('pooler', 'classifier'))
@@ -286,7 +275,7 @@ def test_t5xv_eval_reports_the_glue_metrics_of_a_classifier(register, tmp_path):
           'painfully slow\t0', 'a triumph\t1']
   (register / 'SST-2' / 'dev.tsv').write_text('\n'.join(sst2) + '\n')
   config = dataclasses.replace(CLS, vocab_size=seqio.ByteVocabulary().vocab_size)
-  params = _save_state(config, tmp_path / 'run', seed=2, step=3)
+  params = save_fresh_state(config, tmp_path / 'run', seed=2, step=3)
   lengths = {'inputs': 32, 'targets': 4}
   new = eval_cli.evaluate_checkpoints(config, checkpoint_path=str(tmp_path / 'run'),
                                       mixture_or_task_name='glue_sst2_cls_local',

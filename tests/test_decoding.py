@@ -14,7 +14,7 @@ from t5x_variants.train.decoding import decode, filter_logits
 
 ARCHS = ['encoder_decoder', 'decoder_only']
 EOS, M = 1, 8
-# Right-padded prompts of lengths 3, 1, 4 and 0 (which starts from token 0); ids valid for vocab 5.
+# Right-padded prompts of lengths 3, 1, 4 and 0, each fed after token 0; ids valid for vocab 5.
 PROMPT = np.asarray([[2, 3, 4, 0], [4, 0, 0, 0], [3, 2, 4, 4], [0, 0, 0, 0]], np.int32)
 STATIC = ('max_decode_length', 'method', 'top_k', 'num_beams', 'eos_id')
 run = jax.jit(decode, static_argnums=(0, 1), static_argnames=STATIC)
@@ -50,9 +50,9 @@ class Setup:
       enc = np.repeat(self.inputs['encoder_input_tokens'], repeat, 0)
       logits = self.forward({'params': self.params}, enc, np.pad(out[:, :-1], ((0, 0), (1, 0))))
       return np.asarray(jax.nn.log_softmax(logits))
-    prompt = np.repeat(PROMPT, repeat, 0)
-    n = np.maximum((prompt != 0).sum(1), 1)
-    seq = np.zeros((len(out), PROMPT.shape[1] + length - 1), np.int32)
+    prompt = np.pad(np.repeat(PROMPT, repeat, 0), ((0, 0), (1, 0)))  # fed after token 0
+    n = (prompt != 0).sum(1) + 1
+    seq = np.zeros((len(out), prompt.shape[1] + length - 1), np.int32)
     for b in range(len(out)):
       seq[b, :n[b]], seq[b, n[b]:n[b] + length - 1] = prompt[b, :n[b]], out[b, :-1]
     logits = np.asarray(self.forward({'params': self.params}, seq))

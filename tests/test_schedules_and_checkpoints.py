@@ -1,6 +1,8 @@
 """Learning-rate schedules against their closed forms (eagerly and under jit), and the
 Checkpointer's period, force, keep-N and checkpoint listing on a tiny state."""
 import functools
+import subprocess
+import sys
 from typing import Any
 
 import flax.struct
@@ -223,3 +225,17 @@ def test_a_run_dir_without_checkpoints_is_a_clear_error(tmp_path, where):
   with pytest.raises(checkpoints.CheckpointError,
                      match=r'no checkpoint at .*run: expected a checkpoint_<step> directory'):
     checkpoints.checkpoint_path(str(run_dir))
+
+
+def test_a_restore_without_target_shardings_fails_the_tests(tmp_path):
+  """orbax warns that such a restore is unsafe on another topology; here, and in the processes
+  the tests start, that warning is an error (the trainer always names the shardings)."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  with ocp.PyTreeCheckpointer() as ckptr:
+    ckptr.save(tmp_path / 'tree', {'x': jnp.arange(4.0)})
+    with pytest.raises(UserWarning, match='Sharding info not provided'):
+      ckptr.restore(tmp_path / 'tree')
+  code = ('import orbax.checkpoint as ocp, sys\n'
+          f'ocp.PyTreeCheckpointer().restore({str(tmp_path / "tree")!r})')
+  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)
+  assert out.returncode != 0 and 'Sharding info not provided' in out.stderr

@@ -4,9 +4,10 @@ import os
 import time
 
 import numpy as np
+from etils import epath
 
 from t5x_variants.models import build_model, init_inputs
-from t5x_variants.train import optimizer, partitioning, train_step
+from t5x_variants.train import checkpoints, optimizer, partitioning, train_step
 from conftest import tiny
 
 
@@ -83,12 +84,38 @@ def run_train(model_dir, total_steps, period=2, batches=None, config=None, **kwa
                        log_period=1, eval_period=0, **kwargs)
 
 
+def save_fresh_state(config, model_dir, seed, step=1):
+  """A step-``step`` checkpoint of ``config`` freshly initialised with ``seed``; its parameters as
+  numpy."""
+  import jax
+  mesh = partitioning.MeshConfig().mesh()
+  tx_fn = lambda p: optimizer.make_optimizer(p, optimizer.learning_rate_schedule('constant', base=0.01))
+  state, _, _ = train_step.init_state(build_model(config), tx_fn, mesh, partitioning.MeshConfig().rules(),
+                                      jax.random.PRNGKey(seed), init_inputs(config))
+  ckpt = checkpoints.Checkpointer(str(model_dir), period=1)
+  ckpt.save(step, state, force=True)
+  ckpt.close()
+  return jax.tree_util.tree_map(np.asarray, state.params)
+
+
 def saved_state(checkpoint):
-  """The TrainState tree of a checkpoint saved on this process's devices, as numpy."""
+  """The TrainState tree of a checkpoint, read onto one device (the shapes from its metadata), as
+  numpy."""
   import jax
   import orbax.checkpoint as ocp
+  path = epath.Path(checkpoint) / 'state'
+  one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  handler = ocp.PyTreeCheckpointHandler()
+  try:
+    saved = handler.metadata(path).tree
+  finally:
+    handler.close()
+  item = jax.tree_util.tree_map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one), saved)
+  args = jax.tree_util.tree_map(
+      lambda m: ocp.ArrayRestoreArgs(sharding=one, global_shape=m.shape, dtype=m.dtype), saved)
   with ocp.PyTreeCheckpointer() as ckptr:
-    return jax.tree_util.tree_map(np.asarray, ckptr.restore(os.path.join(checkpoint, 'state')))
+    restored = ckptr.restore(path, args=ocp.args.PyTreeRestore(item=item, restore_args=args))
+  return jax.tree_util.tree_map(np.asarray, restored)
 
 
 def records_of(model_dir, kind='train'):

@@ -5,7 +5,11 @@
 CHECKPOINT_PATH is a run directory (its newest checkpoint, or all with ``--gin.EVAL_ALL=True``)
 or one ``checkpoint_<step>`` directory. For every task of MIXTURE_OR_TASK_NAME it computes the
 teacher-forced loss, log-perplexity and token accuracy, and, for tasks with metrics (GLUE,
-SuperGLUE), decodes greedily and applies the task's postprocessor and metrics; a classification
+SuperGLUE), decodes greedily and applies the task's postprocessor and metrics. A decoder-only
+model on a language-modelling task, with ``--gin.PROMPT_LENGTH=N``, is prompted with each
+example's first N target tokens: ``continuation_exact_match`` (percent of greedy continuations
+equal to the reference) and ``continuation_log_perplexity`` (of the reference continuation given
+the prompt, per token with EOS). A classification
 head (encoder-only, ``glue_<t>_cls`` tasks) gets the same metrics of its predicted labels, in the
 same pass as its loss. ``token_accuracy`` is the teacher-forced fraction of target tokens
 predicted right; ``accuracy`` (percent) is a task metric of the decoded text or labels. Results go
@@ -21,15 +25,17 @@ from typing import Mapping, Optional
 import gin
 from etils import epath
 import jax
+import numpy as np
 
 from t5x_variants.cli import common
 from t5x_variants.train import checkpoints, evaluation
 from t5x_variants.train.metrics import MetricsLogger
-from t5x_variants.train.predictor import DecodeOptions, Predictor, decode_examples
+from t5x_variants.train.predictor import (DecodeOptions, Predictor, continuation_length,
+                                          decode_examples, prompted, score_examples, until_eos)
 
 RESULTS = 'eval_results.json'
 BEST = 'best'  # eval_results.json's key for the best value of each metric over checkpoints
-LOWER_IS_BETTER = ('loss', 'z_loss', 'log_perplexity')
+LOWER_IS_BETTER = ('loss', 'z_loss', 'log_perplexity', 'continuation_log_perplexity')
 DEFAULT_SPLIT = 'validation'
 # The data layer (TensorFlow) is imported inside the functions, after common.setup has loaded it
 # quietly (common.import_data_layer).
@@ -60,6 +66,24 @@ def inference_metrics(predictor, task, split: str, lengths, batch_size: int,
   for fn in task.predict_metric_fns:
     metrics.update(fn(targets, predictions))
   return {k: float(v) for k, v in metrics.items()}
+
+
+def continuation_metrics(predictor, task, split: str, lengths, prompt_length: int, batch_size: int,
+                         max_examples: Optional[int]):
+  """A decoder-only model prompted with the first ``prompt_length`` target tokens of each example:
+  exact match (percent) of its greedy continuation, and the log-perplexity of the reference."""
+  from t5x_variants.data import tasks  # pylint: disable=g-import-not-at-top
+  examples = prompted(tasks.task_examples(task, split, lengths, max_examples), prompt_length, task.name)
+  if not examples:
+    raise ValueError(f'no example of {task.name} ({split}) is longer than PROMPT_LENGTH {prompt_length}')
+  target_length = continuation_length(lengths['targets'], prompt_length)
+  decoded = decode_examples(predictor, task.output_features['targets'].vocabulary, examples,
+                            prompt_length, target_length, batch_size)
+  scored = score_examples(predictor, decoded, prompt_length, target_length, batch_size)
+  exact = [ex['prediction_ids'] == until_eos(ex['targets']) for ex in scored]
+  return {'continuation_exact_match': 100.0 * float(np.mean(exact)),
+          'continuation_log_perplexity': -sum(ex['log_likelihood'] for ex in scored) /
+                                         sum(ex['num_target_tokens'] for ex in scored)}
 
 
 def best_over_checkpoints(results) -> dict:
@@ -96,7 +120,8 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
                          task_feature_lengths: Mapping[str, int] = gin.REQUIRED,
                          split: str = DEFAULT_SPLIT, batch_size: int = 32,
                          max_batches: Optional[int] = None, max_examples: Optional[int] = None,
-                         inference: bool = True, z_loss: float = 0.0):
+                         inference: bool = True, z_loss: float = 0.0,
+                         prompt_length: Optional[int] = None):
   """{step: {task: metrics}} of the checkpoints evaluated on ``split`` by this call."""
   from t5x_variants.data import classification, tasks  # pylint: disable=g-import-not-at-top
   common.use_run_vocabulary(checkpoint_path)
@@ -127,6 +152,10 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
       if inference and task.predict_metric_fns and config.architecture != 'encoder_only':
         metrics.update(inference_metrics(predictor, task, split, task_feature_lengths, batch_size,
                                          max_examples))
+      elif inference and prompt_length and config.architecture == 'decoder_only' \
+          and 'inputs' not in task.output_features:
+        metrics.update(continuation_metrics(predictor, task, split, task_feature_lengths,
+                                            prompt_length, batch_size, max_examples))
       logger.eval(int(step), task.name, metrics, split=split)
       results.setdefault(step, {})[task.name] = metrics
       new.setdefault(int(step), {})[task.name] = metrics

@@ -5,7 +5,10 @@
 
 Decodes MIXTURE_OR_TASK_NAME's split, or with ``--gin.INPUT_FILE="'texts.txt'"`` one text per
 line. Decoding options: ``DecodeOptions.method = 'greedy' | 'sample' | 'beam'`` and friends.
-Each output line: {"inputs", "prediction", "score", and "targets" for task examples}.
+Each output line: {"inputs", "prediction", "score", and for task examples "targets" and
+"target_log_likelihood" (log p(targets | inputs), teacher-forced)}. A decoder-only model on a
+language-modelling task (targets only) continues the first ``--gin.PROMPT_LENGTH`` target tokens;
+"inputs" is that prompt and "targets" the rest.
 """
 import json
 import os
@@ -18,14 +21,16 @@ import numpy as np
 
 from t5x_variants.cli import common
 from t5x_variants.features import EOS_ID
-from t5x_variants.train.predictor import DecodeOptions, Predictor, decode_examples
+from t5x_variants.train.predictor import (DecodeOptions, Predictor, continuation_length,
+                                          decode_examples, prompted, score_examples, until_eos)
 
 
 @gin.configurable(denylist=['config'])
 def infer(config, *, checkpoint_path: str = gin.REQUIRED, output_file: str = gin.REQUIRED,
           input_file: Optional[str] = None, mixture_or_task_name: Optional[str] = None,
           split: str = 'validation', task_feature_lengths: Mapping[str, int] = gin.REQUIRED,
-          batch_size: int = 32, max_examples: Optional[int] = None):
+          batch_size: int = 32, max_examples: Optional[int] = None,
+          prompt_length: Optional[int] = None):
   """Writes one JSON line per example to ``output_file``; returns the number written."""
   from t5x_variants.data import tasks, vocab as vocab_lib  # pylint: disable=g-import-not-at-top
   common.use_run_vocabulary(checkpoint_path)
@@ -44,8 +49,13 @@ def infer(config, *, checkpoint_path: str = gin.REQUIRED, output_file: str = gin
     examples = tasks.task_examples(task, split, task_feature_lengths, max_examples)
   else:
     raise ValueError('infer needs INPUT_FILE (a text per line) or MIXTURE_OR_TASK_NAME')
-  decoded = decode_examples(predictor, vocab, examples, task_feature_lengths['inputs'],
-                            task_feature_lengths['targets'], batch_size)
+  input_length, target_length = task_feature_lengths.get('inputs'), task_feature_lengths['targets']
+  if config.architecture == 'decoder_only' and 'inputs' not in task_feature_lengths:
+    examples = prompted(examples, prompt_length, mixture_or_task_name or input_file)
+    input_length, target_length = prompt_length, continuation_length(target_length, prompt_length)
+  decoded = decode_examples(predictor, vocab, examples, input_length, target_length, batch_size)
+  if decoded and 'targets' in decoded[0]:
+    decoded = score_examples(predictor, decoded, input_length, target_length, batch_size)
   if jax.process_index() == 0:
     os.makedirs(os.path.dirname(os.path.abspath(output_file)), exist_ok=True)
     with open(output_file, 'w') as f:
@@ -55,7 +65,8 @@ def infer(config, *, checkpoint_path: str = gin.REQUIRED, output_file: str = gin
                   'prediction': ex['prediction'], 'score': ex['score']}
         if 'targets' in ex:
           record['targets'] = (tasks.text(ex['targets_pretokenized']) if 'targets_pretokenized' in ex
-                               else vocab.decode([int(t) for t in ex['targets']]))
+                               else vocab.decode(until_eos(ex['targets'])))
+          record['target_log_likelihood'] = ex['log_likelihood']
         f.write(json.dumps(record) + '\n')
   return len(decoded)
 

@@ -62,9 +62,13 @@ def _resumable(iterator) -> bool:
 
 
 def _abstract(tree):
-  """ShapeDtypeStructs (with shardings) of arrays or of abstract arrays."""
-  return jax.tree_util.tree_map(
-      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, 'sharding', None)), tree)
+  """ShapeDtypeStructs with the shardings of arrays or abstract arrays: every restore names its
+  target shardings, so a checkpoint restores safely onto another mesh or topology."""
+  def leaf(x):
+    if getattr(x, 'sharding', None) is None:
+      raise ValueError(f'restoring needs the target sharding of every array; {x} has none')
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+  return jax.tree_util.tree_map(leaf, tree)
 
 
 @gin.configurable

@@ -1,8 +1,9 @@
 """Cached autoregressive decoding: greedy, sampling (temperature, top-k, top-p) and beam search.
 
 Every method runs the decoder one token per step through the KV cache. The encoder-decoder starts
-from token 0; the decoder-only model is first fed its prompt (right-padded with 0, one token per
-step, forced), so a row with an n-token prompt emits its first token at step n - 1. Rows advance in
+from token 0; the decoder-only model is first fed token 0 and then its prompt (right-padded with 0,
+one token per step, forced), as its training sequences are shifted right behind a 0, so a row with
+an n-token prompt emits its first token at step n. Rows advance in
 lockstep (the cache has one position counter) and each ignores the steps outside its own window.
 ``tokens`` are the generated tokens, EOS included and 0 after it; ``scores`` sum the log-softmax
 of the raw logits over them (for beam search, length-normalised as below).
@@ -135,7 +136,8 @@ def decode(model, config, params, *, encoder_input_tokens=None, prompt_tokens=No
   """(tokens (batch, max_decode_length) int32, scores (batch,) float32); see the module doc.
 
   Encoder-decoder models take ``encoder_input_tokens``, decoder-only ones ``prompt_tokens``
-  (batch, P), right-padded with 0; an all-0 row starts from token 0. Jit with ``method``,
+  (batch, P), right-padded with 0 (token 0 goes before them); an all-0 row starts from token 0
+  alone. Jit with ``method``,
   ``max_decode_length``, ``top_k`` and ``num_beams`` static.
   """
   if method not in METHODS:
@@ -151,12 +153,12 @@ def decode(model, config, params, *, encoder_input_tokens=None, prompt_tokens=No
     prompt = jnp.zeros((encoder_input_tokens.shape[0], 1), jnp.int32)
     run = lambda v, tok, **kw: model.apply(v, encoded, enc, tok, method=model.decode, **kw)
   elif config.architecture == 'decoder_only':
-    prompt = jnp.asarray(prompt_tokens, jnp.int32)
+    prompt = jnp.pad(jnp.asarray(prompt_tokens, jnp.int32), ((0, 0), (1, 0)))  # 0 first, as in training
     run = lambda v, tok, **kw: model.apply(v, tok, **kw)
   else:
     raise ValueError(f'decoding needs a decoder; architecture is {config.architecture!r}')
   batch, prompt_len = prompt.shape
-  lengths = jnp.maximum(jnp.sum(prompt != 0, axis=1), 1)
+  lengths = jnp.sum(prompt != 0, axis=1) + 1  # with the leading 0
   # The last generated token is never fed, so prompt_len + max_decode_length - 1 positions
   # suffice. Creating the cache runs the model on dummy inputs whose outputs are unused
   # (dropped by XLA under jit).

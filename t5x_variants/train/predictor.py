@@ -2,10 +2,14 @@
 
 Shared by ``t5xv-infer`` and ``t5xv-eval`` (inference metrics). Every process passes the same
 full batch; each feeds the rows of its own devices and all get every decoded row back.
+
+A decoder-only model on a language-modelling task (examples with 'targets' only) is prompted
+with the first ``prompt_length`` target tokens and continues them; its reference continuation (the
+rest of the targets) is scored as log p(continuation | prompt).
 """
 import dataclasses
 import re
-from typing import Iterator, List
+from typing import Iterator, List, Optional
 
 import gin
 import jax
@@ -13,9 +17,9 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from t5x_variants.features import EOS_ID, PAD_ID
-from t5x_variants.models import build_model, init_inputs
+from t5x_variants.models import build_model, init_inputs, losses
 from t5x_variants.models.config import TransformerConfig
-from t5x_variants.train import checkpoints, decoding, evaluation, partitioning
+from t5x_variants.train import checkpoints, decoding, evaluation, partitioning, train_step
 
 
 @gin.configurable
@@ -48,6 +52,16 @@ class Predictor:
         self.model, config, jax.tree_util.tree_map(lambda p: p.sharding, self.abstract_params),
         self.mesh, z_loss)
     self.params, self.step, self._decode = None, None, {}
+
+    def log_likelihood(params, batch):  # (rows,): sum of log p(target) over weighted positions
+      logits = self.model.apply({'params': params}, **train_step.model_inputs(config, batch))
+      nll, _ = losses.cross_entropy(logits, batch['decoder_target_tokens'],
+                                    batch['decoder_loss_weights'])
+      return -nll.sum(-1)
+    self._log_likelihood = jax.jit(
+        log_likelihood, in_shardings=(jax.tree_util.tree_map(lambda p: p.sharding, self.abstract_params),
+                                      partitioning.batch_sharding(self.mesh)),
+        out_shardings=NamedSharding(self.mesh, PartitionSpec()))
 
   def load(self, checkpoint_path: str):
     """A ``checkpoint_<step>`` directory, or a run directory (its newest checkpoint)."""
@@ -83,10 +97,32 @@ class Predictor:
     return out[:n], scores[:n]
 
 
-def until_eos(tokens) -> list:
-  """The ids before the first EOS (and without padding)."""
+  def score(self, inputs: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """(n,) log p(target row | input row), summed over the target's tokens up to and with its
+    EOS, teacher-forced. ``inputs``: encoder inputs, or a decoder-only model's prompts (the targets
+    continue them); both (n, L) and right-padded with 0."""
+    n = len(targets)
+    if self.config.architecture == 'encoder_decoder':
+      batch = {'encoder_input_tokens': inputs, 'decoder_target_tokens': targets,
+               'decoder_loss_weights': (targets != PAD_ID).astype(np.int32)}
+    elif self.config.architecture == 'decoder_only':
+      prompts = [until_eos(p) for p in inputs]
+      rows = [np.asarray(p + until_eos(t, keep_eos=True), np.int32) for p, t in zip(prompts, targets)]
+      sequences = pad_tokens(rows, inputs.shape[1] + targets.shape[1], n)
+      positions = np.arange(sequences.shape[1])
+      weights = np.stack([(len(p) <= positions) & (positions < len(r)) for p, r in zip(prompts, rows)])
+      batch = {'decoder_target_tokens': sequences, 'decoder_loss_weights': weights.astype(np.int32)}
+    else:
+      raise ValueError('an encoder-only (MLM) model does not score continuations; evaluate it teacher-forced')
+    batch['decoder_input_tokens'] = np.pad(batch['decoder_target_tokens'], ((0, 0), (1, 0)))[:, :-1]
+    batch = partitioning.global_batch(partitioning.host_rows(batch, self.mesh), self.mesh)
+    return partitioning.to_host(self._log_likelihood(self.params, batch))[:n]
+
+
+def until_eos(tokens, keep_eos: bool = False) -> list:
+  """The ids before the first EOS (and with it, if ``keep_eos``), without padding."""
   ids = [int(t) for t in tokens]
-  ids = ids[:ids.index(EOS_ID)] if EOS_ID in ids else ids
+  ids = ids[:ids.index(EOS_ID) + keep_eos] if EOS_ID in ids else ids
   return [t for t in ids if t != PAD_ID]
 
 
@@ -102,6 +138,48 @@ def pad_tokens(rows: List[np.ndarray], length: int, num_rows: int) -> np.ndarray
 def _chunks(items: List, size: int) -> Iterator[List]:
   for i in range(0, len(items), size):
     yield items[i:i + size]
+
+
+def prompted(examples: List[dict], prompt_length: Optional[int], task_name: str = 'the task'
+             ) -> List[dict]:
+  """Language-modelling examples (only 'targets') as prompt and continuation: 'inputs' the first
+  ``prompt_length`` target tokens, 'targets' the rest (with its EOS); examples with no token left
+  to continue are dropped. Examples that have inputs are returned as they are."""
+  if not prompt_length or prompt_length < 1:
+    raise ValueError(f'{task_name} has no inputs length: a decoder-only model is prompted with '
+                     'PROMPT_LENGTH tokens (of the targets, for a language-modelling task) and '
+                     'continues them; set e.g. --gin.PROMPT_LENGTH=32')
+  if not examples or 'inputs' in examples[0]:
+    return examples
+  out = []
+  for ex in examples:
+    ids = until_eos(ex['targets'], keep_eos=True)
+    if len(ids) > prompt_length + (ids[-1] == EOS_ID):
+      out.append({'inputs': np.asarray(ids[:prompt_length], np.int32),
+                  'targets': np.asarray(ids[prompt_length:], np.int32)})
+  return out
+
+
+def continuation_length(targets_length: int, prompt_length: int) -> int:
+  """The longest continuation (with EOS) of a ``prompt_length`` prompt cut from targets of
+  ``targets_length`` tokens."""
+  if prompt_length >= targets_length:
+    raise ValueError(f'PROMPT_LENGTH {prompt_length} leaves nothing to continue in targets of '
+                     f'{targets_length} tokens; set it below {targets_length}')
+  return targets_length - prompt_length
+
+
+def score_examples(predictor: Predictor, examples: List[dict], input_length: int,
+                   target_length: int, batch_size: int) -> List[dict]:
+  """Adds 'log_likelihood' (``Predictor.score`` of its targets given its inputs) and
+  'num_target_tokens' (with EOS) to each example."""
+  out = []
+  for chunk in _chunks(examples, batch_size):
+    inputs = pad_tokens([np.asarray(ex['inputs']) for ex in chunk], input_length, batch_size)
+    targets = pad_tokens([np.asarray(ex['targets']) for ex in chunk], target_length, batch_size)
+    for ex, ll, t in zip(chunk, predictor.score(inputs, targets), targets):
+      out.append(dict(ex, log_likelihood=float(ll), num_target_tokens=len(until_eos(t, keep_eos=True))))
+  return out
 
 
 def decode_examples(predictor: Predictor, vocab, examples: List[dict], input_length: int,

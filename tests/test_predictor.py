@@ -1,0 +1,68 @@
+"""The Predictor of t5xv-infer / t5xv-eval: teacher-forced scoring against cached decoding, and a
+decoder-only model prompted with a prefix of a language-modelling task's targets."""
+import json
+
+import numpy as np
+import pytest
+
+from conftest import tiny
+from train_helpers import save_fresh_state
+from t5x_variants.features import EOS_ID
+from t5x_variants.train.predictor import Predictor, pad_tokens, prompted
+
+PROMPTS = [[5, 6, 7], [8], [9, 10, 11, 12], []]
+
+
+@pytest.mark.parametrize('arch', ['encoder_decoder', 'decoder_only'])
+def test_the_score_of_a_greedy_continuation_is_its_decoding_score(arch, tmp_path):
+  """Greedy decoding sums the log-probabilities of its tokens through the KV cache, one step at a
+  time; ``score`` computes log p(those tokens | inputs) in one full forward pass. They agree."""
+  config = tiny(architecture=arch, vocab_size=50)
+  save_fresh_state(config, tmp_path, seed=3)
+  predictor = Predictor(config).load(str(tmp_path))
+  inputs = pad_tokens([np.asarray(p) for p in PROMPTS], 6, 4)
+  out, scores = predictor.predict(inputs, 5)
+  np.testing.assert_allclose(predictor.score(inputs, out), scores, rtol=1e-5, atol=1e-5)
+  other = np.where(out > 0, (out + 1) % 50, 0)  # another continuation scores lower than greedy
+  assert (predictor.score(inputs, other) < scores).all()
+
+
+def test_prompted_cuts_the_targets_into_prompt_and_continuation():
+  examples = [{'targets': np.array([5, 6, 7, 8, EOS_ID, 0])}, {'targets': np.array([5, 6, 7, EOS_ID, 0, 0])},
+              {'targets': np.array([5, 6, 7, 8, 9, 10])}]  # trimmed to length: no EOS
+  got = prompted(examples, 3)
+  assert [(e['inputs'].tolist(), e['targets'].tolist()) for e in got] == [
+      ([5, 6, 7], [8, EOS_ID]), ([5, 6, 7], [8, 9, 10])]  # the second has nothing to continue
+  with_inputs = [{'inputs': np.array([4]), 'targets': np.array([5])}]
+  assert prompted(with_inputs, 3) is with_inputs
+  with pytest.raises(ValueError, match='embedded_lm has no inputs length.*--gin.PROMPT_LENGTH=32'):
+    prompted(examples, None, 'embedded_lm')
+
+
+@pytest.mark.slow
+def test_infer_and_eval_prompt_a_decoder_only_model_on_a_language_modelling_task(tmp_path):
+  """t5xv-infer writes the prompt, the reference continuation, the prediction and the
+  reference's log-likelihood; t5xv-eval adds the continuation metrics to the teacher-forced ones."""
+  from t5x_variants.cli import eval as eval_cli, infer  # pylint: disable=g-import-not-at-top
+  config = tiny(architecture='decoder_only', vocab_size=4224)
+  save_fresh_state(config, tmp_path / 'run', seed=0, step=2)
+  lengths = {'targets': 24}
+  out = tmp_path / 'predictions.jsonl'
+  n = infer.infer(config, checkpoint_path=str(tmp_path / 'run'), output_file=str(out),
+                  mixture_or_task_name='embedded_lm', task_feature_lengths=lengths, batch_size=4,
+                  max_examples=6, prompt_length=8)
+  records = [json.loads(line) for line in out.read_text().splitlines()]
+  assert n == len(records) == 6
+  assert all(set(r) == {'inputs', 'targets', 'prediction', 'score', 'target_log_likelihood'}
+             and r['inputs'] and r['targets'] and r['target_log_likelihood'] < 0 for r in records)
+  with pytest.raises(ValueError, match='PROMPT_LENGTH 24 leaves nothing to continue'):
+    infer.infer(config, checkpoint_path=str(tmp_path / 'run'), output_file=str(out),
+                mixture_or_task_name='embedded_lm', task_feature_lengths=lengths, prompt_length=24)
+  new = eval_cli.evaluate_checkpoints(config, checkpoint_path=str(tmp_path / 'run'),
+                                      mixture_or_task_name='embedded_lm', task_feature_lengths=lengths,
+                                      batch_size=4, max_batches=2, max_examples=6, prompt_length=8)
+  metrics = new[2]['embedded_lm']
+  assert {'log_perplexity', 'token_accuracy', 'continuation_exact_match',
+          'continuation_log_perplexity'} <= set(metrics)
+  # An untrained model of 4224 ids: about log(4224) = 8.35 nats per token, never an exact match.
+  assert 7.5 < metrics['continuation_log_perplexity'] < 9.5 and metrics['continuation_exact_match'] == 0.0
