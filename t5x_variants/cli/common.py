@@ -27,6 +27,7 @@ from typing import Callable, List, Mapping, Optional, Sequence
 import gin
 
 from t5x_variants.models.config import TransformerConfig
+from t5x_variants.train import storage
 
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOGGER = 't5x_variants'  # the project's own log lines (resume, fallback, skipped steps)
@@ -173,6 +174,15 @@ def _quiet_search():
     root.setLevel(level)
 
 
+def _open_uri(path: str):
+  return storage.path(path).open()
+
+
+def _is_uri_file(path: str) -> bool:
+  """A gin file on an object store (gs://bucket/run/config.gin), read through epath."""
+  return bool(storage.scheme(path)) and storage.path(path).exists()
+
+
 def parse_gin(gin_files: List[str], bindings: List[str], search_paths: Sequence[str] = (),
               configurables: Mapping[str, Callable] = None):
   """Applies gin files then bindings; any failure becomes one GinConfigError naming the culprit.
@@ -180,6 +190,7 @@ def parse_gin(gin_files: List[str], bindings: List[str], search_paths: Sequence[
   ``configurables`` adds the caller's own configurables to those named in error messages."""
   for path in [os.getcwd(), *[p for p in search_paths if p], PACKAGE_DIR]:
     gin.add_config_file_search_path(path)
+  gin.config.register_file_reader(_open_uri, _is_uri_file)  # idempotent
   try:
     with _quiet_search():
       gin.parse_config_files_and_bindings(gin_files, bindings)

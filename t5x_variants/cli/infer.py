@@ -11,7 +11,6 @@ language-modelling task (targets only) continues the first ``--gin.PROMPT_LENGTH
 "inputs" is that prompt and "targets" the rest.
 """
 import json
-import os
 import sys
 from typing import Mapping, Optional
 
@@ -20,6 +19,7 @@ import jax
 import numpy as np
 
 from t5x_variants.cli import common
+from t5x_variants.train import storage
 from t5x_variants.features import EOS_ID
 from t5x_variants.train.predictor import (DecodeOptions, Predictor, continuation_length,
                                           decode_examples, prompted, score_examples, until_eos)
@@ -37,8 +37,8 @@ def infer(config, *, checkpoint_path: str = gin.REQUIRED, output_file: str = gin
   predictor = Predictor(config, options=DecodeOptions()).load(checkpoint_path)
   if input_file:
     vocab = vocab_lib.vocabulary()
-    with open(input_file) as f:
-      texts = [line.rstrip('\n') for line in f if line.strip()][:max_examples]
+    texts = [line for line in storage.path(input_file).read_text().splitlines() if line.strip()]
+    texts = texts[:max_examples]
     examples = [{'inputs_pretokenized': t, 'inputs': np.asarray(vocab.encode(t) + [EOS_ID])}
                 for t in texts]
     common.check_vocabulary_size(config, vocab, input_file)
@@ -57,17 +57,17 @@ def infer(config, *, checkpoint_path: str = gin.REQUIRED, output_file: str = gin
   if decoded and 'targets' in decoded[0]:
     decoded = score_examples(predictor, decoded, input_length, target_length, batch_size)
   if jax.process_index() == 0:
-    os.makedirs(os.path.dirname(os.path.abspath(output_file)), exist_ok=True)
-    with open(output_file, 'w') as f:
-      for ex in decoded:
-        record = {'inputs': tasks.text(ex['inputs_pretokenized']) if 'inputs_pretokenized' in ex
-                  else vocab.decode([int(t) for t in ex['inputs']]),
-                  'prediction': ex['prediction'], 'score': ex['score']}
-        if 'targets' in ex:
-          record['targets'] = (tasks.text(ex['targets_pretokenized']) if 'targets_pretokenized' in ex
-                               else vocab.decode(until_eos(ex['targets'])))
-          record['target_log_likelihood'] = ex['log_likelihood']
-        f.write(json.dumps(record) + '\n')
+    lines = []
+    for ex in decoded:
+      record = {'inputs': tasks.text(ex['inputs_pretokenized']) if 'inputs_pretokenized' in ex
+                else vocab.decode([int(t) for t in ex['inputs']]),
+                'prediction': ex['prediction'], 'score': ex['score']}
+      if 'targets' in ex:
+        record['targets'] = (tasks.text(ex['targets_pretokenized']) if 'targets_pretokenized' in ex
+                             else vocab.decode(until_eos(ex['targets'])))
+        record['target_log_likelihood'] = ex['log_likelihood']
+      lines.append(json.dumps(record) + '\n')
+    storage.write_text(output_file, ''.join(lines))
   return len(decoded)
 
 

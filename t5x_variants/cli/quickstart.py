@@ -13,12 +13,12 @@ Extra ``--gin.KEY=VALUE`` flags go to the training run. A second call resumes in
 directory (delete it to start over).
 """
 import json
-import os
 import sys
 
 import gin
 
 from t5x_variants.cli import common
+from t5x_variants.train import storage
 
 DEFAULT_DIR = '/tmp/t5xv_quickstart'
 
@@ -30,8 +30,8 @@ def main(argv=None):
     model_dir = arg.split('=', 1)[1]
     argv.remove(arg)
   from t5x_variants.cli import eval as eval_cli, infer, train  # pylint: disable=g-import-not-at-top
-  predictions = os.path.join(model_dir, 'predictions.jsonl')
-  run_config = f'--gin_file={os.path.join(model_dir, "config.gin")}'
+  predictions = storage.join(model_dir, 'predictions.jsonl')
+  run_config = f'--gin_file={storage.join(model_dir, "config.gin")}'
   checkpoints = f"--gin.CHECKPOINT_PATH='{model_dir}'"
   steps = [
       (train.main, ['--gin_file=gin/experiments/quickstart.gin', f"--gin.MODEL_DIR='{model_dir}'",
@@ -46,8 +46,8 @@ def main(argv=None):
     code = command(args)
     if code:
       return code
-  with common.clear_errors('t5xv-quickstart'), open(predictions) as f:
-    for line in f:
+  with common.clear_errors('t5xv-quickstart'):
+    for line in storage.path(predictions).read_text().splitlines():
       row = json.loads(line)
       print(f'inputs:     {row["inputs"][:160]}\ntargets:    {row["targets"]}\n'
             f'prediction: {row["prediction"]}')

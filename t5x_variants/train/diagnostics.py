@@ -27,7 +27,7 @@ continue the run's. A run resumed without that file starts its diagnostics at it
 (theta_0: the parameters there, x: its first batch).
 """
 import functools
-import os
+import io
 from typing import Dict
 
 import jax
@@ -37,7 +37,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
 from t5x_variants.models import losses
-from t5x_variants.train import partitioning, train_step
+from t5x_variants.train import partitioning, storage, train_step
 
 FILE = 'diagnostics.npz'
 REFERENCE = 'diagnostics_reference'  # F(x; theta_0), carried in the batch as one more feature
@@ -90,7 +90,7 @@ class Diagnostics:
   ``param_shardings`` say, the batch over 'data' as training batches."""
 
   def __init__(self, model_dir: str, model, config, param_shardings, mesh, **loss_kwargs):
-    self.path = os.path.join(model_dir, FILE)
+    self.path = storage.path(model_dir) / FILE
     self.config, self.mesh, self.batch = config, mesh, None
     data = partitioning.batch_sharding(mesh)
     self._compute = jax.jit(functools.partial(compute, model, config, **loss_kwargs),
@@ -101,11 +101,11 @@ class Diagnostics:
     """Reloads x and F(x; theta_0) from ``diagnostics.npz``, unless ``fresh`` (step 0) or there is
     none: then x is ``host_batch`` (this process's rows), theta_0 ``params``, and process 0 saves
     them. True if they were made now (every process calls this at the same step)."""
-    load = not fresh and os.path.exists(self.path)
+    load = not fresh and self.path.exists()
     if jax.process_count() > 1:  # process 0's answer: the others may see a file it writes now
       load = bool(multihost_utils.broadcast_one_to_all(np.asarray(load)))
     if load:
-      with np.load(self.path) as saved:
+      with self.path.open('rb') as f, np.load(f) as saved:
         self.batch = partitioning.global_batch(partitioning.host_rows(dict(saved), self.mesh),
                                                self.mesh)
       return False
@@ -115,10 +115,12 @@ class Diagnostics:
     self.batch = {**batch, REFERENCE: self._compute(params, batch)[1]}
     saved = multihost_utils.process_allgather(self.batch, tiled=True)
     if jax.process_index() == 0:
-      os.makedirs(os.path.dirname(self.path), exist_ok=True)
-      with open(self.path + '.tmp', 'wb') as f:
-        np.savez(f, **saved)
-      os.replace(self.path + '.tmp', self.path)  # never a half-written file
+      buffer = io.BytesIO()
+      np.savez(buffer, **saved)
+      tmp = self.path.with_name(FILE + '.tmp')
+      self.path.parent.mkdir(parents=True, exist_ok=True)
+      tmp.write_bytes(buffer.getvalue())
+      tmp.replace(self.path)  # never a half-written file
     return True
 
   def __call__(self, params) -> Dict[str, float]:

@@ -1,5 +1,6 @@
 """The run's record: ``metrics.jsonl`` (one JSON object per logged train step and per eval),
-TensorBoard scalars and a console progress line with throughput and ETA. Only process 0 writes."""
+TensorBoard scalars and a console progress line with throughput and ETA. Only process 0 writes,
+to a local run directory or an object store (``storage``)."""
 import itertools
 import json
 import math
@@ -9,6 +10,8 @@ from typing import Mapping, Optional
 
 import jax
 import tensorboardX
+
+from t5x_variants.train import storage
 
 # Numbers each writer of this process: tensorboardX names its file by host and second only and
 # opens it with 'wb', so a logger reopened in the same second (a quick resume) would truncate it.
@@ -30,19 +33,18 @@ class MetricsLogger:
     self.total_steps = total_steps
     self.console = console
     if self.enabled:
-      os.makedirs(model_dir, exist_ok=True)
-      self._jsonl = open(os.path.join(model_dir, 'metrics.jsonl'), 'a')
+      self._jsonl = storage.AppendedFile(storage.join(model_dir, 'metrics.jsonl'))
       # tensorboardX writes from a queue on a thread and flush() does not drain that queue, so its
-      # thread flushes every second instead: a killed run loses at most its last second of scalars.
+      # thread flushes every second instead (on an object store, every REMOTE_FLUSH_SECS): a
+      # killed run loses at most its last second of scalars.
+      logdir, flush_secs = storage.tensorboard_dir(model_dir)
       self._tb = tensorboardX.SummaryWriter(
-          os.path.join(model_dir, 'tensorboard'), flush_secs=1,
-          filename_suffix=f'.{os.getpid()}.{next(_writer_ids)}')
+          logdir, flush_secs=flush_secs, filename_suffix=f'.{os.getpid()}.{next(_writer_ids)}')
 
   def _write(self, record: Mapping, tags: Mapping[str, float]):
     record = {k: None if isinstance(v, float) and not math.isfinite(v) else v  # valid JSON
               for k, v in record.items()}
     self._jsonl.write(json.dumps(record) + '\n')
-    self._jsonl.flush()
     for tag, value in tags.items():
       self._tb.add_scalar(tag, float(value), record['step'])
 

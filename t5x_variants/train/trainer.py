@@ -18,7 +18,6 @@ the background) but not checkpoints or evals.
 import functools
 import logging
 import os
-import shutil
 import signal
 import time
 from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence, Tuple
@@ -31,7 +30,7 @@ from t5x_variants.models import build_model, fresh_head_params, init_inputs
 from t5x_variants.models.config import TransformerConfig
 from t5x_variants.models.summary import model_info
 from t5x_variants.train import (checkpoints, diagnostics, evaluation, optimizer, partitioning,
-                                train_step)
+                                storage, train_step)
 from t5x_variants.train.metrics import MetricsLogger
 
 NONFINITE = ('skip', 'stop')
@@ -80,13 +79,11 @@ def _write_run_files(model_dir: str, config: TransformerConfig, files: Mapping[s
   vocabulary, which a later evaluation needs) into ``model_dir``; process 0 only."""
   if jax.process_index() != 0:
     return
-  os.makedirs(model_dir, exist_ok=True)
-  with open(os.path.join(model_dir, 'config.gin'), 'w') as f:
-    f.write(gin.config_str())
-  with open(os.path.join(model_dir, 'model-info.txt'), 'w') as f:
-    f.write(model_info(config) + '\n')
+  run = storage.path(model_dir)
+  storage.write_text(run / 'config.gin', gin.config_str())
+  storage.write_text(run / 'model-info.txt', model_info(config) + '\n')
   for name, path in files.items():
-    shutil.copyfile(path, os.path.join(model_dir, name))
+    storage.copy(path, run / name)
 
 
 def _host_tokens(batch) -> Tuple[int, int]:

@@ -1,0 +1,123 @@
+"""Run directories on any file system: local paths and URIs such as ``gs://bucket/run``.
+
+Every file of a run directory (and the checkpoint, input and output paths of the commands) is read
+and written through etils ``epath``, the path library orbax uses for the checkpoints, so a run on
+Cloud TPU can write straight to a bucket (``epath`` reaches gs:// through TensorFlow's file
+system, or fsspec's). Object stores cannot append to an object: an ``AppendedFile`` on one keeps
+the file's text in memory (read back at open, so a resumed run keeps its history) and rewrites the
+whole object when flushed, at most every ``REMOTE_FLUSH_SECS`` and at close; a local file is
+appended to and flushed at once. TensorBoard event files on a store are rewritten whole in the same
+way, as tensorboardX's own gs:// writer does it. Only process 0 writes the shared files; callers check.
+"""
+import io
+import re
+import time
+from typing import Union
+
+from etils import epath
+from tensorboardX import record_writer
+
+PathLike = Union[str, epath.Path]
+REMOTE_FLUSH_SECS = 30.0  # how often an AppendedFile or an event file is rewritten on a store
+
+
+def path(p: PathLike) -> epath.Path:
+  return epath.Path(p)
+
+
+def scheme(p: PathLike) -> str:
+  """'gs' of 'gs://bucket/x'; '' for a local path."""
+  match = re.match(r'([a-zA-Z][a-zA-Z0-9+.-]*)://', str(p))
+  return match.group(1) if match else ''
+
+
+def join(p: PathLike, *names: str) -> str:
+  """``p``/``names`` as a string; a URI stays one."""
+  if scheme(p):
+    return '/'.join([str(p).rstrip('/'), *names])
+  return str(path(p).joinpath(*names))
+
+
+def write_text(p: PathLike, text: str):
+  """Writes ``text`` to ``p`` (its parent made first), whole."""
+  p = path(p)
+  p.parent.mkdir(parents=True, exist_ok=True)
+  p.write_text(text)
+
+
+def copy(src: PathLike, dst: PathLike):
+  path(dst).write_bytes(path(src).read_bytes())
+
+
+class AppendedFile:
+  """A text file that grows by lines (``metrics.jsonl``): appended to locally, rewritten whole on
+  an object store (see the module doc)."""
+
+  def __init__(self, p: PathLike, flush_secs: float = REMOTE_FLUSH_SECS):
+    self.path = path(p)
+    self.path.parent.mkdir(parents=True, exist_ok=True)
+    self.remote = bool(scheme(p))
+    self.flush_secs, self._flushed = flush_secs, time.time()
+    if self.remote:
+      self._text = io.StringIO()
+      if self.path.exists():
+        self._text.write(self.path.read_text())
+      self._dirty = False
+    else:
+      self._file = self.path.open('a')
+
+  def write(self, line: str):
+    if self.remote:
+      self._text.write(line)
+      self._dirty = True
+      if time.time() - self._flushed >= self.flush_secs:
+        self.flush()
+    else:
+      self._file.write(line)
+      self._file.flush()
+
+  def flush(self):
+    if self.remote and self._dirty:
+      self.path.write_text(self._text.getvalue())
+      self._dirty = False
+    self._flushed = time.time()
+
+  def close(self):
+    self.flush()
+    if not self.remote:
+      self._file.close()
+
+
+class _RewrittenObject:
+  """A tensorboardX record file on an object store: written whole from a buffer on each flush."""
+
+  def __init__(self, p: str):
+    self.path, self.buffer = path(p), io.BytesIO()
+
+  def write(self, data: bytes):
+    self.buffer.write(data)
+
+  def flush(self):
+    self.path.write_bytes(self.buffer.getvalue())
+
+  def close(self):
+    self.flush()
+
+
+class _EpathRecordWriters:
+  """tensorboardX's writer factory for a URI scheme (its own gs:// one needs google-cloud-storage)."""
+
+  def open(self, p: str):
+    return _RewrittenObject(p)
+
+  def directory_check(self, p: str):
+    path(p).mkdir(parents=True, exist_ok=True)
+
+
+def tensorboard_dir(model_dir: PathLike):
+  """(TensorBoard directory of ``model_dir`` as tensorboardX takes it, its flush period in
+  seconds: 1 for a local event file, REMOTE_FLUSH_SECS for one rewritten whole on a store)."""
+  s = scheme(model_dir)
+  if s:
+    record_writer.register_writer_factory(s, _EpathRecordWriters())
+  return join(model_dir, 'tensorboard'), REMOTE_FLUSH_SECS if s else 1.0
