@@ -3,9 +3,10 @@ records), ``config.gin`` (total steps) and ``model-info.txt`` (parameter count).
 import dataclasses
 import json
 import math
-import os
 import re
 from typing import Dict, List, Optional
+
+from t5x_variants.train import storage
 
 # A run counts as diverged at the first logged step whose training loss was not finite (or whose
 # update was skipped as non-finite), or, if its last logged loss is more than this many nats above
@@ -65,15 +66,19 @@ class RunRecord:
     return blown_up
 
 
-def _read_jsonl(path: str) -> List[dict]:
+def _read(model_dir: str, name: str) -> str:
+  """The text of a run directory's file (local or on an object store); '' if there is none."""
+  path = storage.path(model_dir) / name
+  return path.read_text() if path.exists() else ''
+
+
+def _read_jsonl(text: str) -> List[dict]:
   records = []
-  if os.path.isfile(path):
-    with open(path) as f:
-      for line in f:
-        try:
-          records.append(json.loads(line))
-        except json.JSONDecodeError:  # a line being written as we read
-          pass
+  for line in text.splitlines():
+    try:
+      records.append(json.loads(line))
+    except json.JSONDecodeError:  # a line being written as we read
+      pass
   return records
 
 
@@ -83,24 +88,17 @@ def _last_by_step(records: List[dict]) -> List[dict]:
 
 
 def read_run(model_dir: str) -> RunRecord:
-  records = _read_jsonl(os.path.join(model_dir, 'metrics.jsonl'))
+  records = _read_jsonl(_read(model_dir, 'metrics.jsonl'))
   evals = {}
   for r in records:
     if r.get('kind') == 'eval' and r.get('split', 'validation') == 'validation':
       evals.setdefault(r['task'], []).append(r)
-  total_steps = params = None
-  config = os.path.join(model_dir, 'config.gin')
-  if os.path.isfile(config):
-    with open(config) as f:
-      text = f.read()
-    found = re.search(r'^train\.total_steps = (\d+)', text, re.M) or re.search(
-        r'^TRAIN_STEPS = (\d+)', text, re.M)
-    total_steps = int(found.group(1)) if found else None
-  info = os.path.join(model_dir, 'model-info.txt')
-  if os.path.isfile(info):
-    with open(info) as f:
-      found = re.search(r'Total number of parameters: ([\d,]+)', f.read())
-    params = int(found.group(1).replace(',', '')) if found else None
+  text = _read(model_dir, 'config.gin')
+  found = re.search(r'^train\.total_steps = (\d+)', text, re.M) or re.search(
+      r'^TRAIN_STEPS = (\d+)', text, re.M)
+  total_steps = int(found.group(1)) if found else None
+  found = re.search(r'Total number of parameters: ([\d,]+)', _read(model_dir, 'model-info.txt'))
+  params = int(found.group(1).replace(',', '')) if found else None
   return RunRecord(model_dir, _last_by_step([r for r in records if r.get('kind') == 'train']),
                    {t: _last_by_step(v) for t, v in evals.items()},
                    _last_by_step([r for r in records if r.get('kind') == 'diagnostics']),
