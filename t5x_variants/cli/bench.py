@@ -9,7 +9,7 @@ needs no TensorFlow. Reports tokens/s (input + target
 positions), sequences/s, the median step time, achieved TFLOP/s by ``models/flops.py`` (whose
 docstring says what is counted) and MFU against a named peak, peak memory, and compile time.
 ``--hf`` also times Hugging Face PyTorch ``T5ForConditionalGeneration`` on the same shape (extra
-``bench``: torch, transformers) and prints the ratio.
+``hf``: torch, transformers) and prints the ratio.
 """
 import collections
 import functools

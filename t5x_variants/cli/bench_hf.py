@@ -1,32 +1,21 @@
 """The reference for ``t5xv-bench --hf``: a Hugging Face PyTorch T5ForConditionalGeneration train
 step (forward with labels, backward, transformers' Adafactor with T5's settings) on the same shape
-and synthetic batch. Needs the ``bench`` extra (torch, transformers)."""
+and synthetic batch. Needs the ``hf`` extra (torch, transformers)."""
 import statistics
 import time
 
 import numpy as np
 
+from t5x_variants.models import hf_t5
 from t5x_variants.train.train_step import synthetic_batch
-
-# Our FFN names -> transformers' feed_forward_proj (its gelu is the same tanh approximation).
-HF_FFN = {'relu': 'relu', 'gelu': 'gelu_new', 'geglu': 'gated-gelu', 'reglu': 'gated-relu',
-          'swiglu': 'gated-silu'}
 
 
 def hf_model(config):
   import transformers  # pylint: disable=g-import-not-at-top
-  if config.architecture != 'encoder_decoder' or config.attention_components != ('dot_product',):
-    raise ValueError('--hf compares encoder-decoder dot-product models only')
-  if config.ffn not in HF_FFN:
-    raise ValueError(f'--hf supports the FFNs {", ".join(HF_FFN)}, not {config.ffn!r}')
-  hf = transformers.T5Config(
-      vocab_size=config.vocab_size, d_model=config.d_model, d_kv=config.head_dim,
-      d_ff=config.ffn_hidden_dim, num_layers=config.num_encoder_layers,
-      num_decoder_layers=config.num_decoder_layers, num_heads=config.num_heads,
-      relative_attention_num_buckets=config.relative_attention_num_buckets,
-      relative_attention_max_distance=config.relative_attention_max_distance,
-      dropout_rate=0.0, feed_forward_proj=HF_FFN[config.ffn],
-      tie_word_embeddings=config.tie_embeddings, decoder_start_token_id=0, pad_token_id=0)
+  why = hf_t5.inexpressible(config)
+  if why:
+    raise ValueError(f'--hf needs a model transformers T5 can express: {why}')
+  hf = transformers.T5Config(**{**hf_t5.hf_config(config), 'dropout_rate': 0.0})
   return transformers.T5ForConditionalGeneration(hf)
 
 

@@ -184,16 +184,18 @@ def _is_uri_file(path: str) -> bool:
 
 
 def parse_gin(gin_files: List[str], bindings: List[str], search_paths: Sequence[str] = (),
-              configurables: Mapping[str, Callable] = None):
+              configurables: Mapping[str, Callable] = None, skip_unknown: bool = False):
   """Applies gin files then bindings; any failure becomes one GinConfigError naming the culprit.
 
-  ``configurables`` adds the caller's own configurables to those named in error messages."""
+  ``configurables`` adds the caller's own configurables to those named in error messages;
+  ``skip_unknown``: bindings of configurables not imported are ignored (a run's config.gin read
+  for its model only)."""
   for path in [os.getcwd(), *[p for p in search_paths if p], PACKAGE_DIR]:
     gin.add_config_file_search_path(path)
   gin.config.register_file_reader(_open_uri, _is_uri_file)  # idempotent
   try:
     with _quiet_search():
-      gin.parse_config_files_and_bindings(gin_files, bindings)
+      gin.parse_config_files_and_bindings(gin_files, bindings, skip_unknown=skip_unknown)
   except (IOError, OSError) as e:
     raise GinConfigError(f'cannot read gin file: {e}. Paths are resolved against the working '
                          f'directory, --gin_search_paths and {PACKAGE_DIR}') from e

@@ -14,6 +14,7 @@ from typing import Any, Optional, Sequence
 
 import gin
 import jax
+import numpy as np
 from jax.experimental import multihost_utils
 import orbax.checkpoint as ocp
 from etils import epath
@@ -220,6 +221,28 @@ def _subtree(tree, keep):
         node = node.setdefault(k, {})
       node[keys[-1]] = x
   return out
+
+
+def read_params(path: str):
+  """A checkpoint's parameters as numpy arrays on this host, whatever mesh wrote them (their
+  shapes from its metadata; read onto one local device, so no mesh is needed)."""
+  path = checkpoint_path(path)
+  one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  handler = ocp.PyTreeCheckpointHandler()
+  try:
+    saved = handler.metadata(path / 'state').tree['params']
+  except Exception as e:
+    raise CheckpointError(f'cannot read the parameters of {path}: {e}') from e
+  finally:
+    handler.close()
+  target = {'params': jax.tree_util.tree_map(
+      lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one), saved)}
+  args = jax.tree_util.tree_map(
+      lambda m: ocp.ArrayRestoreArgs(sharding=one, global_shape=m.shape, dtype=m.dtype), target)
+  with ocp.PyTreeCheckpointer() as ckptr:
+    restored = ckptr.restore(path / 'state', args=ocp.args.PyTreeRestore(
+        item=target, restore_args=args, partial_restore=True))
+  return jax.tree_util.tree_map(np.asarray, restored['params'])
 
 
 def restore_params(path: str, abstract_params, fresh: Sequence[str] = ()):

@@ -1,0 +1,180 @@
+"""t5xv-import / t5xv-export: Hugging Face ``transformers`` T5 checkpoints in and out.
+
+  t5xv-import --hf_dir=/models/flan-t5-small --model_dir=/runs/flan_t5_small
+  t5xv-export --checkpoint_path=/runs/t5_base_geglu --output_dir=/models/t5_base_geglu
+
+t5xv-import reads a local transformers T5 directory (config.json and model.safetensors, its
+sharded index, or pytorch_model.bin; T5 v1.0, v1.1 and Flan-T5 layouts) and writes a run
+directory: ``checkpoint_0`` (orbax, the parameters only, scanned unless ``--unrolled``),
+``config.gin`` (the matching TransformerConfig and pretraining's data macros), ``model-info.txt``
+and ``vocab.model`` (the checkpoint's ``spiece.model``, the run's vocabulary). Fine-tune it with
+``gin/runs/finetune.gin`` and ``INITIAL_CHECKPOINT_PATH``; t5xv-eval and t5xv-infer read it.
+
+t5xv-export reads a run directory (its newest checkpoint) or one ``checkpoint_<step>``, written
+by any number of devices, onto this host and writes config.json, model.safetensors and
+spiece.model for ``T5ForConditionalGeneration.from_pretrained``. A variant transformers' T5
+cannot express is refused with the axis that it lacks; ``--params_only`` then writes our
+parameter tree as ``params.safetensors`` ('/'-joined names) with ``config.gin`` instead.
+"""
+import argparse
+import json
+import sys
+
+import gin
+import numpy as np
+
+from t5x_variants.cli import common
+from t5x_variants.layers.ffn import FFN_VARIANTS
+from t5x_variants.models import hf_t5
+from t5x_variants.models.config import TransformerConfig
+from t5x_variants.models.summary import model_info
+from t5x_variants.train import checkpoints, storage
+
+VOCAB = 'vocab.model'  # the run's vocabulary (common.use_run_vocabulary)
+SPIECE = 'spiece.model'  # transformers' T5 tokenizer file
+
+
+def _load_safetensors(data: bytes):
+  from safetensors import numpy as st_numpy  # pylint: disable=g-import-not-at-top
+  try:
+    return st_numpy.load(data)
+  except (TypeError, ValueError):  # bfloat16 has no numpy dtype: through torch
+    import torch  # pylint: disable=g-import-not-at-top
+    from safetensors import torch as st_torch  # pylint: disable=g-import-not-at-top
+    return {k: v.to(torch.float32).numpy() for k, v in st_torch.load(data).items()}
+
+
+def read_hf_weights(hf_dir) -> dict:
+  """{name: numpy array} of a transformers checkpoint directory."""
+  d = storage.path(hf_dir)
+  for index_name, single in (('model.safetensors.index.json', 'model.safetensors'),
+                             ('pytorch_model.bin.index.json', 'pytorch_model.bin')):
+    files = [d / single] if (d / single).exists() else []
+    if (d / index_name).exists():
+      files = [d / f for f in sorted(set(json.loads((d / index_name).read_text())['weight_map'].values()))]
+    if files:
+      weights = {}
+      for f in files:
+        weights.update(_load_safetensors(f.read_bytes()) if f.suffix == '.safetensors' else _load_torch(f))
+      return weights
+  raise FileNotFoundError(f'{d} has no model.safetensors, pytorch_model.bin or a sharded index of '
+                          'either: is it a transformers checkpoint directory?')
+
+
+def _load_torch(path):
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ValueError(f'{path} is a PyTorch file: reading it needs torch (the hf extra)') from e
+  with path.open('rb') as f:
+    state = torch.load(f, map_location='cpu', weights_only=True)
+  return {k: v.to(torch.float32).numpy() for k, v in state.items()}
+
+
+def _gin_value(value):
+  return repr(tuple(value)) if isinstance(value, (tuple, list)) else repr(value)
+
+
+def import_checkpoint(hf_dir: str, model_dir: str, scan_layers: bool = True):
+  """Writes the run directory of the module doc; returns its TransformerConfig."""
+  hf = json.loads((storage.path(hf_dir) / 'config.json').read_text())
+  if hf.get('model_type', 't5') != 't5' or not hf.get('is_encoder_decoder', True):
+    raise ValueError(f'{hf_dir} holds a {hf.get("model_type")!r} model, not transformers T5')
+  weights = read_hf_weights(hf_dir)
+  bindings = hf_t5.config_bindings(hf, weights)
+  named = {acts: name for name, acts in FFN_VARIANTS.items()}
+  bindings['ffn'] = named.get(tuple(bindings['ffn']), bindings['ffn'])
+  bindings['scan_layers'] = scan_layers
+  config = TransformerConfig(**bindings)
+  params = hf_t5.params_from_hf(weights, config, hf_t5.scales_decoder_outputs(hf))
+  if scan_layers:
+    params = hf_t5.stack_layers(params)
+  run = storage.path(model_dir)
+  ckpt = checkpoints.Checkpointer(str(run), async_save=False)
+  if ckpt.steps():
+    raise ValueError(f'{run} already holds checkpoints (steps {ckpt.steps()}); import into a new '
+                     'directory')
+  ckpt.save(0, {'params': params}, force=True)
+  ckpt.close()
+  lines = [f'# Imported from {hf_dir} by t5xv-import: transformers T5, feed_forward_proj '
+           f'{hf.get("feed_forward_proj", "relu")!r}, tied embeddings {config.tie_embeddings}.',
+           '# The data macros of gin/runs/pretrain.gin, which t5xv-eval and t5xv-infer read; '
+           'override them there.',
+           "MIXTURE_OR_TASK_NAME = 'c4_span_corruption'",
+           "TASK_FEATURE_LENGTHS = {'inputs': 512, 'targets': 114}", 'Z_LOSS = 1e-4', '']
+  lines += [f'TransformerConfig.{k} = {_gin_value(v)}' for k, v in bindings.items()]
+  storage.write_text(run / 'config.gin', '\n'.join(lines) + '\n')
+  storage.write_text(run / 'model-info.txt', model_info(config) + '\n')
+  spiece = storage.path(hf_dir) / SPIECE
+  if spiece.exists():
+    storage.copy(spiece, run / VOCAB)
+  else:
+    print(f't5xv-import: warning: {hf_dir} has no {SPIECE}; the run uses the vocabulary its gin '
+          'files name', file=sys.stderr)
+  return config
+
+
+def export_checkpoint(checkpoint_path: str, output_dir: str, params_only: bool = False) -> str:
+  """Writes the transformers directory (or with ``params_only`` the plain parameter file) of the
+  module doc; returns what was written."""
+  path = checkpoints.checkpoint_path(checkpoint_path)
+  run = path.parent
+  gin.clear_config()  # the run's config.gin alone says what the model is
+  common.parse_gin([str(run / 'config.gin')], [], skip_unknown=True)
+  config = common.build_config()
+  params = checkpoints.read_params(str(path))
+  from safetensors import numpy as st_numpy  # pylint: disable=g-import-not-at-top
+  out = storage.path(output_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  why = hf_t5.inexpressible(config)
+  if why and not params_only:
+    raise ValueError(f'transformers T5 cannot express this model: {why}. --params_only writes its '
+                     'parameters as params.safetensors with config.gin instead')
+  if why:
+    flat = {'/'.join(k): np.ascontiguousarray(v) for k, v in _flatten(params)}
+    (out / 'params.safetensors').write_bytes(st_numpy.save(flat))
+    storage.copy(run / 'config.gin', out / 'config.gin')
+    return f'params.safetensors and config.gin (not a transformers model: {why})'
+  if config.scan_layers:
+    params = hf_t5.unstack_layers(params, {'encoder': config.num_encoder_layers,
+                                           'decoder': config.num_decoder_layers})
+  (out / 'model.safetensors').write_bytes(
+      st_numpy.save(hf_t5.params_to_hf(params, config), metadata={'format': 'pt'}))
+  storage.write_text(out / 'config.json', json.dumps(hf_t5.hf_config(config), indent=2) + '\n')
+  if (run / VOCAB).exists():
+    storage.copy(run / VOCAB, out / SPIECE)
+  return f'config.json, model.safetensors{", spiece.model" if (run / VOCAB).exists() else ""}'
+
+
+def _flatten(tree, prefix=()):
+  for k, v in tree.items():
+    if isinstance(v, dict):
+      yield from _flatten(v, prefix + (k,))
+    else:
+      yield prefix + (k,), np.asarray(v)
+
+
+def import_main(argv=None):
+  p = argparse.ArgumentParser(prog='t5xv-import', description=__doc__.strip().splitlines()[0])
+  p.add_argument('--hf_dir', required=True, help='a local transformers T5 checkpoint directory')
+  p.add_argument('--model_dir', required=True, help='the run directory to write')
+  p.add_argument('--unrolled', action='store_true', help='unrolled layers (scan_layers=False)')
+  args = p.parse_args(argv)
+  with common.clear_errors('t5xv-import'):
+    config = import_checkpoint(args.hf_dir, args.model_dir, scan_layers=not args.unrolled)
+  print(f'imported {args.hf_dir} into {args.model_dir}: {config.num_encoder_layers}+'
+        f'{config.num_decoder_layers} layers, d_model {config.d_model}, ffn {config.ffn}')
+  return 0
+
+
+def export_main(argv=None):
+  p = argparse.ArgumentParser(prog='t5xv-export', description=__doc__.strip().splitlines()[0])
+  p.add_argument('--checkpoint_path', required=True, help='a run directory or checkpoint_<step>')
+  p.add_argument('--output_dir', required=True)
+  p.add_argument('--params_only', action='store_true',
+                 help='for variants transformers cannot express: our parameters and config.gin')
+  args = p.parse_args(argv)
+  with common.clear_errors('t5xv-export'):
+    written = export_checkpoint(args.checkpoint_path, args.output_dir, args.params_only)
+  print(f'wrote {written} to {args.output_dir}')
+  return 0

@@ -1,0 +1,225 @@
+"""transformers T5 <-> ours (t5xv-import / t5xv-export) on tiny random models: logits equal on the
+same padded tokens, greedy decoding equal to ``generate``, export -> import the identity, and one
+refusal per variant axis transformers' T5 lacks."""
+import json
+import os
+import subprocess
+import sys
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from conftest import jit_apply, tiny
+from t5x_variants.cli import hf as hf_cli
+from t5x_variants.models import build_model, hf_t5
+from t5x_variants.models.config import TransformerConfig
+from t5x_variants.train import checkpoints
+from t5x_variants.train.decoding import decode
+
+D_KV = 16  # sqrt(16) = 4: the attention scale multiplies and divides exactly
+HF_TINY = dict(vocab_size=64, d_model=32, d_kv=D_KV, d_ff=48, num_layers=2, num_decoder_layers=3,
+               num_heads=2, relative_attention_num_buckets=8, relative_attention_max_distance=16,
+               dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+# Encoder inputs with padding (0) and decoder inputs (0 first: the start token).
+INPUTS = np.array([[5, 9, 23, 7, 1, 0, 0], [11, 12, 13, 14, 15, 16, 1], [40, 1, 0, 0, 0, 0, 0]])
+DECODER = np.array([[0, 8, 9, 10, 3], [0, 30, 31, 1, 0], [0, 2, 60, 61, 62]])
+FFNS = ['relu', 'gelu', 'swish', 'glu', 'bilinear', 'reglu', 'geglu', 'swiglu']
+
+
+def hf_model(tmp_path, ffn='relu', tied=True, seed=0, **kw):
+  """A random transformers T5 saved to ``tmp_path``/hf (with a stand-in spiece.model)."""
+  torch.manual_seed(seed)
+  config = transformers.T5Config(**{**HF_TINY, **kw},
+                                 feed_forward_proj=hf_t5.feed_forward_proj(
+                                     TransformerConfig(ffn=ffn).activations),
+                                 tie_word_embeddings=tied)
+  model = transformers.T5ForConditionalGeneration(config).eval()
+  if not tied:  # transformers 5 ties lm_head at construction; T5 v1.1 has its own
+    model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.lm_head.weight) * 0.05)
+  with torch.no_grad():  # random norms and relative biases, so that every weight is tested
+    for name, p in model.named_parameters():
+      if 'layer_norm' in name or 'relative_attention_bias' in name:
+        p.copy_(torch.rand_like(p) + 0.5)
+  path = tmp_path / 'hf'
+  model.save_pretrained(path)
+  (path / 'spiece.model').write_bytes(b'stand-in sentencepiece model')
+  return model, path
+
+
+def hf_logits(model, inputs=INPUTS, decoder=DECODER):
+  with torch.no_grad():
+    out = model(input_ids=torch.tensor(inputs), attention_mask=torch.tensor(inputs != 0),
+                decoder_input_ids=torch.tensor(decoder))
+  return out.logits.numpy()
+
+
+def our_logits(run_dir, inputs=INPUTS, decoder=DECODER):
+  config = run_config(run_dir)
+  params = checkpoints.read_params(str(run_dir))
+  return np.asarray(jit_apply(build_model(config))({'params': params}, jnp.asarray(inputs),
+                                                   jnp.asarray(decoder))), config, params
+
+
+def run_config(run_dir):
+  from t5x_variants.cli import common  # pylint: disable=g-import-not-at-top
+  gin.clear_config()
+  common.parse_gin([str(run_dir / 'config.gin')], [], skip_unknown=True)
+  return common.build_config()
+
+
+def assert_logits_close(ours, theirs):
+  np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4 * np.abs(theirs).max())
+
+
+@pytest.mark.parametrize('ffn,tied', [('relu', True), ('geglu', False)] +
+                         [(f, False) for f in FFNS if f not in ('relu', 'geglu')])
+def test_import_then_export_give_transformers_logits(ffn, tied, tmp_path):
+  """T5 v1.0 (ReLU, tied) and v1.1 (GEGLU, untied), and every other FFN: HF -> import -> our
+  logits = transformers' on padded inputs; ours -> export -> transformers' logits = ours; and
+  export -> import leaves every parameter as it was."""
+  model, hf_dir = hf_model(tmp_path, ffn, tied)
+  config = hf_cli.import_checkpoint(str(hf_dir), str(tmp_path / 'run'))
+  assert (config.ffn, config.tie_embeddings, config.scan_layers) == (ffn, tied, True)
+  ours, config, params = our_logits(tmp_path / 'run')
+  assert_logits_close(ours, hf_logits(model))
+  assert (tmp_path / 'run' / 'vocab.model').read_bytes() == b'stand-in sentencepiece model'
+
+  hf_cli.export_checkpoint(str(tmp_path / 'run'), str(tmp_path / 'out'))
+  assert (tmp_path / 'out' / 'spiece.model').exists()
+  exported = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path / 'out').eval()
+  assert_logits_close(hf_logits(exported), ours)
+  hf_cli.import_checkpoint(str(tmp_path / 'out'), str(tmp_path / 'again'))
+  again = checkpoints.read_params(str(tmp_path / 'again'))
+  jax.tree_util.tree_map(np.testing.assert_array_equal, again, params)
+
+
+def test_pytorch_bin_unrolled_and_a_scaled_untied_output_layer(tmp_path):
+  """pytorch_model.bin is read through torch; ``--unrolled`` writes layers_<i>; an output layer
+  scaled by d_model^-0.5 but not tied to the embedding imports with the scale folded in."""
+  model, _ = hf_model(tmp_path, 'swiglu', tied=False)
+  model.config.scale_decoder_outputs = True
+  path = tmp_path / 'bin'
+  model.config.save_pretrained(path)
+  torch.save(model.state_dict(), path / 'pytorch_model.bin')  # older transformers' format
+  config = hf_cli.import_checkpoint(str(path), str(tmp_path / 'run'), scan_layers=False)
+  assert not config.tie_embeddings and not config.scan_layers
+  ours, _, params = our_logits(tmp_path / 'run')
+  assert 'layers_2' in params['decoder']
+  assert_logits_close(ours, hf_logits(model))
+
+
+def test_greedy_decoding_of_an_import_equals_generate(tmp_path):
+  # As many decoder as encoder layers: transformers' generate sizes its cache by num_layers.
+  model, hf_dir = hf_model(tmp_path, 'geglu', tied=False, seed=1, num_decoder_layers=2)
+  hf_cli.import_checkpoint(str(hf_dir), str(tmp_path / 'run'))
+  config, params = run_config(tmp_path / 'run'), checkpoints.read_params(str(tmp_path / 'run'))
+  ours, _ = jax.jit(lambda p, x: decode(build_model(config), config, p, encoder_input_tokens=x,
+                                        max_decode_length=8))(params, jnp.asarray(INPUTS))
+  with torch.no_grad():
+    theirs = model.generate(input_ids=torch.tensor(INPUTS), attention_mask=torch.tensor(INPUTS != 0),
+                            max_new_tokens=8, do_sample=False, num_beams=1, min_new_tokens=0)
+  theirs = theirs.numpy()[:, 1:]  # without the start token
+  theirs = np.pad(theirs, ((0, 0), (0, 8 - theirs.shape[1])))
+  np.testing.assert_array_equal(np.asarray(ours), theirs)
+
+
+REFUSED = {
+    'placement': (dict(placement='deepnorm'), "norm placement 'deepnorm'"),
+    'subln': (dict(placement='subln'), "norm placement 'subln'"),
+    'post': (dict(placement='post'), "norm placement 'post'"),
+    'synthesizer': (dict(self_attention='dense'), "self-attention 'dense'"),
+    'mixture': (dict(self_attention=('dense', 'dot_product')), "self-attention ('dense', 'dot_product')"),
+    'layernorm': (dict(norm='layernorm'), "norm 'layernorm'"),
+    'decoder_only': (dict(architecture='decoder_only'), "architecture 'decoder_only'"),
+    'encoder_only': (dict(architecture='encoder_only'), "architecture 'encoder_only'"),
+    'tanh': (dict(ffn=('tanh',)), "ffn ('tanh',)"),
+}
+
+
+@pytest.mark.parametrize('axis', sorted(REFUSED))
+def test_each_inexpressible_variant_is_refused_by_name(axis):
+  overrides, message = REFUSED[axis]
+  why = hf_t5.inexpressible(tiny(**overrides))
+  assert why and why.startswith(message), why
+  assert hf_t5.inexpressible(tiny()) is None
+
+
+def test_export_refuses_in_one_line_or_writes_our_parameters(tmp_path):
+  from train_helpers import save_fresh_state  # pylint: disable=g-import-not-at-top
+  params = save_fresh_state(tiny(placement='deepnorm'), tmp_path / 'run', seed=0)
+  (tmp_path / 'run' / 'config.gin').write_text(
+      "TransformerConfig.placement = 'deepnorm'\n" +
+      ''.join(f'TransformerConfig.{k} = {v!r}\n' for k, v in tiny().__dict__.items()
+              if k in ('vocab_size', 'd_model', 'num_heads', 'head_dim', 'd_ff', 'num_encoder_layers',
+                       'num_decoder_layers', 'encoder_max_length', 'decoder_max_length')))
+  out = subprocess.run([os.path.join(os.path.dirname(sys.executable), 't5xv-export'),
+                        f'--checkpoint_path={tmp_path / "run"}', f'--output_dir={tmp_path / "out"}'],
+                       capture_output=True, text=True)
+  assert out.returncode == 2 and out.stderr.count('\n') == 1, out.stderr
+  assert "t5xv-export: error: transformers T5 cannot express this model: norm placement " \
+         "'deepnorm'" in out.stderr and '--params_only' in out.stderr
+  written = hf_cli.export_checkpoint(str(tmp_path / 'run'), str(tmp_path / 'out'), params_only=True)
+  assert written.startswith('params.safetensors and config.gin')
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+  flat = load_file(tmp_path / 'out' / 'params.safetensors')
+  np.testing.assert_array_equal(flat['token_embedder/embedding'], params['token_embedder']['embedding'])
+  assert len(flat) == len(jax.tree_util.tree_leaves(params))
+
+
+@pytest.mark.slow
+def test_export_reads_a_checkpoint_written_by_eight_devices(tmp_path):
+  """A data=4 x model=2 (fsdp) run in a subprocess; exported here on one device, transformers'
+  logits equal ours from the same checkpoint."""
+  script = os.path.join(os.path.dirname(__file__), 'trainer_subprocess.py')
+  out = subprocess.run([sys.executable, script, 'mesh', str(tmp_path / 'run'), '2'],
+                       capture_output=True, text=True)
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  config = tiny(num_encoder_layers=1, num_decoder_layers=1)  # run_train's model
+  (tmp_path / 'run' / 'config.gin').write_text(''.join(
+      f'TransformerConfig.{k} = {getattr(config, k)!r}\n' for k in
+      ('vocab_size', 'd_model', 'num_heads', 'head_dim', 'd_ff', 'num_encoder_layers',
+       'num_decoder_layers', 'encoder_max_length', 'decoder_max_length')))
+  hf_cli.export_checkpoint(str(tmp_path / 'run'), str(tmp_path / 'out'))
+  assert json.loads((tmp_path / 'out' / 'config.json').read_text())['num_layers'] == 1
+  exported = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path / 'out').eval()
+  inputs, decoder = INPUTS % 50, DECODER % 50
+  ours, _, _ = our_logits(tmp_path / 'run', inputs, decoder)
+  assert_logits_close(ours, hf_logits(exported, inputs, decoder))
+
+
+@pytest.mark.slow
+def test_an_import_fine_tunes_and_decodes_through_the_commands(tmp_path):
+  """t5xv-import -> t5xv-train with gin/runs/finetune.gin from its checkpoint -> t5xv-infer."""
+  from t5x_variants.cli import infer, train  # pylint: disable=g-import-not-at-top
+  from t5x_variants.data import vocab  # pylint: disable=g-import-not-at-top
+  _, hf_dir = hf_model(tmp_path, 'geglu', tied=False, vocab_size=4224)
+  (hf_dir / 'spiece.model').write_bytes(open(vocab.embedded_spm_file(), 'rb').read())
+  assert hf_cli.import_main([f'--hf_dir={hf_dir}', f'--model_dir={tmp_path / "run"}']) == 0
+  run, ft = tmp_path / 'run', tmp_path / 'ft'
+  gin.clear_config()
+  assert train.main([f'--gin_file={run}/config.gin', '--gin_file=gin/runs/finetune.gin',
+                     f"--gin.INITIAL_CHECKPOINT_PATH='{run}'", f"--gin.MODEL_DIR='{ft}'",
+                     "--gin.MIXTURE_OR_TASK_NAME='embedded_span_corruption'", '--gin.TRAIN_STEPS=2',
+                     "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}", '--gin.BATCH_SIZE=4',
+                     '--gin.train.eval_period=0', '--gin.Checkpointer.period=2']) == 0
+  assert (ft / 'checkpoint_2').exists() and (ft / 'vocab.model').exists()
+  texts = tmp_path / 'texts.txt'
+  texts.write_text('Return the number of items.\n')
+  gin.clear_config()
+  assert infer.main([f'--gin_file={ft}/config.gin', '--gin_file=gin/runs/infer.gin',
+                     f"--gin.CHECKPOINT_PATH='{ft}'", f"--gin.INPUT_FILE='{texts}'",
+                     f"--gin.INFER_OUTPUT='{tmp_path / 'out.jsonl'}'"]) == 0
+  (row,) = [json.loads(l) for l in (tmp_path / 'out.jsonl').read_text().splitlines()]
+  assert row['inputs'] == 'Return the number of items.'
+
+
+def test_the_package_imports_without_the_hf_extra():
+  code = ('import sys\nimport t5x_variants.cli.hf, t5x_variants.cli.bench, t5x_variants.models.hf_t5\n'
+          "print([m for m in ('torch', 'transformers', 'safetensors') if m in sys.modules])")
+  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True)
+  assert out.stdout.strip() == '[]'
