@@ -15,7 +15,6 @@ import time
 from typing import Union
 
 from etils import epath
-from tensorboardX import record_writer
 
 PathLike = Union[str, epath.Path]
 REMOTE_FLUSH_SECS = 30.0  # how often an AppendedFile or an event file is rewritten on a store
@@ -119,5 +118,6 @@ def tensorboard_dir(model_dir: PathLike):
   seconds: 1 for a local event file, REMOTE_FLUSH_SECS for one rewritten whole on a store)."""
   s = scheme(model_dir)
   if s:
+    from tensorboardX import record_writer  # pylint: disable=g-import-not-at-top
     record_writer.register_writer_factory(s, _EpathRecordWriters())
   return join(model_dir, 'tensorboard'), REMOTE_FLUSH_SECS if s else 1.0
