@@ -4,7 +4,6 @@ import os
 import time
 
 import numpy as np
-from etils import epath
 
 from t5x_variants.models import build_model, init_inputs
 from t5x_variants.train import checkpoints, optimizer, partitioning, train_step
@@ -99,23 +98,8 @@ def save_fresh_state(config, model_dir, seed, step=1):
 
 
 def saved_state(checkpoint):
-  """The TrainState tree of a checkpoint, read onto one device (the shapes from its metadata), as
-  numpy."""
-  import jax
-  import orbax.checkpoint as ocp
-  path = epath.Path(checkpoint) / 'state'
-  one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  handler = ocp.PyTreeCheckpointHandler()
-  try:
-    saved = handler.metadata(path).tree
-  finally:
-    handler.close()
-  item = jax.tree_util.tree_map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one), saved)
-  args = jax.tree_util.tree_map(
-      lambda m: ocp.ArrayRestoreArgs(sharding=one, global_shape=m.shape, dtype=m.dtype), saved)
-  with ocp.PyTreeCheckpointer() as ckptr:
-    restored = ckptr.restore(path, args=ocp.args.PyTreeRestore(item=item, restore_args=args))
-  return jax.tree_util.tree_map(np.asarray, restored)
+  """The TrainState tree of a checkpoint, as numpy."""
+  return checkpoints.read_on_host(str(checkpoint), part=None)
 
 
 def records_of(model_dir, kind='train'):

@@ -122,7 +122,7 @@ def export_checkpoint(checkpoint_path: str, output_dir: str, params_only: bool =
   gin.clear_config()  # the run's config.gin alone says what the model is
   common.parse_gin([str(run / 'config.gin')], [], skip_unknown=True)
   config = common.build_config()
-  params = checkpoints.read_params(str(path))
+  params = checkpoints.read_on_host(str(path))
   from safetensors import numpy as st_numpy  # pylint: disable=g-import-not-at-top
   out = storage.path(output_dir)
   out.mkdir(parents=True, exist_ok=True)

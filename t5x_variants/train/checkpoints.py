@@ -223,26 +223,28 @@ def _subtree(tree, keep):
   return out
 
 
-def read_params(path: str):
-  """A checkpoint's parameters as numpy arrays on this host, whatever mesh wrote them (their
-  shapes from its metadata; read onto one local device, so no mesh is needed)."""
+def read_on_host(path: str, part: Optional[str] = 'params'):
+  """A checkpoint's ``part`` of its saved state (None: all of it) as numpy arrays on this host,
+  whatever mesh wrote it (the shapes from its metadata; read onto one local device, so no mesh is
+  needed)."""
   path = checkpoint_path(path)
   one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   handler = ocp.PyTreeCheckpointHandler()
   try:
-    saved = handler.metadata(path / 'state').tree['params']
+    saved = handler.metadata(path / 'state').tree
+    saved = {part: saved[part]} if part else saved
   except Exception as e:
-    raise CheckpointError(f'cannot read the parameters of {path}: {e}') from e
+    raise CheckpointError(f'cannot read {part or "the state"} of {path}: {e}') from e
   finally:
     handler.close()
-  target = {'params': jax.tree_util.tree_map(
-      lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one), saved)}
+  target = jax.tree_util.tree_map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one), saved)
   args = jax.tree_util.tree_map(
       lambda m: ocp.ArrayRestoreArgs(sharding=one, global_shape=m.shape, dtype=m.dtype), target)
   with ocp.PyTreeCheckpointer() as ckptr:
     restored = ckptr.restore(path / 'state', args=ocp.args.PyTreeRestore(
         item=target, restore_args=args, partial_restore=True))
-  return jax.tree_util.tree_map(np.asarray, restored['params'])
+  restored = jax.tree_util.tree_map(np.asarray, restored)
+  return restored[part] if part else restored
 
 
 def restore_params(path: str, abstract_params, fresh: Sequence[str] = ()):
