@@ -113,6 +113,14 @@ def test_pytorch_bin_unrolled_and_a_scaled_untied_output_layer(tmp_path):
   assert_logits_close(ours, hf_logits(model))
 
 
+def test_a_bfloat16_checkpoint_imports_through_torch(tmp_path):
+  model, _ = hf_model(tmp_path, 'relu', tied=True)
+  model.to(torch.bfloat16).save_pretrained(tmp_path / 'bf16')
+  hf_cli.import_checkpoint(str(tmp_path / 'bf16'), str(tmp_path / 'run'))
+  ours, _, _ = our_logits(tmp_path / 'run')
+  assert_logits_close(ours, hf_logits(model.to(torch.float32)))  # the same rounded weights
+
+
 def test_greedy_decoding_of_an_import_equals_generate(tmp_path):
   # As many decoder as encoder layers: transformers' generate sizes its cache by num_layers.
   model, hf_dir = hf_model(tmp_path, 'geglu', tied=False, seed=1, num_decoder_layers=2)

@@ -42,17 +42,26 @@ def bucket(tmp_path, monkeypatch):
   assert not (tmp_path / 'mock:').exists(), 'a file was written with local calls'
 
 
-def test_an_appended_file_on_a_store_is_rewritten_whole_and_keeps_what_was_there(bucket):
-  f = storage.AppendedFile('mock://bucket/run/metrics.jsonl', flush_secs=3600)
-  f.write('1\n')
-  assert not (bucket / 'run' / 'metrics.jsonl').exists()  # buffered until the period or close
-  f.flush()
-  f.write('2\n')
-  f.close()
-  again = storage.AppendedFile('mock://bucket/run/metrics.jsonl')  # a resumed run
-  again.write('3\n')
-  again.close()
-  assert (bucket / 'run' / 'metrics.jsonl').read_text() == '1\n2\n3\n'
+def test_an_appended_file_on_a_store_is_one_object_per_writer_session(bucket):
+  """Two writers at once (a run and a t5xv-eval beside it) lose nothing of each other's."""
+  run = storage.AppendedFile('mock://bucket/run/metrics.jsonl', flush_secs=3600)
+  run.write('1\n')
+  assert not list((bucket / 'run').iterdir())  # buffered until the period or close
+  run.flush()
+  evaluation = storage.AppendedFile('mock://bucket/run/metrics.jsonl')
+  evaluation.write('eval\n')
+  run.write('2\n')
+  evaluation.close()
+  run.close()
+  objects = sorted(p.name for p in (bucket / 'run').iterdir())
+  assert len(objects) == 2 and all(o.startswith('metrics.') and o.endswith('.jsonl') for o in objects)
+  assert sorted(storage.read_appended('mock://bucket/run/metrics.jsonl').splitlines()) == ['1', '2', 'eval']
+  local = bucket.parent / 'local.jsonl'  # a local file is appended to, in place
+  for text in ('a\n', 'b\n'):
+    f = storage.AppendedFile(str(local))
+    f.write(text)
+    f.close()
+  assert storage.read_appended(str(local)) == local.read_text() == 'a\nb\n'
 
 
 def test_scheme_and_join_keep_uris():
@@ -64,7 +73,6 @@ def test_scheme_and_join_keep_uris():
 @pytest.mark.slow
 def test_train_resume_eval_and_infer_on_a_store(bucket):
   from t5x_variants.cli import eval as eval_cli, infer, train  # pylint: disable=g-import-not-at-top
-  from train_helpers import records_of  # pylint: disable=g-import-not-at-top
   run = 'mock://bucket/run'
   tiny = ["--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}", '--gin.BATCH_SIZE=4',
           '--gin.train.log_period=2', '--gin.train.eval_period=4', '--gin.train.eval_batches=1',
@@ -76,9 +84,10 @@ def test_train_resume_eval_and_infer_on_a_store(bucket):
   assert main(train, *train_args, '--gin.TRAIN_STEPS=4') == 0
   assert main(train, *train_args, '--gin.TRAIN_STEPS=8') == 0  # resumes from checkpoint_4
   names = set(os.listdir(bucket / 'run'))
-  assert {'config.gin', 'model-info.txt', 'vocab.model', 'metrics.jsonl', 'tensorboard',
-          'diagnostics.npz', 'checkpoint_4', 'checkpoint_8'} <= names, names
-  assert [r['step'] for r in records_of(bucket / 'run')] == [2, 4, 6, 8]  # both sessions kept
+  assert {'config.gin', 'model-info.txt', 'vocab.model', 'tensorboard', 'diagnostics.npz',
+          'checkpoint_4', 'checkpoint_8'} <= names, names
+  records = [json.loads(l) for l in storage.read_appended(f'{run}/metrics.jsonl').splitlines()]
+  assert [r['step'] for r in records if r['kind'] == 'train'] == [2, 4, 6, 8]  # both sessions
   assert os.listdir(bucket / 'run' / 'tensorboard')
 
   assert main(eval_cli, f'--gin_file={run}/config.gin', '--gin_file=gin/runs/eval.gin',
@@ -86,6 +95,9 @@ def test_train_resume_eval_and_infer_on_a_store(bucket):
               '--gin.evaluate_checkpoints.max_batches=1', '--gin.evaluate_checkpoints.max_examples=2') == 0
   results = json.loads((bucket / 'run' / 'eval_results.json').read_text())['validation']
   assert {'4', '8'} <= set(results)
+  from t5x_variants.sweeps import runs  # pylint: disable=g-import-not-at-top
+  record = runs.read_run(run)  # what t5xv-report reads
+  assert record.total_steps == 8 and [s for s, _ in record.eval_curve()] == [4, 8]
 
   texts = 'mock://bucket/texts.txt'
   storage.write_text(texts, 'Return the number of items.\n')

@@ -43,7 +43,7 @@ DEFAULT_SPLIT = 'validation'
 
 def teacher_forced(predictor, task_name: str, split: str, lengths, batch_size: int,
                    max_batches: Optional[int], metric_fns=()):
-  """Loss, log-perplexity, accuracy over the split (every example once); with a classification
+  """Loss, log-perplexity, token accuracy over the split (every example once); with a classification
   head also ``metric_fns`` of its predictions (the task's GLUE metrics)."""
   from t5x_variants.data import pipeline  # pylint: disable=g-import-not-at-top
   batches = pipeline.eval_batches(task_name, lengths, predictor.config.architecture, batch_size, split)

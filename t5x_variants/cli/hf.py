@@ -38,7 +38,7 @@ def _load_safetensors(data: bytes):
   from safetensors import numpy as st_numpy  # pylint: disable=g-import-not-at-top
   try:
     return st_numpy.load(data)
-  except (TypeError, ValueError):  # bfloat16 has no numpy dtype: through torch
+  except (TypeError, ValueError, KeyError):  # bfloat16 has no numpy dtype: through torch
     import torch  # pylint: disable=g-import-not-at-top
     from safetensors import torch as st_torch  # pylint: disable=g-import-not-at-top
     return {k: v.to(torch.float32).numpy() for k, v in st_torch.load(data).items()}
@@ -80,6 +80,9 @@ def import_checkpoint(hf_dir: str, model_dir: str, scan_layers: bool = True):
   hf = json.loads((storage.path(hf_dir) / 'config.json').read_text())
   if hf.get('model_type', 't5') != 't5' or not hf.get('is_encoder_decoder', True):
     raise ValueError(f'{hf_dir} holds a {hf.get("model_type")!r} model, not transformers T5')
+  run = storage.path(model_dir)
+  if run.exists() and checkpoints.list_checkpoints(str(run)):
+    raise ValueError(f'{run} already holds checkpoints; import into a new directory')
   weights = read_hf_weights(hf_dir)
   bindings = hf_t5.config_bindings(hf, weights)
   named = {acts: name for name, acts in FFN_VARIANTS.items()}
@@ -89,11 +92,7 @@ def import_checkpoint(hf_dir: str, model_dir: str, scan_layers: bool = True):
   params = hf_t5.params_from_hf(weights, config, hf_t5.scales_decoder_outputs(hf))
   if scan_layers:
     params = hf_t5.stack_layers(params)
-  run = storage.path(model_dir)
   ckpt = checkpoints.Checkpointer(str(run), async_save=False)
-  if ckpt.steps():
-    raise ValueError(f'{run} already holds checkpoints (steps {ckpt.steps()}); import into a new '
-                     'directory')
   ckpt.save(0, {'params': params}, force=True)
   ckpt.close()
   lines = [f'# Imported from {hf_dir} by t5xv-import: transformers T5, feed_forward_proj '
@@ -122,14 +121,14 @@ def export_checkpoint(checkpoint_path: str, output_dir: str, params_only: bool =
   gin.clear_config()  # the run's config.gin alone says what the model is
   common.parse_gin([str(run / 'config.gin')], [], skip_unknown=True)
   config = common.build_config()
-  params = checkpoints.read_on_host(str(path))
-  from safetensors import numpy as st_numpy  # pylint: disable=g-import-not-at-top
-  out = storage.path(output_dir)
-  out.mkdir(parents=True, exist_ok=True)
   why = hf_t5.inexpressible(config)
   if why and not params_only:
     raise ValueError(f'transformers T5 cannot express this model: {why}. --params_only writes its '
                      'parameters as params.safetensors with config.gin instead')
+  params = checkpoints.read_on_host(str(path))
+  from safetensors import numpy as st_numpy  # pylint: disable=g-import-not-at-top
+  out = storage.path(output_dir)
+  out.mkdir(parents=True, exist_ok=True)
   if why:
     flat = {'/'.join(k): np.ascontiguousarray(v) for k, v in _flatten(params)}
     (out / 'params.safetensors').write_bytes(st_numpy.save(flat))

@@ -8,7 +8,7 @@ line. Decoding options: ``DecodeOptions.method = 'greedy' | 'sample' | 'beam'`` 
 Each output line: {"inputs", "prediction", "score", and for task examples "targets" and
 "target_log_likelihood" (log p(targets | inputs), teacher-forced)}. A decoder-only model on a
 language-modelling task (targets only) continues the first ``--gin.PROMPT_LENGTH`` target tokens;
-"inputs" is that prompt and "targets" the rest.
+"inputs" is that prompt and "targets" the rest. The texts of an INPUT_FILE are prompts whole.
 """
 import json
 import sys
@@ -51,8 +51,11 @@ def infer(config, *, checkpoint_path: str = gin.REQUIRED, output_file: str = gin
     raise ValueError('infer needs INPUT_FILE (a text per line) or MIXTURE_OR_TASK_NAME')
   input_length, target_length = task_feature_lengths.get('inputs'), task_feature_lengths['targets']
   if config.architecture == 'decoder_only' and 'inputs' not in task_feature_lengths:
-    examples = prompted(examples, prompt_length, mixture_or_task_name or input_file)
-    input_length, target_length = prompt_length, continuation_length(target_length, prompt_length)
+    if input_file:  # each text whole is a prompt, continued for up to the targets length
+      input_length = max(len(ex['inputs']) for ex in examples)
+    else:
+      examples = prompted(examples, prompt_length, mixture_or_task_name)
+      input_length, target_length = prompt_length, continuation_length(target_length, prompt_length)
   decoded = decode_examples(predictor, vocab, examples, input_length, target_length, batch_size)
   if decoded and 'targets' in decoded[0]:
     decoded = score_examples(predictor, decoded, input_length, target_length, batch_size)

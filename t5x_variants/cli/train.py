@@ -15,13 +15,13 @@ from t5x_variants.cli import common
 
 
 def vocabulary_files(name: str):
-  """{'vocab.model': path} when the task's vocabulary is a local SentencePiece file."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  """{'vocab.model': path} when the task's vocabulary is a SentencePiece file (local or gs://)."""
   from t5x_variants.data import tasks  # pylint: disable=g-import-not-at-top
+  from t5x_variants.train import storage  # pylint: disable=g-import-not-at-top
   features = tasks.get_task_or_mixture(name).output_features
   vocab = features['targets' if 'targets' in features else 'inputs'].vocabulary  # classification: inputs only
   path = getattr(vocab, 'sentencepiece_model_file', None)
-  return {'vocab.model': path} if path and not path.startswith('gs://') and tf.io.gfile.exists(path) else {}
+  return {'vocab.model': path} if path and storage.path(path).exists() else {}
 
 
 def _init_checkpoint():

@@ -18,6 +18,7 @@ with the scale folded in. Parameters here are numpy trees with unrolled layers (
 """
 from typing import Dict, Mapping, Optional
 
+import jax
 import numpy as np
 
 from t5x_variants.models.config import TransformerConfig
@@ -28,7 +29,6 @@ _HF_ACT = {'relu': 'relu', 'gelu': 'gelu_new', 'gelu_exact': 'gelu', 'swish': 's
            'sigmoid': 'sigmoid', 'linear': 'linear'}
 _FROM_HF_ACT = {**{v: k for k, v in _HF_ACT.items()}, 'swish': 'swish', 'gelu_pytorch_tanh': 'gelu'}
 _GATED = 'gated-'
-ATTENTION = ('self_attention', 'encoder_decoder_attention')
 _HF_ATTENTION = {'self_attention': 'SelfAttention', 'encoder_decoder_attention': 'EncDecAttention'}
 
 
@@ -141,7 +141,7 @@ def params_from_hf(weights: Mapping[str, np.ndarray], config: TransformerConfig,
 
   def get(name):
     if name not in w:
-      raise KeyError(f'the checkpoint has no {name}: is it a transformers T5 of this configuration?')
+      raise ValueError(f'the checkpoint has no {name}: is it a transformers T5 of this configuration?')
     return w[name]
   heads, d_h, d = config.num_heads, config.head_dim, config.d_model
   embedding = w.get('shared.weight', w.get('encoder.embed_tokens.weight'))
@@ -212,7 +212,7 @@ def unstack_layers(params: Mapping, n: Mapping[str, int]) -> dict:
   for key, value in params.items():
     if isinstance(value, Mapping) and 'layers' in value:
       rest = {k: v for k, v in value.items() if k != 'layers'}
-      out[key] = {**rest, **{f'layers_{i}': _map(lambda a, i=i: np.asarray(a)[i], value['layers'])
+      out[key] = {**rest, **{f'layers_{i}': jax.tree_util.tree_map(lambda a, i=i: np.asarray(a)[i], value['layers'])
                              for i in range(n[key])}}
     else:
       out[key] = value
@@ -227,13 +227,9 @@ def stack_layers(params: Mapping) -> dict:
         if isinstance(value, Mapping) else []
     if layers:
       rest = {k: v for k, v in value.items() if not k.startswith('layers_')}
-      out[key] = {**rest, 'layers': _map(lambda *a: np.stack(a), *[value[k] for k in layers])}
+      out[key] = {**rest, 'layers': jax.tree_util.tree_map(lambda *a: np.stack(a), *[value[k] for k in layers])}
     else:
       out[key] = value
   return out
 
 
-def _map(fn, *trees):
-  if isinstance(trees[0], Mapping):
-    return {k: _map(fn, *[t[k] for t in trees]) for k in trees[0]}
-  return fn(*trees)

@@ -88,7 +88,7 @@ def _last_by_step(records: List[dict]) -> List[dict]:
 
 
 def read_run(model_dir: str) -> RunRecord:
-  records = _read_jsonl(_read(model_dir, 'metrics.jsonl'))
+  records = _read_jsonl(storage.read_appended(storage.join(model_dir, 'metrics.jsonl')))
   evals = {}
   for r in records:
     if r.get('kind') == 'eval' and r.get('split', 'validation') == 'validation':

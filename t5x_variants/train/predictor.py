@@ -96,7 +96,6 @@ class Predictor:
     out, scores = partitioning.to_host((out, scores))
     return out[:n], scores[:n]
 
-
   def score(self, inputs: np.ndarray, targets: np.ndarray) -> np.ndarray:
     """(n,) log p(target row | input row), summed over the target's tokens up to and with its
     EOS, teacher-forced. ``inputs``: encoder inputs, or a decoder-only model's prompts (the targets

@@ -3,13 +3,18 @@
 Every file of a run directory (and the checkpoint, input and output paths of the commands) is read
 and written through etils ``epath``, the path library orbax uses for the checkpoints, so a run on
 Cloud TPU can write straight to a bucket (``epath`` reaches gs:// through TensorFlow's file
-system, or fsspec's). Object stores cannot append to an object: an ``AppendedFile`` on one keeps
-the file's text in memory (read back at open, so a resumed run keeps its history) and rewrites the
-whole object when flushed, at most every ``REMOTE_FLUSH_SECS`` and at close; a local file is
-appended to and flushed at once. TensorBoard event files on a store are rewritten whole in the same
-way, as tensorboardX's own gs:// writer does it. Only process 0 writes the shared files; callers check.
+system, or fsspec's). Object stores cannot append to an object: an ``AppendedFile`` there is one
+object per writer session (``metrics.<session>.jsonl`` beside ``metrics.jsonl``: a training run, a
+resumed run and a t5xv-eval running beside it each write their own), kept in memory and rewritten
+whole at the first record ``REMOTE_FLUSH_SECS`` or more after the last rewrite, and at close;
+``read_appended`` reads them all back in order. A local file is appended to and flushed at once.
+TensorBoard event files on a store are rewritten whole in the same way (each writer has its own
+file already), as tensorboardX's own gs:// writer does it. Only process 0 writes the shared files;
+callers check.
 """
 import io
+import itertools
+import os
 import re
 import time
 from typing import Union
@@ -18,6 +23,7 @@ from etils import epath
 
 PathLike = Union[str, epath.Path]
 REMOTE_FLUSH_SECS = 30.0  # how often an AppendedFile or an event file is rewritten on a store
+_sessions = itertools.count()  # tells apart the sessions one process opens in the same second
 
 
 def path(p: PathLike) -> epath.Path:
@@ -48,9 +54,23 @@ def copy(src: PathLike, dst: PathLike):
   path(dst).write_bytes(path(src).read_bytes())
 
 
+def _session_objects(p: epath.Path):
+  """The per-session objects of an AppendedFile ``p``, oldest first."""
+  if not p.parent.exists():
+    return []
+  return sorted(p.parent.glob(f'{p.stem}.*{p.suffix}'), key=lambda o: o.name)
+
+
+def read_appended(p: PathLike) -> str:
+  """The whole text of an AppendedFile: the local file, then any per-session objects."""
+  p = path(p)
+  parts = [p] if p.exists() else []
+  return ''.join(o.read_text() for o in parts + _session_objects(p))
+
+
 class AppendedFile:
-  """A text file that grows by lines (``metrics.jsonl``): appended to locally, rewritten whole on
-  an object store (see the module doc)."""
+  """A text file that grows by lines (``metrics.jsonl``): appended to locally, one object per
+  writer session on an object store (see the module doc)."""
 
   def __init__(self, p: PathLike, flush_secs: float = REMOTE_FLUSH_SECS):
     self.path = path(p)
@@ -58,10 +78,9 @@ class AppendedFile:
     self.remote = bool(scheme(p))
     self.flush_secs, self._flushed = flush_secs, time.time()
     if self.remote:
-      self._text = io.StringIO()
-      if self.path.exists():
-        self._text.write(self.path.read_text())
-      self._dirty = False
+      session = f'{time.strftime("%Y%m%d%H%M%S", time.gmtime())}-{os.getpid()}-{next(_sessions)}'
+      self.path = self.path.with_name(f'{self.path.stem}.{session}{self.path.suffix}')
+      self._text, self._dirty = io.StringIO(), False
     else:
       self._file = self.path.open('a')
 

@@ -151,7 +151,7 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
       z_loss=z_loss, loss_normalizing_factor=loss_normalizing_factor) if diagnostics_period else None
   step, last, window, pending = start, {}, [], None
   skipped = []  # the skipped steps since the last applied one: (step, loss)
-  applied = 0
+  applied, preempted = 0, False
   started = clock = time.time()  # clock: when the last step was read (or a pause ended)
 
   def run_eval(step):
@@ -230,13 +230,14 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
       if stop:
         log.warning('%s: saved a checkpoint at step %d; run the same command to resume',
                     preemption.signal or 'preemption', step)
+        preempted = True
         break
       if evaluate:
         run_eval(step)
         clock = time.time()
   if pending:
     read(pending)
-  if step > start and not applied:
+  if step > start and not applied and not preempted:  # a preempted run is judged when resumed
     stop_nonfinite(step, f'every step of this run ({start + 1} to {step}) had a non-finite loss or '
                    f'gradients, the first with loss {skipped[0][1]}', 'or check the data')
   if window:  # steps since the last log (a stop between log periods)
