@@ -20,6 +20,7 @@ import argparse
 import json
 import sys
 
+import flax
 import gin
 import numpy as np
 
@@ -130,27 +131,18 @@ def export_checkpoint(checkpoint_path: str, output_dir: str, params_only: bool =
   out = storage.path(output_dir)
   out.mkdir(parents=True, exist_ok=True)
   if why:
-    flat = {'/'.join(k): np.ascontiguousarray(v) for k, v in _flatten(params)}
+    flat = {k: np.ascontiguousarray(v) for k, v in flax.traverse_util.flatten_dict(params, sep='/').items()}
     (out / 'params.safetensors').write_bytes(st_numpy.save(flat))
     storage.copy(run / 'config.gin', out / 'config.gin')
     return f'params.safetensors and config.gin (not a transformers model: {why})'
   if config.scan_layers:
-    params = hf_t5.unstack_layers(params, {'encoder': config.num_encoder_layers,
-                                           'decoder': config.num_decoder_layers})
+    params = hf_t5.unstack_layers(params)
   (out / 'model.safetensors').write_bytes(
       st_numpy.save(hf_t5.params_to_hf(params, config), metadata={'format': 'pt'}))
   storage.write_text(out / 'config.json', json.dumps(hf_t5.hf_config(config), indent=2) + '\n')
   if (run / VOCAB).exists():
     storage.copy(run / VOCAB, out / SPIECE)
   return f'config.json, model.safetensors{", spiece.model" if (run / VOCAB).exists() else ""}'
-
-
-def _flatten(tree, prefix=()):
-  for k, v in tree.items():
-    if isinstance(v, dict):
-      yield from _flatten(v, prefix + (k,))
-    else:
-      yield prefix + (k,), np.asarray(v)
 
 
 def import_main(argv=None):

@@ -205,15 +205,16 @@ def params_to_hf(params: Mapping, config: TransformerConfig) -> Dict[str, np.nda
   return out
 
 
-def unstack_layers(params: Mapping, n: Mapping[str, int]) -> dict:
-  """Scanned -> unrolled: each stack's ``layers`` subtree (layer axis 0) as ``layers_<i>``;
-  ``n``: {stack: number of layers}."""
+def unstack_layers(params: Mapping) -> dict:
+  """Scanned -> unrolled: each stack's ``layers`` subtree (layer axis 0) as ``layers_<i>``."""
   out = {}
   for key, value in params.items():
     if isinstance(value, Mapping) and 'layers' in value:
       rest = {k: v for k, v in value.items() if k != 'layers'}
-      out[key] = {**rest, **{f'layers_{i}': jax.tree_util.tree_map(lambda a, i=i: np.asarray(a)[i], value['layers'])
-                             for i in range(n[key])}}
+      n = len(jax.tree_util.tree_leaves(value['layers'])[0])
+      out[key] = {**rest, **{f'layers_{i}': jax.tree_util.tree_map(lambda a, i=i: np.asarray(a)[i],
+                                                                   value['layers'])
+                             for i in range(n)}}
     else:
       out[key] = value
   return out
