@@ -7,6 +7,9 @@ import os
 os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', os.path.join(
     os.environ.get('XDG_CACHE_HOME', os.path.expanduser('~/.cache')), 't5x_variants', 'jax_tests'))
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.2')
+# The suite runs on the CPU; libtpu (extra 'tpu') serves only t5xv-compile's compile-only TPU
+# devices, and would otherwise be started first and warn.
+os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 # A restore without target shardings (unsafe on another topology) is an error here and in the
 # processes the tests start; pyproject.toml's filterwarnings says the same to pytest.
 RESTORE_WITHOUT_SHARDINGS = 'error:Sharding info not provided when restoring:UserWarning'

@@ -21,7 +21,8 @@ def test_huge_pages_only_where_jax_runs_on_the_cpu():
   assert not common.backend_is_cpu({'JAX_PLATFORMS': 'cuda,cpu'}, plugins=[], devices=[])
   assert not common.backend_is_cpu({'JAX_PLATFORMS': 'tpu'}, plugins=[], devices=[])
   assert not common.backend_is_cpu({}, plugins=['jax_cuda13_plugin'], devices=[])
-  assert not common.backend_is_cpu({}, plugins=['libtpu'], devices=[])
+  assert common.backend_is_cpu({}, plugins=['libtpu'], devices=[])  # t5xv-compile's libtpu on a CPU host
+  assert not common.backend_is_cpu({}, plugins=['libtpu'], devices=['/dev/accel0'])
   assert not common.backend_is_cpu({}, plugins=[], devices=['/dev/nvidia0'])
   assert common.backend_is_cpu({}, plugins=[], devices=[])
   assert not common.wants_reexec({}, plugins=['jax_cuda12_plugin'], devices=[])

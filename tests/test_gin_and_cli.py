@@ -101,7 +101,7 @@ def test_bad_gin_input_fails_with_one_clear_message(argv, message, capsys):
     info.main(['--gin_file=gin/models/t5_tiny.gin', *argv])
   assert e.value.code == 2
   err = capsys.readouterr().err
-  assert message in err and 'Traceback' not in err
+  assert message in err and 'Traceback' not in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_gin_files_resolve_from_any_working_directory(tmp_path, monkeypatch, capsys):

@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import glob
 import importlib
+import importlib.util
 import inspect
 import logging
 import os
@@ -156,10 +157,15 @@ def _explain(message: str, configurables: Mapping[str, Callable]) -> str:
   unknown_param = re.search(r"Configurable '([\w.]+)' doesn't have a parameter", message)
   if unknown_param and unknown_param.group(1) in configurables:
     params = inspect.signature(configurables[unknown_param.group(1)]).parameters
-    return f'{message}\nValid parameters: {", ".join(params)}'
+    return f'{message} Valid parameters: {", ".join(params)}'
   if 'No configurable matching' in message:
-    return f'{message}\nValid configurables: {", ".join(configurables)}'
+    return f'{message} Valid configurables: {", ".join(configurables)}'
   return message
+
+
+def _one_line(message: str) -> str:
+  """gin's message on one line: what is wrong and where (its first three lines)."""
+  return ' '.join([line.strip() for line in message.splitlines() if line.strip()][:3])
 
 
 @contextlib.contextmanager
@@ -201,7 +207,7 @@ def parse_gin(gin_files: List[str], bindings: List[str], search_paths: Sequence[
                          f'directory, --gin_search_paths and {PACKAGE_DIR}') from e
   except (ValueError, SyntaxError, NameError, TypeError, KeyError) as e:
     known = {**CONFIGURABLES, **(configurables or {})}
-    raise GinConfigError(f'invalid gin configuration: {_explain(str(e), known)}') from e
+    raise GinConfigError(f'invalid gin configuration: {_explain(_one_line(str(e)), known)}') from e
 
 
 def build_config() -> TransformerConfig:
@@ -327,7 +333,9 @@ def use_run_vocabulary(checkpoint_path: str):
 
 TUNABLE = 'glibc.malloc.hugetlb=1'
 _THP = '/sys/kernel/mm/transparent_hugepage/enabled'
-_ACCELERATOR_PLUGINS = ('jax_cuda', 'jax_rocm', 'libtpu')  # module name prefixes
+# Module name prefixes of GPU plugins. libtpu is not one: it is also installed on CPU hosts (extra
+# 'tpu', for t5xv-compile), and a TPU host is known by its device nodes.
+_ACCELERATOR_PLUGINS = ('jax_cuda', 'jax_rocm')
 _ACCELERATOR_DEVICES = ('/dev/nvidia[0-9]*', '/dev/kfd', '/dev/accel[0-9]*', '/dev/vfio/[0-9]*')
 
 
@@ -337,17 +345,32 @@ def huge_pages_on(environ=os.environ) -> bool:
 
 
 def backend_is_cpu(environ=os.environ, plugins=None, devices=None) -> bool:
-  """Whether JAX will run on the CPU, decided without importing it: ``JAX_PLATFORMS`` if set
-  (its first platform), else no accelerator plugin installed (CUDA, ROCm, libtpu) and no
-  accelerator device node (``plugins`` / ``devices``: what is found, for tests)."""
+  """Whether JAX will run on the CPU, decided without starting a backend: ``JAX_PLATFORMS`` if
+  set (its first platform), else no GPU plugin installed (CUDA, ROCm) and no accelerator device
+  node (``plugins`` / ``devices``: what is found, for tests)."""
   platforms = environ.get('JAX_PLATFORMS', '').strip()
   if platforms:
     return platforms.split(',')[0].strip() == 'cpu'
   if plugins is None:
-    plugins = [m.name for m in pkgutil.iter_modules() if m.name.startswith(_ACCELERATOR_PLUGINS)]
+    plugins = [m.name for m in pkgutil.iter_modules()]
+  plugins = [p for p in plugins if p.startswith(_ACCELERATOR_PLUGINS)]
   if devices is None:
     devices = [d for pattern in _ACCELERATOR_DEVICES for d in glob.glob(pattern)]
   return not plugins and not devices
+
+
+def skip_absent_tpu():
+  """With libtpu installed on a host without TPUs (extra 'tpu', for t5xv-compile), jax would
+  start libtpu first and print its C++ warnings before falling back to the CPU: go to the CPU
+  directly (also in the processes this one starts). ``JAX_PLATFORMS`` set by the user wins."""
+  if ('JAX_PLATFORMS' not in os.environ and backend_is_cpu()
+      and importlib.util.find_spec('libtpu') is not None):
+    os.environ['JAX_PLATFORMS'] = 'cpu'
+    import jax  # pylint: disable=g-import-not-at-top
+    jax.config.update('jax_platforms', 'cpu')
+
+
+skip_absent_tpu()
 
 
 def wants_reexec(environ=os.environ, **found) -> bool:

@@ -2,8 +2,9 @@
 
 softmax(sum_i w_i S_i(X)) G(X) with w = softmax(learned mixture weights) (Tay et al. 2021, Sec. 3);
 S = Q K^T / sqrt(d_h) for ``dot_product`` (Vaswani et al. 2017), and G(X) the shared value
-projection; T5's relative position bias, when given, is added to the mixed logits. Logits and
-softmax are in float32.
+projection; T5's relative position bias, when given, is added to the mixed logits. Every matmul
+runs in the compute dtype (float32 accumulation is the hardware's); logits, their mixture, bias
+and softmax are in float32, as in T5X.
 
 Decoding: with ``decode=True`` keys and values live in the ``cache`` collection. The first call
 (during ``init``) creates the cache from the full-length input; every later call takes one token,
@@ -140,7 +141,8 @@ class Attention(nn.Module):
             **kw, **dense_kw, factor=self.synthesizer_factor),
         'random': lambda: synth.RandomSynthesizer(**kw),
         'fixed_random': lambda: synth.RandomSynthesizer(**kw, fixed=True),
-        'factorized_random': lambda: synth.FactorizedRandomSynthesizer(**kw, rank=self.synthesizer_rank),
+        'factorized_random': lambda: synth.FactorizedRandomSynthesizer(
+            **kw, rank=self.synthesizer_rank, dtype=self.dtype),
     }[name]()
 
   @nn.compact
@@ -160,7 +162,8 @@ class Attention(nn.Module):
         key = project('key', 1.0, x_kv)
         if decode:
           key = self._cached('cached_key', key, decode_position)
-        s = jnp.einsum('bqhd,bkhd->bhqk', query, key, preferred_element_type=jnp.float32)
+        # In the compute dtype, then float32: its backward (dQ, dK) is a compute-dtype matmul too.
+        s = jnp.einsum('bqhd,bkhd->bhqk', query, key)
       else:
         s = self._component(name)(x_q, q_positions, k_positions)
       logits.append(s.astype(jnp.float32))

@@ -80,7 +80,7 @@ class _PerHeadProjection(nn.Module):
     heads, head_dim = h.shape[-2:]
     w = _per_head(self, 'kernel', (heads, head_dim, self.features), ('heads', 'kv', 'length'),
                   init_lib.kernel_init(self.init_scheme, 1.0, 1, 2, batch_axis=0))
-    y = jnp.einsum('bqhd,hdl->bhql', h, w.astype(self.dtype), preferred_element_type=jnp.float32)
+    y = jnp.einsum('bqhd,hdl->bhql', h, w.astype(self.dtype)).astype(jnp.float32)
     if self.use_bias:
       y = y + _per_head(self, 'bias', (heads, self.features), ('heads', 'length'),
                         nn.initializers.zeros)[None, :, None, :]
@@ -145,6 +145,7 @@ class FactorizedRandomSynthesizer(nn.Module):
   num_heads: int
   max_length: int
   rank: int = 8
+  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x, q_positions, k_positions):
@@ -153,4 +154,5 @@ class FactorizedRandomSynthesizer(nn.Module):
     init = nn.initializers.variance_scaling(1.0, 'fan_in', 'normal', 2, 1, batch_axis=0)
     r1 = _per_head(self, 'random_factor_1', shape, ('heads', 'length', 'rank'), init)
     r2 = _per_head(self, 'random_factor_2', shape, ('heads', 'length', 'rank'), init)
-    return jnp.einsum('hbqr,hbkr->bhqk', r1[:, q_positions], r2[:, k_positions])
+    return jnp.einsum('hbqr,hbkr->bhqk', r1[:, q_positions].astype(self.dtype),
+                      r2[:, k_positions].astype(self.dtype)).astype(jnp.float32)

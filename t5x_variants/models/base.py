@@ -26,11 +26,14 @@ class LanguageModel(nn.Module):
                                  c.scale_embeddings)
     if not c.tie_embeddings and c.head == 'lm':  # a classification head has its own output
       self.logits_dense = Dense((c.vocab_size,), ('embed',), ('vocab',), c.init_scheme,
-                                t5_distribution='truncated_normal', dtype=jnp.float32)
+                                t5_distribution='truncated_normal', dtype=c.compute_dtype)
 
   def logits(self, x):
-    """Float32 logits whatever the compute dtype (as T5X), for a stable softmax over the vocab."""
-    x = x.astype(jnp.float32)
+    """The output matmul in the compute dtype, its logits cast to float32 for a stable softmax
+    over the vocabulary (as T5X and MaxText)."""
+    x = x.astype(self.config.compute_dtype)
     if self.config.tie_embeddings:
-      return self.token_embedder.attend(x * self.config.d_model**-0.5)
-    return self.logits_dense(x)
+      x = self.token_embedder.attend(x * jnp.asarray(self.config.d_model**-0.5, x.dtype))
+    else:
+      x = self.logits_dense(x)
+    return x.astype(jnp.float32)

@@ -32,7 +32,7 @@ class EncoderOnly(LanguageModel):
       self.pooler_dropout = nn.Dropout(c.dropout_rate)
       self.classifier = Dense((c.num_labels,), ('embed',), ('labels',), c.init_scheme,
                               t5_distribution='truncated_normal', use_bias=c.use_bias,
-                              dtype=jnp.float32)
+                              dtype=c.compute_dtype)
     else:
       self.mlm_transform = Dense((c.d_model,), ('embed',), ('embed_out',), c.init_scheme,
                                  use_bias=c.use_bias, dtype=c.compute_dtype)
@@ -52,5 +52,5 @@ class EncoderOnly(LanguageModel):
     if self.config.head == 'classification':
       pooled = nn.tanh(self.pooler(x[:, :1]))
       pooled = self.pooler_dropout(pooled, deterministic=not enable_dropout)
-      return self.classifier(pooled.astype(jnp.float32))
+      return self.classifier(pooled).astype(jnp.float32)
     return self.logits(self.mlm_norm(nn.gelu(self.mlm_transform(x))))

@@ -9,7 +9,8 @@ vocab dimensions are split over 'model' (1-D parameter partitioning) and, with `
 synthesizer ``length`` ...) are replicated.
 """
 import dataclasses
-from typing import Sequence, Tuple
+import math
+from typing import Dict, Sequence, Tuple
 
 import flax.linen as nn
 import gin
@@ -60,10 +61,58 @@ def param_shardings(abstract_params, mesh: Mesh, rules) -> object:
   return nn.logical_to_mesh_sharding(nn.get_partition_spec(abstract_params), mesh, rules)
 
 
+def _divisors(n: int):
+  return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def check_mesh(boxed_params, mesh: Mesh, rules):
+  """Every parameter dimension split over a mesh axis must divide by that axis's size: else one
+  ValueError naming the dimension (its logical name, size and a parameter that has it), the axis
+  and the axis sizes that would divide every dimension split over it. Runs before any compile
+  (the compiler's own message names only an array axis). ``mesh``: a Mesh or an AbstractMesh."""
+  split: Dict[str, Dict[str, Tuple[int, str]]] = {}  # mesh axis -> logical name -> (size, path)
+  rule = dict(rules)
+  for path, leaf in jax.tree_util.tree_leaves_with_path(
+      boxed_params, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned)):
+    if not isinstance(leaf, nn.LogicallyPartitioned):
+      continue
+    for name, size in zip(leaf.names, leaf.value.shape):
+      axis = rule.get(name)
+      if axis is not None and mesh.shape[axis] > 1:
+        split.setdefault(axis, {}).setdefault(
+            name, (size, '/'.join(str(getattr(k, 'key', k)) for k in path)))
+  for axis, dims in split.items():
+    n = mesh.shape[axis]
+    bad = [(name, size, where) for name, (size, where) in dims.items() if size % n]
+    if bad:
+      name, size, where = bad[0]
+      common = math.gcd(*(size for size, _ in dims.values()))
+      fits = [d for d in _divisors(common) if mesh.size % d == 0]
+      listed = ', '.join(f'{k} {v[0]}' for k, v in dims.items())
+      raise ValueError(
+          f"mesh axis '{axis}' of size {n} does not divide {name} = {size} (e.g. {where}); "
+          f"'{axis}' sizes that divide every dimension split over it ({listed}) and the "
+          f"{mesh.size} devices: {', '.join(map(str, fits))} (set MeshConfig.{axis})")
+
+
+def check_batch(batch_size: int, mesh: Mesh, num_microbatches: int = 1):
+  """The global batch splits into ``num_microbatches`` equal microbatches, each split evenly over
+  'data'; else one ValueError with the batch sizes that would."""
+  data = mesh.shape['data']
+  unit = data * num_microbatches
+  if batch_size < 1 or batch_size % unit:
+    micro = f' x {num_microbatches} microbatches' if num_microbatches > 1 else ''
+    raise ValueError(f"batch size {batch_size} does not split over mesh axis 'data' of size "
+                     f"{data}{micro}: use a multiple of {unit} (e.g. {max(unit, batch_size // unit * unit)})"
+                     f" or another MeshConfig.data / train.num_microbatches")
+
+
 def sharded_abstract_params(model, init_inputs, mesh: Mesh, rules, rng=None):
-  """(boxed abstract parameters, the same unboxed as ShapeDtypeStructs carrying their shardings)."""
+  """(boxed abstract parameters, the same unboxed as ShapeDtypeStructs carrying their shardings);
+  ValueError if the mesh does not fit the parameters (``check_mesh``)."""
   rng = jax.random.PRNGKey(0) if rng is None else rng
   boxed = jax.eval_shape(lambda: model.init(rng, *init_inputs)['params'])
+  check_mesh(boxed, mesh, rules)
   shardings = param_shardings(boxed, mesh, rules)
   return boxed, jax.tree_util.tree_map(
       lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), nn.unbox(boxed), shardings)

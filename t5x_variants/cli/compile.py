@@ -1,0 +1,157 @@
+"""t5xv-compile: compile the real train step for a TPU slice or an N-device host, no data read.
+
+  t5xv-compile --gin_file=gin/runs/pretrain.gin --gin_file=gin/models/t5_base.gin \\
+    --topology=v5e:4x4 [--suggest] [--estimate] [--output=compile.json]
+  t5xv-compile ... --devices=8 [--device_memory_gib=80]
+
+Takes the same gin as ``t5xv-train`` (run file, size, variants, recipe, ``--gin.`` bindings) and
+prints one table: per-device arguments, temporaries and total against the device's memory, fits
+or not with the margin, compile time, model FLOPs per step and, where the compiler's cost model
+gives one, an estimated step time and MFU (estimates, never measurements). ``--suggest`` compiles
+the usual memory knobs (remat, FSDP, model-axis sizes, microbatches) cheapest first and prints
+the ones that fit as flags to paste. Exit status 2 when the configuration does not fit.
+"""
+import dataclasses
+import json
+import sys
+
+from t5x_variants.cli import common
+from t5x_variants.train import aot, partitioning, storage, targets
+
+INPUTS = {'encoder': 'inputs', 'decoder': 'targets'}  # the feature length each stack reads
+
+
+def _run_settings(args, with_data: bool):
+  """(global batch size, {'inputs': n, 'targets': m}) of the run: the flags, else the gin-bound
+  ``train/DatasetConfig`` (or, without the data layer, the ``BATCH_SIZE`` and
+  ``TASK_FEATURE_LENGTHS`` macros)."""
+  import gin  # pylint: disable=g-import-not-at-top
+  batch, lengths = None, {}
+  if with_data:
+    from t5x_variants.data import pipeline  # pylint: disable=g-import-not-at-top
+    with gin.config_scope('train'):
+      dataset = pipeline.DatasetConfig()
+    batch, lengths = dataset.batch_size, dict(dataset.task_feature_lengths or {})
+  else:
+    for macro in ('BATCH_SIZE', 'TASK_FEATURE_LENGTHS'):
+      try:
+        value = gin.query_parameter(f'%{macro}')
+      except ValueError:
+        continue
+      batch, lengths = (value, lengths) if macro == 'BATCH_SIZE' else (batch, dict(value))
+  batch = args.batch or batch
+  for feature in ('inputs', 'targets'):
+    lengths[feature] = getattr(args, f'{feature}_length') or lengths.get(feature)
+  if not batch:
+    raise common.UsageError('no batch size: give --batch or a run file (e.g. gin/runs/pretrain.gin)')
+  return batch, lengths
+
+
+def _table(result) -> str:
+  gib = lambda key: f'{result[key] / targets.GIB:.2f} GiB' if result.get(key) is not None else 'n/a'
+  mesh = result['mesh_shape']
+  rows = [
+      ('target', f'{result["target"]} ({result["devices"]} x {result["device_kind"]})'),
+      ('mesh', f'data {mesh["data"]} x model {mesh["model"]}, fsdp {result["mesh"]["fsdp"]}'),
+      ('step', f'batch {result["batch"]}, lengths {result["lengths"]}, {result["num_microbatches"]} '
+               f'microbatch(es), dtype {result["dtype"]}, remat {result["remat"]}, '
+               f'scan_layers {result["scan_layers"]}'),
+      ('parameters', f'{result["parameters"]:,}'),
+      ('arguments per device', gib('argument_bytes')),
+      ('temporaries per device', gib('temp_bytes')),
+      ('total per device', gib('total_bytes')),
+      ('device memory', f'{gib("memory_limit_bytes")} ({result["memory_limit_source"]})'),
+      ('verdict', aot.fit_line(result)),
+      ('compile time', f'{result["compile_seconds"]:.1f} s'),
+      ('model FLOPs per step', f'{result["model_flops_per_step"] / 1e12:,.1f} TFLOP (models/flops.py)'),
+  ]
+  if 'estimated_step_seconds' in result:
+    rows.append(('estimated step time', f'{result["estimated_step_seconds"] * 1e3:.1f} ms '
+                 '(compiler cost model: an estimate, not a measurement)'))
+    rows.append(('estimated MFU', f'{result["estimated_mfu"]:.1%} of the published bf16 peak '
+                 '(an estimate)'))
+  elif not result.get('compiler_refused'):
+    rows.append(('estimated step time', _no_estimate(result)))
+  width = max(len(k) for k, _ in rows)
+  return '\n'.join(f'{k:<{width}}  {v}' for k, v in rows)
+
+
+def _no_estimate(result) -> str:
+  seconds = result['cost_model']['optimal_seconds']
+  if result['scan_layers']:
+    return 'n/a: the cost model counts a scanned layer once (--estimate compiles layers unrolled)'
+  if seconds is None or seconds <= 0:
+    return f'n/a: this platform\'s cost model gives none (optimal_seconds {seconds})'
+  return 'n/a: no published peak for this device'
+
+
+def main(argv=None):
+  parser = common.parser('t5xv-compile', __doc__, processes=False)
+  where = parser.add_mutually_exclusive_group(required=True)
+  where.add_argument('--topology', help='a TPU slice: v4:2x2x2, v5e:4x4, v5e:16x16, v5p:2x2x4, v6e:8x8, ...')
+  where.add_argument('--devices', type=int, help='an N-device mesh on this host (its GPUs, else N CPU devices)')
+  parser.add_argument('--device_memory_gib', type=float, default=None,
+                      help='memory per device to fit in (default: the chip\'s published HBM on TPU)')
+  parser.add_argument('--batch', type=int, default=None, help='global batch (default: the run\'s)')
+  parser.add_argument('--inputs_length', type=int, default=None)
+  parser.add_argument('--targets_length', type=int, default=None)
+  parser.add_argument('--suggest', action='store_true',
+                      help='also list configurations that fit (always when this one does not)')
+  parser.add_argument('--max_compiles', type=int, default=12, help='--suggest compiles at most this many')
+  parser.add_argument('--estimate', action='store_true',
+                      help='with scanned layers, compile once more unrolled for the cost-model estimate')
+  parser.add_argument('--output', default=None, help='write the results as JSON here')
+  with common.clear_errors('t5xv-compile'):
+    args = common.parse_args(parser, argv)
+    if args.topology:
+      targets.deviceless_environment()
+    elif common.backend_is_cpu():
+      import jax  # pylint: disable=g-import-not-at-top
+      jax.config.update('jax_platforms', 'cpu')
+    try:
+      known, with_data = common.library_configurables(with_data=True), True
+    except ImportError:  # a host without the data extra: the macros give batch and lengths
+      known, with_data = common.library_configurables(with_data=False), False
+    args.gin_bindings.insert(0, "MODEL_DIR = 'unused by t5xv-compile'")
+    common.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_paths.split(','), known,
+                     skip_unknown=not with_data)
+    config = common.build_config()
+    batch, lengths = _run_settings(args, with_data)
+    lengths = {INPUTS[s]: lengths[INPUTS[s]] for s in config.stacks}
+    missing = [f'--{k}_length' for k, v in lengths.items() if not v]
+    if missing:
+      raise common.UsageError(f'no sequence lengths: give {" and ".join(missing)} or a run file')
+    target = (targets.tpu_target(args.topology) if args.topology else
+              targets.host_target(args.devices, accelerators=not common.backend_is_cpu()))
+    if args.device_memory_gib:
+      target.memory_bytes = int(args.device_memory_gib * targets.GIB)
+      target.memory_source = 'given with --device_memory_gib'
+    options = aot.train_options()
+    plan = aot.Plan(config, partitioning.MeshConfig(), options['num_microbatches'])
+    result = aot.compile_plan(plan, target, batch, lengths, options)
+    if args.estimate and config.scan_layers and not result.get('compiler_refused'):
+      unrolled = aot.compile_plan(dataclasses.replace(
+          plan, config=dataclasses.replace(config, scan_layers=False)), target, batch, lengths, options)
+      for key in ('cost_model', 'estimated_step_seconds', 'estimated_mfu'):
+        if key in unrolled:
+          result[key] = unrolled[key]
+      result['scan_layers'] = 'True (estimate from an unrolled compile)'
+    print(_table(result))
+    if args.suggest or result['fits'] is False:
+      print(f'configurations that fit {target.name}, cheapest first '
+            f'(at most {args.max_compiles} compiles):')
+      result['suggestions'] = aot.suggest(plan, target, batch, lengths, options,
+                                          max_compiles=args.max_compiles)
+      if not result['suggestions']:
+        print('  none found: try a larger slice, a smaller batch or bfloat16 '
+              '(--gin.TransformerConfig.dtype="\'bfloat16\'")')
+    if args.output:
+      storage.write_text(storage.path(args.output), json.dumps(result, indent=1, default=str))
+  if result['fits'] is False:
+    print(f't5xv-compile: error: {aot.fit_line(result)}', file=sys.stderr)
+    return 2
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

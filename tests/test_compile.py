@@ -1,0 +1,235 @@
+"""Ahead-of-time readiness for accelerators (``t5xv-compile``): mesh checks before any compile, on
+a forced 8-device CPU host; the real train step compiled for a TPU slice through libtpu's
+compile-only devices (skipped where libtpu is absent: ``pip install -e '.[tpu]'``), its memory
+against the chip's, the compiler's out-of-memory refusal read back as "does not fit", and
+``--suggest`` finding plans that do fit."""
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from t5x_variants.train import aot, targets
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.dirname(sys.executable)
+HAS_LIBTPU = importlib.util.find_spec('libtpu') is not None
+needs_libtpu = pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed (pip install -e '.[tpu]')")
+TINY = dict(vocab_size=256, d_model=64, num_heads=4, head_dim=16, d_ff=128, num_encoder_layers=2,
+            num_decoder_layers=2, encoder_max_length=64, decoder_max_length=16)
+LENGTHS = {'inputs': 64, 'targets': 16}
+
+
+def run(*args, env=None):
+  return subprocess.run(list(args), cwd=REPO, capture_output=True, text=True,
+                        env={**os.environ, **(env or {})})
+
+
+def test_mesh_checks_on_an_8_device_host():
+  """Every dimension a mesh axis splits must divide by its size; the error names the dimension,
+  its size, a parameter that has it, the axis and the sizes that would divide everything."""
+  script = textwrap.dedent('''
+    import jax
+    from t5x_variants.models import TransformerConfig, build_model, init_inputs
+    from t5x_variants.train import partitioning
+    assert jax.device_count() == 8
+    def check(mesh_config, **overrides):
+      config = TransformerConfig(**{**dict(d_model=96, num_heads=12, head_dim=8, d_ff=192,
+                                           vocab_size=256, num_encoder_layers=1,
+                                           num_decoder_layers=1), **overrides})
+      mesh = mesh_config.mesh()
+      try:
+        partitioning.sharded_abstract_params(build_model(config), init_inputs(config), mesh,
+                                             mesh_config.rules())
+        return 'ok'
+      except ValueError as e:
+        return str(e)
+    M = partitioning.MeshConfig
+    print(check(M(model=8)))
+    print(check(M(model=4)))
+    print(check(M(model=2), vocab_size=255))
+    print(check(M(fsdp=True), d_model=100, head_dim=8))
+    print(check(M(model=8), num_heads=16, d_ff=196))
+    mesh = M(data=8).mesh()
+    for batch, micro in ((16, 1), (12, 1), (16, 4)):
+      try:
+        partitioning.check_batch(batch, mesh, micro)
+        print('ok')
+      except ValueError as e:
+        print(e)
+  ''')
+  out = run(sys.executable, '-c', script, env={'XLA_FLAGS': '--xla_force_host_platform_device_count=8'})
+  assert out.returncode == 0, out.stderr[-3000:]
+  lines = out.stdout.strip().splitlines()
+  assert lines[0].startswith("mesh axis 'model' of size 8 does not divide heads = 12 (e.g. ")
+  assert lines[0].endswith("'model' sizes that divide every dimension split over it (heads 12, "
+                           "mlp 192, vocab 256) and the 8 devices: 1, 2, 4 (set MeshConfig.model)"), lines[0]
+  assert lines[1] == 'ok'
+  assert "does not divide vocab = 255" in lines[2] and 'devices: 1 (set' in lines[2]
+  assert lines[3].startswith("mesh axis 'data' of size 8 does not divide embed = 100")
+  assert lines[3].endswith('devices: 1, 2, 4 (set MeshConfig.data)'), lines[3]
+  assert 'does not divide mlp = 196' in lines[4] and 'devices: 1, 2, 4 (set' in lines[4]
+  assert lines[5] == 'ok'
+  assert lines[6].startswith("batch size 12 does not split over mesh axis 'data' of size 8: use a multiple of 8")
+  assert lines[7].startswith("batch size 16 does not split over mesh axis 'data' of size 8 x 4 "
+                             "microbatches: use a multiple of 32")
+
+
+def test_topology_names():
+  assert targets.parse_topology('v5e:4x4') == ('v5e', (4, 4))
+  assert targets.parse_topology('v4:2x2x2') == ('v4', (2, 2, 2))
+  for bad, says in (('v9:2x2', 'unknown topology'), ('v5e-16', 'unknown topology'),
+                    ('v4:4x4', 'v4 slices have 3 dimensions')):
+    with pytest.raises(ValueError, match=says):
+      targets.parse_topology(bad)
+
+
+def test_compiler_out_of_memory_messages():
+  gib = 2**30
+  assert aot.compiler_oom('RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory '
+                          'in memory space hbm. Used 16.41G of 15.75G hbm. Exceeded hbm capacity '
+                          'by 673.93M.') == ('needed per chip', 16.41 * gib, 15.75 * gib)
+  assert aot.compiler_oom('RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required '
+                          'for HLO temporaries (43.94G) exceeds available HBM (15.75G).') == (
+                              'of temporaries needed per chip', 43.94 * gib, 15.75 * gib)
+  assert aot.compiler_oom('INVALID_ARGUMENT: something else') is None
+
+
+@pytest.fixture(scope='module')
+def v5e_2x2():
+  return targets.tpu_target('v5e:2x2')
+
+
+def _plan(**overrides):
+  from t5x_variants.models import TransformerConfig
+  from t5x_variants.train import partitioning
+  return aot.Plan(TransformerConfig(**{**TINY, **overrides}), partitioning.MeshConfig())
+
+
+OPTIONS = {'num_microbatches': 1, 'label_smoothing': 0.0, 'z_loss': 1e-4,
+           'loss_normalizing_factor': 'num_tokens'}
+
+
+@needs_libtpu
+def test_tiny_step_compiles_for_a_v5e_slice(v5e_2x2):
+  """The compiled program's memory adds up, and the figures beside it are the model's."""
+  from t5x_variants.models import flops
+  assert v5e_2x2.num_devices == 4 and v5e_2x2.device_kind == 'TPU v5 lite'
+  plan = _plan(dtype='bfloat16')
+  r = aot.compile_plan(plan, v5e_2x2, 8, LENGTHS, OPTIONS)
+  assert r['fits'] is True and r['mesh_shape'] == {'data': 4, 'model': 1}
+  assert r['total_bytes'] == (r['argument_bytes'] + r['output_bytes'] - r['alias_bytes']
+                              + r['temp_bytes'] + r['code_bytes'])
+  # The donated state is aliased to the new state: what is counted once is at least the state.
+  state_bytes = 4 * r['parameters']  # float32 parameters alone
+  assert r['argument_bytes'] >= state_bytes and r['alias_bytes'] >= state_bytes
+  assert r['model_flops_per_step'] == flops.train_flops(plan.config, 8, LENGTHS)
+  assert aot.fit_line(r).startswith('fits: ') and '15.75 GiB' in aot.fit_line(r)
+
+
+@needs_libtpu
+def test_over_memory_is_refused_and_suggest_finds_a_plan_that_fits(v5e_2x2):
+  """A batch whose float32 logits alone need 32 GiB per chip: the compiler refuses it (with its
+  own figures); the most economical candidate compiles and fits."""
+  plan = _plan(vocab_size=32768)
+  lengths = {'inputs': 64, 'targets': 64}
+  r = aot.compile_plan(plan, v5e_2x2, 16384, lengths, OPTIONS)
+  assert r['fits'] is False and r['compiler_refused']
+  line = aot.fit_line(r)
+  assert line.startswith('does not fit: ') and line.endswith('15.75 GiB available'), line
+  assert r['total_bytes'] > r['memory_limit_bytes'] == int(15.75 * 2**30)
+  found = aot.suggest(plan, v5e_2x2, 16384, lengths, OPTIONS, want=1, max_compiles=1,
+                      log=lambda _: None)
+  assert len(found) == 1 and found[0]['fits'] and found[0]['total_bytes'] <= found[0]['memory_limit_bytes']
+  assert found[0]['remat'] == 'full' and found[0]['num_microbatches'] == aot.MAX_MICROBATCHES
+
+
+def test_suggest_search_returns_the_cheapest_plans_that_fit_within_its_budget(monkeypatch):
+  """The search alone, on 40 ranked candidates whose memory falls along the list (a limit of 50
+  is first met at index 25) but for a cheap outlier at index 3: the bisection finds index 25; the
+  scan back towards cheaper candidates skips those that save no more than one that failed, and
+  finds the outlier only where no failure rules it out; nothing is compiled past the budget."""
+  plans = [aot.Plan(None, None, i) for i in range(40)]
+  memory = {i: 100 - 2 * i for i in range(40)}
+  memory[3] = 10
+  compiled = []
+
+  def fake_compile(plan, *_):
+    compiled.append(plan.num_microbatches)
+    return {'fits': memory[plan.num_microbatches] <= 50, 'total_bytes': memory[plan.num_microbatches],
+            'memory_limit_bytes': 50, 'i': plan.num_microbatches}
+  monkeypatch.setattr(aot, 'candidate_plans', lambda *_: plans)
+  monkeypatch.setattr(aot, 'compile_plan', fake_compile)
+  monkeypatch.setattr(aot, 'fit_line', lambda _: '')
+  monkeypatch.setattr(aot.Plan, 'flags', lambda self: '')
+  suggest = lambda **kw: [f['i'] for f in aot.suggest(None, None, 0, {}, {}, log=lambda _: None, **kw)]
+  # A total order of economy: a failure at 24 rules out everything cheaper, the outlier too.
+  monkeypatch.setattr(aot, '_saves_as_much', lambda a, b: a.num_microbatches >= b.num_microbatches)
+  assert suggest(want=2, max_compiles=40) == [25, 26]
+  assert compiled[0] == 39 and len(compiled) == 7  # the last, then a bisection of 40
+  # No order (independent knobs): the scan back compiles cheaper candidates while the budget lasts.
+  monkeypatch.setattr(aot, '_saves_as_much', lambda a, b: False)
+  compiled.clear()
+  assert suggest(want=2, max_compiles=40) == [3, 25]
+  assert len(compiled) == len(set(compiled)) == 7 + 25 - 2  # each once: 24 and 19 were bisected
+  compiled.clear()
+  assert suggest(want=2, max_compiles=9) == [25, 26] and len(compiled) == 9
+  memory.update({i: 99 for i in range(40)})  # nothing fits: one compile says so
+  compiled.clear()
+  assert suggest() == [] and compiled == [39]
+
+
+@needs_libtpu
+def test_candidate_plans_are_ordered_and_divide(v5e_2x2):
+  plans = aot.candidate_plans(_plan(num_heads=2, head_dim=32), v5e_2x2, 16)
+  first, last = plans[0], plans[-1]
+  assert (first.config.remat, first.mesh.model, first.mesh.fsdp, first.num_microbatches) == ('none', 1, False, 1)
+  assert last.config.remat == 'full' and last.mesh.model == 2 and last.num_microbatches == 8
+  assert all(p.mesh.model in (1, 2) for p in plans)  # 2 heads: no 4-way model axis
+  assert all(16 % (p.mesh.data * p.num_microbatches) == 0 for p in plans)
+  assert not any(p.mesh.fsdp and p.mesh.data == 1 for p in plans)
+
+
+def _compile_cli(*args):
+  return run(os.path.join(BIN, 't5xv-compile'), *args)
+
+
+@pytest.mark.slow
+@needs_libtpu
+@pytest.mark.parametrize('args, says', [
+    (['--topology=v9:2x2'], "unknown topology 'v9:2x2'"),
+    (['--topology=v5e:2x2', '--gin.MeshConfig.data=8'], 'mesh data=8 x model=1 needs 8 devices, found 4'),
+    (['--topology=v5e:2x2', '--gin.TransformerConfig.nonsense=1'], "doesn't have a parameter"),
+    (['--topology=v5e:2x2', '--gin.MeshConfig.model=4', '--gin.TransformerConfig.num_heads=6'],
+     "mesh axis 'model' of size 4 does not divide heads = 6"),
+])
+def test_compile_bad_input_is_one_line(args, says):
+  out = _compile_cli('--gin_file=gin/runs/pretrain.gin', '--gin_file=gin/models/t5_tiny.gin', *args)
+  assert out.returncode == 2, out.stderr[-2000:]
+  assert says in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+@pytest.mark.slow
+@needs_libtpu
+def test_compile_cli_does_not_fit_exits_2_with_suggestions(tmp_path):
+  out = _compile_cli('--gin_file=gin/runs/pretrain.gin', '--gin_file=gin/models/t5_tiny.gin',
+                     '--topology=v5e:2x2', '--gin.TransformerConfig.vocab_size=32768',
+                     '--batch=16384', '--inputs_length=64', '--targets_length=64',
+                     '--max_compiles=1', f'--output={tmp_path}/c.json')
+  assert out.returncode == 2, out.stderr[-2000:]
+  assert out.stderr.startswith('t5xv-compile: error: does not fit: ') and 'GiB available' in out.stderr
+  assert 'configurations that fit v5e:2x2, cheapest first' in out.stdout
+  assert 'fits: ' in out.stdout  # at least one compiled plan fits
+  import json
+  result = json.loads((tmp_path / 'c.json').read_text())
+  assert result['fits'] is False and result['suggestions'][0]['fits'] is True
+
+
+@pytest.mark.slow
+def test_compile_for_an_8_device_host_mesh():
+  out = _compile_cli('--gin_file=gin/runs/pretrain.gin', '--gin_file=gin/models/t5_tiny.gin',
+                     '--devices=8', '--device_memory_gib=1', '--batch=16', '--gin.MeshConfig.model=2')
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert 'data 4 x model 2' in out.stdout and 'fits: ' in out.stdout and '1.00 GiB' in out.stdout
