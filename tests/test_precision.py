@@ -1,0 +1,49 @@
+"""Precision as T5X and MaxText: with ``dtype='bfloat16'`` every matrix multiply of the train step
+(forward and backward: the output logits and their two gradients, the attention products, the
+synthesizers, a classification head) takes bfloat16 operands; the loss, softmax and norms stay in
+float32. Read from the lowered step (StableHLO), so it holds on any backend."""
+import functools
+import re
+
+import jax
+import pytest
+
+from conftest import tiny
+from t5x_variants.models import build_model, init_inputs
+from t5x_variants.train import optimizer, partitioning, train_step
+
+DOT = re.compile(r'stablehlo\.dot_general.*?:\s*\((tensor<[^>]*>), (tensor<[^>]*>)\) -> (tensor<[^>]*>)')
+
+
+def lowered_dots(config):
+  """[(lhs type, rhs type, result type)] of every dot_general in the lowered train step."""
+  mesh_config = partitioning.MeshConfig()
+  mesh = mesh_config.mesh()
+  model = build_model(config)
+  schedule = optimizer.learning_rate_schedule()
+  layout = train_step.state_layout(
+      model, functools.partial(optimizer.make_optimizer, learning_rate=schedule), mesh,
+      mesh_config.rules(), jax.random.PRNGKey(0), init_inputs(config))
+  step = train_step.make_train_step(layout.shardings, mesh, model=model, config=config,
+                                    tx=layout.tx, schedule=schedule)
+  batch = train_step.synthetic_batch(config, 2, {'inputs': 12, 'targets': 12})
+  text = step.lower(layout.abstract, batch, jax.random.PRNGKey(0)).as_text()
+  return [m.groups() for m in DOT.finditer(text)]
+
+
+@pytest.mark.parametrize('overrides', [
+    dict(architecture='encoder_decoder'),
+    dict(architecture='encoder_decoder', tie_embeddings=True, ffn='swiglu'),
+    dict(architecture='decoder_only', self_attention=('dense', 'random', 'factorized_dense',
+                                                      'factorized_random', 'dot_product')),
+    dict(architecture='encoder_only'),
+    dict(architecture='encoder_only', head='classification'),
+], ids=['t5', 'tied_swiglu', 'decoder_synthesizer_mixture', 'mlm', 'classification'])
+def test_every_matmul_of_a_bfloat16_step_is_in_bfloat16(overrides):
+  dots = lowered_dots(tiny(dtype='bfloat16', **overrides))
+  assert len(dots) > 20
+  assert [d for d in dots if 'f32' in d[0] or 'f32' in d[1]] == []
+
+
+def test_a_float32_step_stays_in_float32():
+  assert all('bf16' not in ''.join(d) for d in lowered_dots(tiny()))
