@@ -155,3 +155,28 @@ def test_results_written_before_the_split_key_are_read_as_validation(tmp_path):
   path.write_text(json.dumps({'test': old}))
   assert eval_cli.read_results(epath.Path(path)) == {'test': old}
   assert eval_cli.read_results(epath.Path(tmp_path / 'missing.json')) == {}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name', ['t5xv-train', 't5xv-eval', 't5xv-infer', 't5xv-bench', 't5xv-compile'])
+def test_a_model_axis_that_splits_heads_unevenly_is_one_line_in_every_command(quickstart, name, tmp_path):
+  """On an 8-device host, 8-way 'model' and the tiny model's 4 heads: every command stops before
+  compiling with the same line, exit status 2."""
+  run_dir = quickstart[0]
+  args = {
+      't5xv-train': ['--gin_file=gin/experiments/quickstart.gin', f"--gin.MODEL_DIR='{tmp_path}/run'"],
+      't5xv-eval': [f'--gin_file={run_dir}/config.gin', '--gin_file=gin/runs/eval.gin',
+                    f"--gin.CHECKPOINT_PATH='{run_dir}'"],
+      't5xv-infer': [f'--gin_file={run_dir}/config.gin', '--gin_file=gin/runs/infer.gin',
+                     f"--gin.CHECKPOINT_PATH='{run_dir}'", f"--gin.INFER_OUTPUT='{tmp_path}/p.jsonl'"],
+      't5xv-bench': ['--gin_file=gin/models/t5_tiny.gin', '--batch=8', '--steps=1'],
+      't5xv-compile': ['--gin_file=gin/runs/pretrain.gin', '--gin_file=gin/models/t5_tiny.gin',
+                       '--devices=8'],
+  }[name]
+  out = subprocess.run([os.path.join(BIN, name), *args, '--gin.MeshConfig.model=8'], cwd=REPO,
+                       capture_output=True, text=True,
+                       env={**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=8'})
+  assert out.returncode == 2, out.stderr[-3000:]
+  assert out.stderr.startswith(f"{name}: error: mesh axis 'model' of size 8 does not divide heads = 4 ")
+  assert out.stderr.strip().endswith('and the 8 devices: 1, 2, 4 (set MeshConfig.model)'), out.stderr
+  assert len(out.stderr.strip().splitlines()) == 1, out.stderr

@@ -3,6 +3,7 @@ recipe's 222,903,552 parameters for every FFN, LayerNorm and Adam for DeepNet / 
 Adafactor for the T5-based papers), and each family's small recipe trains."""
 import glob
 import os
+import re
 
 import flax.linen as nn
 import gin
@@ -12,7 +13,8 @@ import pytest
 
 from t5x_variants.cli import common
 from t5x_variants.models import build_model, init_inputs
-from t5x_variants.train import optimizer
+from jax.sharding import AbstractMesh
+from t5x_variants.train import aot, optimizer, partitioning, targets
 
 EXPERIMENTS = os.path.join(common.PACKAGE_DIR, 'gin', 'experiments')
 FFNS = ['relu', 'gelu', 'swish', 'glu', 'bilinear', 'reglu', 'geglu', 'swiglu']
@@ -137,3 +139,60 @@ def test_small_recipes_train(recipe, variant, tmp_path):
                      '--gin.TRAIN_STEPS=3', '--gin.BATCH_SIZE=4', '--gin.train.log_period=1',
                      '--gin.train.eval_period=0', '--gin.learning_rate_schedule.warmup_steps=1']) == 0
   assert (tmp_path / 'checkpoint_3').exists()
+
+
+# Full-scale recipes: run alone (after a pretraining recipe for fine-tuning files).
+FULL_SCALE = [p for p in experiment_files()
+              if not p.endswith('_small.gin') and os.path.basename(p) not in OVERLAYS | {
+                  'small.gin', 'base.gin', 'quickstart.gin'}
+              and not os.path.basename(p).startswith('depth_')]
+TARGET = re.compile(r'^# Target: (\S+)', re.M)
+
+
+def target_of(path):
+  """The slice a recipe's header names (``# Target: v5e:4x4 ...``), in it or the files it
+  includes, the recipe's own first."""
+  with open(os.path.join(common.PACKAGE_DIR, path)) as f:
+    text = f.read()
+  m = TARGET.search(text)
+  if m:
+    return m.group(1)
+  for included in re.findall(r"^include '([^']+)'", text, re.M):
+    found = target_of(included)
+    if found:
+      return found
+  return None
+
+
+@pytest.mark.parametrize('path', FULL_SCALE)
+def test_full_scale_recipes_name_a_slice_their_mesh_fits_in_bfloat16(path):
+  """The slice is a valid topology and the recipe's mesh and batch split over its chips evenly
+  (the checks every command makes before compiling; the memory is BENCHMARKS.md's compile table,
+  made by scripts/compile_table.py); the small counterparts stay float32 (next test)."""
+  topology = target_of(path)
+  assert topology, f'{path} names no target slice (a "# Target: <topology>" header line)'
+  _, chips = targets.parse_topology(topology)
+  family = os.path.dirname(path)
+  files = [path]
+  if os.path.basename(path) == 'finetune.gin':
+    files = [os.path.join(family, 'relu.gin' if 'glu' in family else 'span_corruption.gin'), path]
+  config = load(*files, bindings=['MODEL_DIR = "/tmp/unused"', 'INITIAL_CHECKPOINT_PATH = "/tmp/unused"'])
+  assert config.dtype == 'bfloat16'
+  mesh_config = partitioning.MeshConfig()
+  n = int(np.prod(chips))
+  data = n // mesh_config.model if mesh_config.data == -1 else mesh_config.data
+  mesh = AbstractMesh((data, mesh_config.model), partitioning.MESH_AXES)
+  assert mesh.size == n
+  model = build_model(config)
+  boxed = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), *init_inputs(config))['params'])
+  partitioning.check_mesh(boxed, mesh, mesh_config.rules())
+  from t5x_variants.data import pipeline  # pylint: disable=g-import-not-at-top
+  with gin.config_scope('train'):
+    batch = pipeline.DatasetConfig().batch_size
+  partitioning.check_batch(batch, mesh, aot.train_options()['num_microbatches'])
+
+
+@pytest.mark.parametrize('path', [p for p in experiment_files() if p.endswith('small.gin')])
+def test_small_recipes_run_in_float32_without_remat(path):
+  config = load(path, 'gin/variants/ffn/relu.gin', bindings=['MODEL_DIR = "/tmp/unused"'])
+  assert (config.dtype, config.remat) == ('float32', 'none')

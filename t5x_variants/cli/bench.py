@@ -108,6 +108,7 @@ def bench(config, batch: int, lengths, steps: int = 10, warmup: int = 2,
   state = train_step.create_state(layout, model, rng, init_inputs(config))
   step = train_step.make_train_step(layout.shardings, mesh, model=model, config=config, tx=layout.tx,
                                     schedule=schedule, num_microbatches=num_microbatches)
+  partitioning.check_batch(batch, mesh, num_microbatches)
   data = partitioning.global_batch(train_step.synthetic_batch(config, batch, lengths), mesh)
   start = time.perf_counter()
   step = step.lower(state, data, rng).compile()

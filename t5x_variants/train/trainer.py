@@ -210,6 +210,9 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
       if batch is None:
         log.warning('the training data ran out after step %d', step)
         break
+      if step == start:  # before the step compiles: a batch the mesh cannot split is one line
+        partitioning.check_batch(len(next(iter(batch.values()))) * jax.process_count(), mesh,
+                                 num_microbatches)
       if diag and step == start and diag.begin(state.params, batch, fresh=start == 0):
         log_diagnostics(step)
       state, metrics = step_fn(state, partitioning.global_batch(batch, mesh), rng)
