@@ -68,14 +68,14 @@ def gib(result, key='total_bytes'):
   return f'{result[key] / 2**30:.2f}' if result.get(key) is not None else '-'
 
 
-def row(name, what, args, topology, result) -> str:
+def row(number, what, topology, result) -> str:
   s = result.get('suggestions') or []
   fitting = ('' if result['fits'] else
              f'{gib(s[0])} GiB with `{s[0]["flags"]}`' if s else 'none found in 6 compiles')
   estimate = (f'{result["estimated_step_seconds"] * 1e3:.1f} ms, MFU {result["estimated_mfu"]:.1%}'
               if 'estimated_step_seconds' in result else '-')
   verdict = 'fits' if result['fits'] else 'does not fit'
-  return (f'| {what} | {topology} | {gib(result)} of {gib(result, "memory_limit_bytes")} | '
+  return (f'| {number} | {what} | {topology} | {gib(result)} of {gib(result, "memory_limit_bytes")} | '
           f'{verdict} | {result["compile_seconds"]:.0f} | {fitting} | {estimate} |')
 
 
@@ -85,23 +85,28 @@ def main():
   p.add_argument('--only', default='', help='comma-separated row names')
   args = p.parse_args()
   os.makedirs(args.out_dir, exist_ok=True)
-  print('| recipe (bfloat16, batch 128, 512/114 unless said) | slice | GiB per chip (of) | '
+  print('| # | recipe (bfloat16, batch 128, 512/114 unless said) | slice | GiB per chip (of) | '
         'data-parallel, no remat | compile s | cheapest fitting found by --suggest | '
         'cost-model estimate |')
-  print('|---|---|---|---|---|---|---|')
+  print('|---|---|---|---|---|---|---|---|')
+  commands = []
   for name, what, gin_args, topology in ROWS:
     if args.only and name not in args.only.split(','):
       continue
+    number = len(commands) + 1
     output = os.path.join(args.out_dir, f'{name.replace(":", "-")}.json')
+    cmd = command(gin_args, topology, output)
+    commands.append(f'{number}. `{" ".join(cmd)}`')
     if not os.path.exists(output):
-      cmd = command(gin_args, topology, output)
       print(' '.join(cmd), file=sys.stderr, flush=True)
       subprocess.run(cmd, check=False, stdout=sys.stderr)
     if os.path.exists(output):
       with open(output) as f:
-        print(row(name, what, gin_args, topology, json.load(f)), flush=True)
+        print(row(number, what, topology, json.load(f)), flush=True)
     else:
-      print(f'| {what} | {topology} | failed: see the command\'s output | | | | |', flush=True)
+      print(f'| {number} | {what} | {topology} | failed: see the command\'s output | | | | |', flush=True)
+  print('\nThe command of each row (run from the repository root):\n')
+  print('\n'.join(commands))
 
 
 if __name__ == '__main__':

@@ -7,9 +7,9 @@ optimizer, schedule, microbatches, dtype and remat), lowered on abstract arrays:
 batch or data is ever materialised, so a 3B-parameter step compiles on a laptop.
 
 Memory per device is XLA's for the compiled program: arguments (the state, a batch shard) +
-temporaries + outputs not aliased to donated arguments + generated code. A TPU compile that
-exceeds HBM fails in the compiler; that failure is reported as "does not fit" with the compiler's
-own figures. XLA's cost analysis counts a loop body once, so its FLOPs and ``optimal_seconds``
+temporaries + outputs not aliased to donated arguments + generated code; it fits when that total
+is within the target's memory. A TPU compile that exceeds HBM may fail in the compiler; that
+failure is reported as "does not fit" with the compiler's own figures. XLA's cost analysis counts a loop body once, so its FLOPs and ``optimal_seconds``
 describe the step only when layers are unrolled (``scan_layers=False``); they are estimates of
 the compiler's model, never measurements.
 """
@@ -53,10 +53,6 @@ class Plan:
     return (f'--gin.TransformerConfig.remat="\'{self.config.remat}\'" '
             f'--gin.MeshConfig.data={self.mesh.data} --gin.MeshConfig.model={self.mesh.model} '
             f'--gin.MeshConfig.fsdp={self.mesh.fsdp} --gin.train.num_microbatches={self.num_microbatches}')
-
-
-class DoesNotFit(ValueError):
-  """The program needs more memory per device than the target has."""
 
 
 _SIZE = r'([\d.]+)([KMGT]?)'
@@ -153,6 +149,7 @@ def compile_plan(plan: Plan, target: Target, batch: int, lengths, options: Dict)
   cost = _cost(compiled)
   seconds = cost.get('optimal_seconds')
   result['cost_model'] = {'flops_per_device': cost.get('flops'), 'optimal_seconds': seconds,
+                          'bytes_accessed_per_device': cost.get('bytes accessed'),
                           'counts_whole_step': not plan.config.scan_layers}
   if seconds and seconds > 0 and not plan.config.scan_layers and target.peak_tflops:
     result['estimated_step_seconds'] = seconds
