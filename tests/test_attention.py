@@ -1,4 +1,5 @@
 """Relative position buckets, synthesizer formulas, mixtures and length errors."""
+import os
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -138,3 +139,32 @@ def test_dense_contracts_and_produces_several_axes_like_einsum():
 def test_shared_bias_must_have_batch_one():
   with pytest.raises(ValueError, match='batch 1'):
     add_shared_bias(jnp.zeros((2, 1, 3, 3)), jnp.zeros((2, 1, 3, 3)))
+
+
+def test_the_shared_bias_gradient_stays_on_each_device_of_a_split_batch():
+  """The relative-bias gradient sums the logits' gradient over the batch: with the batch split
+  over 8 devices (4 rows each), the rows are summed on their device first; only the one row per
+  device left then moves (collective-permutes of (1, heads, q, k) blocks), never a block of the
+  split batch itself (pairing the batch's halves moved (16, ...) and (8, ...) blocks)."""
+  import subprocess, sys, textwrap  # pylint: disable=g-import-not-at-top
+  script = textwrap.dedent('''
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from t5x_variants.layers.attention import add_shared_bias
+    mesh = Mesh(np.array(jax.devices()), ('data',))
+    s = jax.ShapeDtypeStruct((32, 4, 64, 64), jnp.float32, sharding=NamedSharding(mesh, P('data')))
+    b = jax.ShapeDtypeStruct((1, 4, 64, 64), jnp.float32, sharding=NamedSharding(mesh, P()))
+    grad = jax.jit(jax.grad(lambda s, b: jnp.sum(jnp.sin(add_shared_bias(s, b))), argnums=1))
+    text = grad.lower(s, b).compile().as_text()
+    x = np.random.RandomState(0).randn(32, 4, 64, 64).astype(np.float32)
+    got = grad(jax.device_put(x, s.sharding), jnp.zeros((1, 4, 64, 64)))
+    import re
+    moved = sorted({int(np.prod([int(d) for d in m.split(',')])) // (4 * 64 * 64)
+                    for m in re.findall(r'= f32\[([\d,]+)\]\S* collective-permute', text)})
+    print(moved or [0], float(np.abs(got - np.cos(x).sum(0, keepdims=True)).max()))
+  ''')
+  out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
+                       env={**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=8'})
+  assert out.returncode == 0, out.stderr[-2000:]
+  moved, error = out.stdout.rsplit(' ', 1)
+  assert moved == '[1]' and float(error) < 1e-4, out.stdout
