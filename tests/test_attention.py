@@ -147,7 +147,7 @@ def test_the_shared_bias_gradient_stays_on_each_device_of_a_split_batch():
   device left then moves (collective-permutes of (1, heads, q, k) blocks), never a block of the
   split batch itself (pairing the batch's halves moved (16, ...) and (8, ...) blocks)."""
   import subprocess, sys, textwrap  # pylint: disable=g-import-not-at-top
-  script = textwrap.dedent('''
+  script = textwrap.dedent(r'''
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     from t5x_variants.layers.attention import add_shared_bias

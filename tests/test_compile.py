@@ -233,3 +233,23 @@ def test_compile_for_an_8_device_host_mesh():
                      '--devices=8', '--device_memory_gib=1', '--batch=16', '--gin.MeshConfig.model=2')
   assert out.returncode == 0, out.stderr[-2000:]
   assert 'data 4 x model 2' in out.stdout and 'fits: ' in out.stdout and '1.00 GiB' in out.stdout
+
+
+@pytest.mark.slow
+@needs_libtpu
+def test_the_readme_pod_command_compiles_and_fits_its_slice():
+  """README: T5-base with runs/pretrain.gin on a v5litepod-16 (v5e:4x4), data parallel."""
+  import gin  # pylint: disable=g-import-not-at-top
+  from t5x_variants.cli import common  # pylint: disable=g-import-not-at-top
+  from t5x_variants.train import partitioning  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(REPO, 'README.md')) as f:
+    readme = f.read()
+  assert 'topology v5e:4x4' in readme and '--gin_file=gin/models/t5_base.gin \\\n    --gin.MODEL_DIR' in readme
+  gin.clear_config()
+  common.parse_gin(['gin/runs/pretrain.gin', 'gin/models/t5_base.gin'], ["MODEL_DIR = 'gs://b/r'"],
+                   configurables=common.library_configurables(with_data=True))
+  config = common.build_config()
+  assert config.dtype == 'bfloat16' and config.num_heads == 12
+  r = aot.compile_plan(aot.Plan(config, partitioning.MeshConfig(), 1), targets.tpu_target('v5e:4x4'),
+                       128, {'inputs': 512, 'targets': 114}, aot.train_options())
+  assert r['fits'] and r['mesh_shape'] == {'data': 16, 'model': 1}, aot.fit_line(r)
