@@ -16,6 +16,9 @@ from t5x_variants.train import aot, targets
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
 HAS_LIBTPU = importlib.util.find_spec('libtpu') is not None
+# The suite's persistent compilation cache stores executables for compile-only TPU devices but
+# cannot load them back (it warns and compiles again).
+pytestmark = pytest.mark.filterwarnings('ignore:Error reading persistent compilation cache')
 needs_libtpu = pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed (pip install -e '.[tpu]')")
 TINY = dict(vocab_size=256, d_model=64, num_heads=4, head_dim=16, d_ff=128, num_encoder_layers=2,
             num_decoder_layers=2, encoder_max_length=64, decoder_max_length=16)

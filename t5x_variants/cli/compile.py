@@ -105,6 +105,9 @@ def main(argv=None):
     args = common.parse_args(parser, argv)
     if args.topology:
       targets.deviceless_environment()
+      import jax  # pylint: disable=g-import-not-at-top
+      # An executable for compile-only devices is written to a persistent cache but cannot be read back.
+      jax.config.update('jax_enable_compilation_cache', False)
     elif common.backend_is_cpu():
       import jax  # pylint: disable=g-import-not-at-top
       jax.config.update('jax_platforms', 'cpu')
