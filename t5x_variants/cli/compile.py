@@ -63,7 +63,7 @@ def _table(result) -> str:
       ('device memory', f'{gib("memory_limit_bytes")} ({result["memory_limit_source"]})'),
       ('verdict', aot.fit_line(result)),
       ('compile time', f'{result["compile_seconds"]:.1f} s'),
-      ('model FLOPs per step', f'{result["model_flops_per_step"] / 1e12:,.1f} TFLOP (models/flops.py)'),
+      ('model FLOPs per step', f'{result["model_flops_per_step"] / 1e12:,.4g} TFLOP (models/flops.py)'),
   ]
   if 'estimated_step_seconds' in result:
     rows.append(('estimated step time', f'{result["estimated_step_seconds"] * 1e3:.1f} ms '
