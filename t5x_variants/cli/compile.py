@@ -66,8 +66,9 @@ def _table(result) -> str:
       ('model FLOPs per step', f'{result["model_flops_per_step"] / 1e12:,.4g} TFLOP (models/flops.py)'),
   ]
   if 'estimated_step_seconds' in result:
+    source = f' of {result["estimate_from"]}' if 'estimate_from' in result else ''
     rows.append(('estimated step time', f'{result["estimated_step_seconds"] * 1e3:.1f} ms '
-                 '(compiler cost model: an estimate, not a measurement)'))
+                 f'(compiler cost model{source}: an estimate, not a measurement)'))
     rows.append(('estimated MFU', f'{result["estimated_mfu"]:.1%} of the published bf16 peak '
                  '(an estimate)'))
   elif not result.get('compiler_refused'):
@@ -78,7 +79,7 @@ def _table(result) -> str:
 
 def _no_estimate(result) -> str:
   seconds = result['cost_model']['optimal_seconds']
-  if result['scan_layers']:
+  if not result['cost_model']['counts_whole_step']:
     return 'n/a: the cost model counts a scanned layer once (--estimate compiles layers unrolled)'
   if seconds is None or seconds <= 0:
     return f'n/a: this platform\'s cost model gives none (optimal_seconds {seconds})'
@@ -91,7 +92,7 @@ def main(argv=None):
   where.add_argument('--topology', help='a TPU slice: v4:2x2x2, v5e:4x4, v5e:16x16, v5p:2x2x4, v6e:8x8, ...')
   where.add_argument('--devices', type=int, help='an N-device mesh on this host (its GPUs, else N CPU devices)')
   parser.add_argument('--device_memory_gib', type=float, default=None,
-                      help='memory per device to fit in (default: the chip\'s published HBM on TPU)')
+                      help='memory per device to fit in (default on TPU: what its compiler allows a chip)')
   parser.add_argument('--batch', type=int, default=None, help='global batch (default: the run\'s)')
   parser.add_argument('--inputs_length', type=int, default=None)
   parser.add_argument('--targets_length', type=int, default=None)
@@ -108,9 +109,6 @@ def main(argv=None):
       import jax  # pylint: disable=g-import-not-at-top
       # An executable for compile-only devices is written to a persistent cache but cannot be read back.
       jax.config.update('jax_enable_compilation_cache', False)
-    elif common.backend_is_cpu():
-      import jax  # pylint: disable=g-import-not-at-top
-      jax.config.update('jax_platforms', 'cpu')
     try:
       known, with_data = common.library_configurables(with_data=True), True
     except ImportError:  # a host without the data extra: the macros give batch and lengths
@@ -138,7 +136,7 @@ def main(argv=None):
       for key in ('cost_model', 'estimated_step_seconds', 'estimated_mfu'):
         if key in unrolled:
           result[key] = unrolled[key]
-      result['scan_layers'] = 'True (estimate from an unrolled compile)'
+      result['estimate_from'] = 'an unrolled compile (scan_layers=False)'
     print(_table(result))
     if args.suggest or result['fits'] is False:
       print(f'configurations that fit {target.name}, cheapest first '
