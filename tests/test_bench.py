@@ -2,6 +2,7 @@
 end to end on CPU (the same train step as the trainer, on a synthetic batch)."""
 import json
 
+import gin
 import jax
 import pytest
 
@@ -59,3 +60,25 @@ def test_bench_runs_end_to_end_on_cpu(tmp_path, capsys):
   ops = result['profile_top_ops']  # (ms, op, shape, op_name), largest first
   assert len(ops) == 15 and ops[0][0] >= ops[-1][0]
   assert any('train_step' in op[3] for op in ops)  # named after the HLO of the timed step
+
+
+def test_bench_takes_a_recipe_its_model_batch_and_lengths(tmp_path):
+  """As t5xv-train takes it: the model, and the batch and lengths of its macros (BATCH_SIZE here
+  overridden by a binding, TASK_FEATURE_LENGTHS the recipe's); no MODEL_DIR needed."""
+  files = ['gin/experiments/foundation/lm_small.gin', 'gin/variants/norm/subln.gin']
+  out = tmp_path / 'bench.json'
+  assert bench.main([*(f'--gin_file={f}' for f in files), '--gin.BATCH_SIZE=4', '--steps=1',
+                     '--warmup=0', '--peak_tflops=1', f'--output={out}']) == 0
+  result = json.loads(out.read_text())
+  assert (result['architecture'], result['dtype']) == ('decoder_only', 'float32')
+  assert result['batch'] == 4 and result['lengths'] == {'targets': 128}
+  gin.clear_config()
+  common.parse_gin(files, ["MODEL_DIR = '/tmp/x'"], configurables=common.library_configurables())
+  config = common.build_config()
+  assert config.placement == 'subln' and config.num_decoder_layers == 4
+  assert result['train_flops_per_step'] == flops.train_flops(config, 4, {'targets': 128})
+  gin.clear_config()  # a flag beats the recipe
+  assert bench.main([*(f'--gin_file={f}' for f in files), '--batch=2', '--targets_length=64',
+                     '--steps=1', '--warmup=0', '--peak_tflops=1', f'--output={out}']) == 0
+  result = json.loads(out.read_text())
+  assert result['batch'] == 2 and result['lengths'] == {'targets': 64}

@@ -1,6 +1,7 @@
 """Every experiment gin file parses and builds, holds its paper's headline settings (the GLU
 recipe's 222,903,552 parameters for every FFN, LayerNorm and Adam for DeepNet / Magneto / Xiong,
 Adafactor for the T5-based papers), and each family's small recipe trains."""
+import dataclasses
 import glob
 import os
 import re
@@ -109,6 +110,55 @@ def test_placement_recipes_use_layernorm_and_adam(path, placement):
   assert c.norm == 'layernorm' and c.placement == {'pre_ln': 'pre', 'post_ln': 'post'}.get(placement, placement)
   assert query('make_optimizer.optimizer') in ('adam', 'adamw')
   assert c.init_scheme == 'xavier' and c.use_bias
+
+
+@pytest.mark.parametrize('path', ['gin/experiments/foundation/lm.gin', 'gin/experiments/foundation/mlm.gin',
+                                  'gin/experiments/foundation/span_corruption.gin',
+                                  'gin/experiments/deepnet/span_corruption.gin'])
+@pytest.mark.parametrize('placement', ['subln', 'deepnorm'])
+def test_the_code_init_overlay_changes_the_init_alone(path, placement):
+  """A recipe runs as the papers' pseudocode (xavier) or, adding gin/variants/init/torchscale.gin,
+  as their released code: the two runs' configs differ in init_scheme only, and the optimizer,
+  schedule and data bindings are the same."""
+  files = (path, f'gin/variants/norm/{placement}.gin')
+  paper = load(*files, bindings=['MODEL_DIR = "/tmp/unused"'])
+  paper_gin = gin.config_str()
+  code = load(*files, 'gin/variants/init/torchscale.gin', bindings=['MODEL_DIR = "/tmp/unused"'])
+  code_gin = gin.config_str()
+  assert (paper.init_scheme, code.init_scheme) == ('xavier', 'torchscale')
+  assert dataclasses.replace(paper, init_scheme='torchscale') == code
+  differ = set(paper_gin.splitlines()) ^ set(code_gin.splitlines())
+  assert all('init_scheme' in line for line in differ), differ
+
+
+def test_magneto_recipes_follow_the_torchscale_example_commands():
+  """Flags of torchscale's GPT / BERT / MT example commands (examples/fairseq/README.md)."""
+  lm = load('gin/experiments/foundation/lm.gin', bindings=['MODEL_DIR = "/tmp/unused"'])
+  assert (lm.tie_embeddings, lm.scale_tied_logits, lm.activations, lm.position_embedding) == (
+      True, False, ('gelu_exact',), 'sinusoidal')
+  assert (lm.dropout_rate, lm.rate('attention'), lm.rate('activation'), lm.dropout_broadcast) == (0.1, 0.1, 0.0, False)
+  assert (query('adamw.eps'), query('adamw.weight_decay'), query('learning_rate_schedule.warmup_steps')) == (1e-8, 0.01, 750)
+  mlm = load('gin/experiments/foundation/mlm.gin', bindings=['MODEL_DIR = "/tmp/unused"'])
+  assert (mlm.tie_embeddings, mlm.scale_embeddings, mlm.rate('attention')) == (True, False, 0.0)
+  assert (query('adam.eps'), query('make_optimizer.global_norm_clip'), query('learning_rate_schedule.warmup_steps')) == (
+      1e-6, 2.0, 10000)
+  mt = load('gin/experiments/deepnet/span_corruption.gin', bindings=['MODEL_DIR = "/tmp/unused"'])
+  assert (mt.activations, mt.dropout_rate, mt.d_model, mt.position_embedding) == (('relu',), 0.3, 512, 'sinusoidal')
+  assert (query('adamw.weight_decay'), query('learning_rate_schedule.name')) == (1e-4, 'noam')
+  assert 'label_smoothing' not in gin.config_str()  # no --criterion: fairseq's plain cross-entropy
+
+
+def test_no_warmup_arm_differs_from_its_twin_in_the_warmup_alone():
+  """vanilla/no_warmup.gin: peak rate from step 0; from the end of the twin's warmup on, the same rate."""
+  schedules = []
+  for extra in ((), ('gin/experiments/vanilla/no_warmup.gin',)):
+    load('gin/experiments/vanilla/span_corruption.gin', 'gin/variants/norm/pre_ln.gin', *extra,
+         bindings=['MODEL_DIR = "/tmp/unused"'])
+    schedules.append(optimizer.learning_rate_schedule())
+  twin, flat = schedules
+  assert float(flat(0)) == pytest.approx(5e-4) and float(twin(0)) == 0.0
+  for step in (4000, 10_000, 99_999):
+    assert float(flat(step)) == pytest.approx(float(twin(step)))
 
 
 def test_depth_files_set_both_stacks_and_the_deepnorm_constants_follow():

@@ -57,7 +57,7 @@ def test_variant_files_compose(arch):
                       ['TransformerConfig.encoder_max_length = 64', 'TransformerConfig.decoder_max_length = 64'])
   c = gin_utils.build_config()
   assert (c.architecture, c.placement, c.norm, c.init_scheme, c.activations, c.attention_components) == (
-      arch, 'subln', 'layernorm', 'xavier', ('swish', 'linear'), ('random', 'dot_product'))
+      arch, 'subln', 'layernorm', 't5', ('swish', 'linear'), ('random', 'dot_product'))
   assert c.ffn_hidden_dim == 128  # t5_tiny's d_ff_glu
 
 
@@ -95,6 +95,9 @@ def test_t5xv_info_prints_table_constants_and_total(capsys):
     (["--gin.TransformerConfig.self_attention='synth'"], 'invalid self_attention'),
     (["--gin.TransformerConfig.norm='batchnorm'"], 'valid: rmsnorm, layernorm'),
     (['--gin_file=gin/variants/ffn/nope.gin'], 'cannot read gin file'),
+    # With a run file: the trainer's configurables are checked; only the data layer's are skipped.
+    (['--gin_file=gin/runs/pretrain.gin', '--gin.train.z_los=1'], "doesn't have a parameter named 'z_los'"),
+    (['--gin_file=gin/runs/pretrain.gin', '--gin.Transformer.d_model=8'], "No configurable matching 'Transformer'"),
 ])
 def test_bad_gin_input_fails_with_one_clear_message(argv, message, capsys):
   with pytest.raises(SystemExit) as e:
@@ -102,6 +105,27 @@ def test_bad_gin_input_fails_with_one_clear_message(argv, message, capsys):
   assert e.value.code == 2
   err = capsys.readouterr().err
   assert message in err and 'Traceback' not in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize('files,summary', [
+    (['gin/experiments/glu_variants/relu.gin'], ['architecture: encoder_decoder', 'ffn: relu']),
+    (['gin/experiments/foundation/lm.gin', 'gin/variants/norm/subln.gin'],
+     ['architecture: decoder_only', 'norm placement: subln']),
+])
+def test_t5xv_info_takes_recipes_as_t5xv_train_does(files, summary):
+  # In a fresh process, where the data layer's configurables are unknown, as to t5xv-info, which
+  # must not import TensorFlow to parse their bindings.
+  import subprocess
+  import sys
+  code = (f'import sys; from t5x_variants.cli import info; info.main({[f"--gin_file={f}" for f in files]}); '
+          "assert 'tensorflow' not in sys.modules")
+  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True).stdout
+  gin.clear_config()  # as t5xv-train parses them: with the data layer, MODEL_DIR set
+  gin_utils.parse_gin(files, ["MODEL_DIR = '/tmp/x'"], configurables=gin_utils.library_configurables())
+  total = count(abstract_params(gin_utils.build_config()))
+  if files == ['gin/experiments/glu_variants/relu.gin']:
+    assert total == 222_903_552  # T5 v1.0 base (tests/test_param_counts.py's closed form)
+  assert f'Total number of parameters: {total:,}' in out and all(line in out for line in summary), out
 
 
 def test_gin_files_resolve_from_any_working_directory(tmp_path, monkeypatch, capsys):

@@ -82,3 +82,16 @@ def test_every_optimizer_resumes_exactly_and_keeps_frozen_paths(name, tmp_path):
                                 final['params']['token_embedder']['embedding'])
   assert not np.array_equal(first['params']['decoder']['decoder_norm']['scale'],
                             final['params']['decoder']['decoder_norm']['scale'])
+
+
+@pytest.mark.parametrize('name', ['noam', 'linear', 'rsqrt'])
+def test_no_warmup_ramp_keeps_the_warmed_up_schedules_level(name):
+  """warmup_ramp=False: the peak from step 0, then exactly the twin's rate after the warmup."""
+  kw = dict(name=name, base=5e-4 if name != 'rsqrt' else 1.0, warmup_steps=100, total_steps=1000)
+  twin, flat = optimizer.learning_rate_schedule(**kw), optimizer.learning_rate_schedule(**kw, warmup_ramp=False)
+  peak = float(twin(100))
+  for step in (0, 1, 50, 99):
+    assert float(flat(step)) == pytest.approx(peak)
+  for step in (100, 101, 400, 999):
+    assert float(flat(step)) == pytest.approx(float(twin(step)))
+  assert float(twin(0)) < peak or name == 'rsqrt'

@@ -87,6 +87,47 @@ def test_xavier_init_std_matches_the_gains(placement, subln_cross):
     assert float(np.std(w)) == pytest.approx(gain * std, rel=0.03), (stack, path)
 
 
+@pytest.mark.parametrize('placement', ['pre', 'deepnorm', 'subln'])
+def test_torchscale_init_is_pytorch_linear_times_the_code_gains(placement):
+  """The released code's init: W, b ~ U(+-1/sqrt(fan_in)) (std 1/sqrt(3 fan_in)), times the gain on
+  value / out / FFN weights and biases; DeepNorm's encoder beta in an encoder-decoder is the
+  code's 1.15 (N^4 M)^(-1/16) (the paper: 0.87); untied logits N(0, 1/d); relative bias N(0, 1)."""
+  c = tiny(d_model=256, num_heads=4, head_dim=64, d_ff=1024, vocab_size=512, num_encoder_layers=6,
+           num_decoder_layers=6, placement=placement, init_scheme='torchscale', use_bias=True)
+  _, params = init_params(c, jnp.ones((1, 4), jnp.int32), jnp.ones((1, 4), jnp.int32))
+  consts = c.residual_constants()
+  if placement == 'deepnorm':
+    assert consts['encoder'][1] == pytest.approx(1.15 * (6**5)**(-1 / 16))
+    assert consts['decoder'][1] == pytest.approx((12 * 6)**-0.25)
+  cross_gain = consts['decoder'][1] if placement == 'deepnorm' else 1.0
+  checks = [('encoder', 'self_attention', 'query', 1.0, 256), ('encoder', 'self_attention', 'key', 1.0, 256),
+            ('encoder', 'self_attention', 'value', consts['encoder'][1], 256),
+            ('encoder', 'self_attention', 'out', consts['encoder'][1], 256),
+            ('encoder', 'mlp', 'wi', consts['encoder'][1], 256), ('encoder', 'mlp', 'wo', consts['encoder'][1], 1024),
+            ('decoder', 'encoder_decoder_attention', 'value', cross_gain, 256),
+            ('decoder', 'encoder_decoder_attention', 'out', cross_gain, 256),
+            ('decoder', 'mlp', 'wo', consts['decoder'][1], 1024)]
+  for stack, block, name, gain, fan_in in checks:
+    for leaf in ('kernel', 'bias'):
+      w = np.asarray(params[stack]['layers'][block][name][leaf])
+      bound = gain / math.sqrt(fan_in)
+      assert np.abs(w).max() <= bound * (1 + 1e-6) and np.abs(w).max() > 0.95 * bound, (stack, name, leaf)
+      if leaf == 'kernel':
+        assert float(np.std(w)) == pytest.approx(bound / math.sqrt(3), rel=0.03), (stack, name)
+  assert float(np.std(params['logits_dense']['kernel'])) == pytest.approx(256**-0.5, rel=0.03)
+  assert float(np.std(params['encoder']['relpos_bias']['rel_embedding'])) == pytest.approx(1.0, rel=0.3)
+
+
+def test_placement_files_leave_the_init_scheme_alone():
+  """Init is its own gin choice (gin/variants/init/): no placement or norm file sets it, so a
+  placement comparison never changes the init with it."""
+  import glob
+  for path in glob.glob('gin/variants/norm/*.gin'):
+    assert 'init_scheme' not in open(path).read(), path
+  for scheme in ('t5', 'xavier', 'torchscale'):
+    assert f"init_scheme = '{scheme}'" in open(f'gin/variants/init/{scheme}.gin').read()
+
+
 def test_t5_init_std_is_fan_in():
   c = tiny(d_model=256, num_heads=4, head_dim=64, d_ff=1024, vocab_size=16, architecture='encoder_only')
   _, params = init_params(c, jnp.ones((1, 4), jnp.int32))

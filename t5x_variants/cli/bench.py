@@ -2,6 +2,11 @@
 
   t5xv-bench --gin_file=gin/models/t5_small.gin --gin_file=gin/variants/ffn/geglu.gin \\
     --batch=8 --inputs_length=512 --targets_length=114 --steps=10 [--hf] [--output=bench.json]
+  t5xv-bench --gin_file=gin/experiments/foundation/lm.gin --gin_file=gin/variants/norm/subln.gin
+
+Takes the same gin as ``t5xv-train`` (run file, size, variants, recipe, ``--gin.`` bindings); the
+batch and lengths are the flags', else the run's (``BATCH_SIZE``, ``TASK_FEATURE_LENGTHS``), else
+8 and 512 / 114.
 
 Runs the trainer's own step (``train_step.make_train_step``: the same mesh (``MeshConfig``),
 optimizer (``make_optimizer``), schedule and dtype, all from gin) on synthetic batches, so it
@@ -29,6 +34,8 @@ from t5x_variants.cli import common
 from t5x_variants.models import build_model, flops, init_inputs
 from t5x_variants.train import optimizer, partitioning, train_step
 
+FEATURES = {'encoder': 'inputs', 'decoder': 'targets'}  # the feature length each stack reads
+DEFAULT_LENGTHS = {'inputs': 512, 'targets': 114}  # without a flag or a run file
 # Published dense peaks in TFLOP/s per device: (bf16, fp32). H100/H200 SXM fp32 is without TF32.
 PEAKS = {'H100': (989.0, 67.0), 'H200': (989.0, 67.0), 'A100': (312.0, 19.5),
          'TPU v4': (275.0, 275.0 / 2), 'TPU v5 lite': (197.0, 197.0 / 2), 'TPU v5p': (459.0, 459.0 / 2)}
@@ -146,9 +153,9 @@ def bench(config, batch: int, lengths, steps: int = 10, warmup: int = 2,
 
 def main(argv=None):
   parser = common.parser('t5xv-bench', __doc__)
-  parser.add_argument('--batch', type=int, default=8)
-  parser.add_argument('--inputs_length', type=int, default=512)
-  parser.add_argument('--targets_length', type=int, default=114)
+  parser.add_argument('--batch', type=int, default=None, help='default: the run\'s, else 8')
+  parser.add_argument('--inputs_length', type=int, default=None, help='default: the run\'s, else 512')
+  parser.add_argument('--targets_length', type=int, default=None, help='default: the run\'s, else 114')
   parser.add_argument('--steps', type=int, default=10)
   parser.add_argument('--warmup', type=int, default=2)
   parser.add_argument('--peak_tflops', type=float, default=None)
@@ -157,10 +164,12 @@ def main(argv=None):
   parser.add_argument('--output', default=None, help='write the results as JSON here')
   with common.clear_errors('t5xv-bench'):
     args, config = common.setup(parser, argv, with_data=False)
-    feature = {'encoder': 'inputs', 'decoder': 'targets'}
-    lengths = {feature[s]: getattr(args, f'{feature[s]}_length') for s in config.stacks}
+    batch = args.batch or common.gin_macro('BATCH_SIZE') or 8
+    run_lengths = common.gin_macro('TASK_FEATURE_LENGTHS') or {}
+    lengths = {f: getattr(args, f'{f}_length') or run_lengths.get(f) or DEFAULT_LENGTHS[f]
+               for f in (FEATURES[s] for s in config.stacks)}
     peak = (args.peak_tflops, 'given with --peak_tflops') if args.peak_tflops else None
-    result = bench(config, args.batch, lengths, args.steps, args.warmup, peak=peak,
+    result = bench(config, batch, lengths, args.steps, args.warmup, peak=peak,
                    with_profile=args.profile)
   print(f'{result["device"]} x{result["devices"]}: {result["tokens_per_second"]:,.0f} tok/s, '
         f'{result["sequences_per_second"]:.2f} seq/s, median step {result["median_step_seconds"] * 1000:.1f} ms, '
@@ -172,7 +181,7 @@ def main(argv=None):
     print(f'{ms:9.1f} ms  {name:30s} {shape:28s} {op[-100:]}')
   if args.hf:
     from t5x_variants.cli import bench_hf  # pylint: disable=g-import-not-at-top
-    result['hf'] = bench_hf.bench(config, args.batch, lengths, args.steps, args.warmup)
+    result['hf'] = bench_hf.bench(config, batch, lengths, args.steps, args.warmup)
     result['speedup_vs_hf'] = result['hf']['median_step_seconds'] / result['median_step_seconds']
     print(f'HF PyTorch T5: median step {result["hf"]["median_step_seconds"] * 1000:.1f} ms, '
           f'{result["hf"]["tokens_per_second"]:,.0f} tok/s; t5x_variants is '

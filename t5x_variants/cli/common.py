@@ -218,10 +218,20 @@ def build_config() -> TransformerConfig:
     raise GinConfigError(f'invalid model configuration: {e}') from e
 
 
-def config_from_flags(args, configurables: Mapping[str, Callable] = None) -> TransformerConfig:
+def config_from_flags(args, configurables: Mapping[str, Callable] = None,
+                      skip_unknown=False) -> TransformerConfig:
   """The TransformerConfig of parsed gin flags; GinConfigError if invalid."""
-  parse_gin(args.gin_file, args.gin_bindings, args.gin_search_paths.split(','), configurables)
+  parse_gin(args.gin_file, args.gin_bindings, args.gin_search_paths.split(','), configurables,
+            skip_unknown)
   return build_config()
+
+
+def gin_macro(name: str):
+  """The value the parsed gin binds to macro ``name`` (a run file's ``BATCH_SIZE``), or None."""
+  try:
+    return gin.query_parameter(f'%{name}')
+  except ValueError:
+    return None
 
 
 def import_data_layer():
@@ -244,6 +254,13 @@ def import_data_layer():
       os.close(saved)
 
 
+# The data layer's configurables: without it (no TensorFlow) their bindings are skipped.
+DATA_CONFIGURABLES = ('DatasetConfig', 'vocabulary', 'local_corpus_files', 'register_tasks')
+# Run-file macros that only the trainer reads: bound to a placeholder by the tools that need only
+# the model and its step, so that run files and recipes parse without them.
+RUN_MACROS = ('MODEL_DIR', 'INITIAL_CHECKPOINT_PATH')
+
+
 def library_configurables(with_data: bool = True) -> Mapping[str, Callable]:
   """The training library's configurables (and the data layer's), for error messages. Importing
   the data layer imports TensorFlow, which must not take the accelerators from JAX."""
@@ -256,20 +273,23 @@ def library_configurables(with_data: bool = True) -> Mapping[str, Callable]:
   if with_data:
     import_data_layer()
     from t5x_variants.data import corpus, pipeline, tasks, vocab  # pylint: disable=g-import-not-at-top
-    known.update({'DatasetConfig': pipeline.DatasetConfig, 'vocabulary': vocab.vocabulary,
-                  'local_corpus_files': corpus.local_corpus_files,
-                  'register_tasks': tasks.register_tasks})
+    known.update(zip(DATA_CONFIGURABLES, (pipeline.DatasetConfig, vocab.vocabulary,
+                                          corpus.local_corpus_files, tasks.register_tasks)))
   return known
 
 
 def setup(p: argparse.ArgumentParser, argv: Optional[Sequence[str]],
           configurables: Optional[Mapping[str, Callable]] = None, with_data: bool = True):
   """(args, TransformerConfig): processes joined, gin applied. ``configurables``: the tool's own
-  (named in error messages)."""
+  (named in error messages). ``with_data=False`` (tools that need only the model and its step:
+  t5xv-info, t5xv-bench): no data layer, no TensorFlow; the same files as t5xv-train still parse,
+  the data layer's bindings skipped and ``RUN_MACROS`` bound to a placeholder."""
   args = parse_args(p, argv)
   initialize_processes(args)
   known = {**library_configurables(with_data), **(configurables or {})}
-  return args, config_from_flags(args, known)
+  if not with_data:  # after the flags, whose line numbers gin's messages keep
+    args.gin_bindings += [f"{m} = 'unused by {p.prog}'" for m in RUN_MACROS]
+  return args, config_from_flags(args, known, False if with_data else list(DATA_CONFIGURABLES))
 
 
 # --- errors ------------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ class Dense(nn.Module):
     y = jnp.dot(x.astype(self.dtype).reshape(-1, n_rows), kernel.astype(self.dtype).reshape(n_rows, n_cols))
     y = y.reshape(x.shape[:x.ndim - n_in] + tuple(self.features))
     if self.use_bias:
-      bias = self.param('bias', nn.with_logical_partitioning(nn.initializers.zeros, self.out_axes),
-                        tuple(self.features), jnp.float32)
+      bias = self.param('bias', nn.with_logical_partitioning(
+          init_lib.bias_init(self.init_scheme, self.gain, n_rows), self.out_axes), tuple(self.features), jnp.float32)
       y = y + bias.astype(self.dtype)
     return y

@@ -57,6 +57,7 @@ class MlpBlock(nn.Module):
   inner_norm: Optional[str] = None
   norm_epsilon: float = 1e-6
   dropout_rate: float = 0.0
+  dropout_broadcast_dims: Tuple[int, ...] = (-2,)
   dtype: Any = jnp.float32
 
   @nn.compact
@@ -68,7 +69,7 @@ class MlpBlock(nn.Module):
       name = 'wi' if len(self.activations) == 1 else f'wi_{i}'
       a = ACTIVATIONS[act](dense((self.d_ff,), ('embed',), ('mlp',), name=name)(x))
       h = a if h is None else h * a
-    h = nn.Dropout(self.dropout_rate, broadcast_dims=(-2,))(h, deterministic=deterministic)
+    h = nn.Dropout(self.dropout_rate, self.dropout_broadcast_dims)(h, deterministic=deterministic)
     if self.inner_norm:
       h = Norm(self.inner_norm, self.norm_epsilon, self.dtype, ('mlp',), name='inner_layer_norm')(h)
     return dense((x.shape[-1],), ('mlp',), ('embed',), name='wo')(h)

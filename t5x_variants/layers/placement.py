@@ -36,13 +36,17 @@ def residual(x, f: Callable, norm: Callable, placement: str, alpha: float = 1.0)
   raise ValueError(f'unknown placement {placement!r}; valid: {", ".join(PLACEMENTS)}')
 
 
-def deepnorm_constants(architecture: str, n: int, m: int) -> Dict[str, Tuple[float, float]]:
-  """The DeepNet paper's table: {stack: (alpha, beta)} for N encoder and M decoder layers."""
+def deepnorm_constants(architecture: str, n: int, m: int,
+                       code: bool = False) -> Dict[str, Tuple[float, float]]:
+  """The DeepNet paper's table: {stack: (alpha, beta)} for N encoder and M decoder layers.
+
+  With ``code``, the encoder-decoder encoder's beta is the released code's (torchscale divides by
+  (N^4 M)^(1/16) / 1.15, i.e. beta = 1.15 (N^4 M)^(-1/16)) instead of the paper's 0.87 (...)."""
   if architecture == 'encoder_only':
     return {'encoder': ((2 * n)**0.25, (8 * n)**-0.25)}
   if architecture == 'decoder_only':
     return {'decoder': ((2 * m)**0.25, (8 * m)**-0.25)}
-  return {'encoder': (0.81 * (n**4 * m)**(1 / 16), 0.87 * (n**4 * m)**(-1 / 16)),
+  return {'encoder': (0.81 * (n**4 * m)**(1 / 16), (1.15 if code else 0.87) * (n**4 * m)**(-1 / 16)),
           'decoder': ((3 * m)**0.25, (12 * m)**-0.25)}
 
 
@@ -56,12 +60,13 @@ def subln_gammas(architecture: str, n: int, m: int) -> Dict[str, float]:
           'decoder': math.sqrt(math.log(3 * m))}
 
 
-def residual_constants(placement: str, architecture: str, n: int,
-                       m: int) -> Dict[str, Tuple[float, float]]:
+def residual_constants(placement: str, architecture: str, n: int, m: int,
+                       code: bool = False) -> Dict[str, Tuple[float, float]]:
   """{stack: (alpha, init gain)}: alpha scales the residual branch x, the gain scales the
-  FFN / value / output initialisation (beta for DeepNorm, gamma for Sub-LN, 1 otherwise)."""
+  FFN / value / output initialisation (beta for DeepNorm, gamma for Sub-LN, 1 otherwise);
+  ``code``: DeepNorm's beta as the released code computes it (deepnorm_constants)."""
   if placement == 'deepnorm':
-    return deepnorm_constants(architecture, n, m)
+    return deepnorm_constants(architecture, n, m, code)
   if placement == 'subln':
     return {s: (1.0, g) for s, g in subln_gammas(architecture, n, m).items()}
   if placement in PLACEMENTS:

@@ -7,6 +7,8 @@
 - ``learned``: a trained (max_length, d) table added to the stack's input (Devlin et al. 2019).
 - ``none``: no position information beyond the causal mask (and a synthesizer's own).
 """
+from typing import Optional
+
 import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
@@ -39,13 +41,14 @@ class RelativePositionBias(nn.Module):
   num_buckets: int = 32
   max_distance: int = 128
   bidirectional: bool = True
+  init_std: Optional[float] = None  # None: T5X's fan-avg uniform; torchscale's nn.Embedding: 1
 
   @nn.compact
   def __call__(self, q_positions, k_positions):
+    init = (nn.initializers.variance_scaling(1.0, 'fan_avg', 'uniform') if self.init_std is None
+            else nn.initializers.normal(self.init_std))
     table = self.param(
-        'rel_embedding',
-        nn.with_logical_partitioning(nn.initializers.variance_scaling(1.0, 'fan_avg', 'uniform'),
-                                     ('heads', 'relpos_buckets')),
+        'rel_embedding', nn.with_logical_partitioning(init, ('heads', 'relpos_buckets')),
         (self.num_heads, self.num_buckets), jnp.float32)
     buckets = relative_position_bucket(k_positions[:, None, :] - q_positions[:, :, None],
                                        self.bidirectional, self.num_buckets, self.max_distance)

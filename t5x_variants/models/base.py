@@ -17,7 +17,8 @@ def default_positions(tokens, positions):
 
 
 class LanguageModel(nn.Module):
-  """Embedding E (vocab, embed); logits x W_out (untied, T5 v1.1) or x E^T / sqrt(d) (tied, T5)."""
+  """Embedding E (vocab, embed); logits x W_out (untied, T5 v1.1), or tied: x E^T / sqrt(d) (T5)
+  or x E^T (fairseq, torchscale: ``scale_tied_logits=False``)."""
   config: TransformerConfig
 
   def setup(self):
@@ -25,15 +26,19 @@ class LanguageModel(nn.Module):
     self.token_embedder = Embed(c.vocab_size, c.d_model, c.compute_dtype, c.embedding_init_std,
                                  c.scale_embeddings)
     if not c.tie_embeddings and c.head == 'lm':  # a classification head has its own output
-      self.logits_dense = Dense((c.vocab_size,), ('embed',), ('vocab',), c.init_scheme,
-                                t5_distribution='truncated_normal', dtype=c.compute_dtype)
+      # torchscale's output projection is N(0, 1/d): T5's normal fan-in scaling.
+      code = c.init_scheme == 'torchscale'
+      self.logits_dense = Dense((c.vocab_size,), ('embed',), ('vocab',), 't5' if code else c.init_scheme,
+                                t5_distribution='normal' if code else 'truncated_normal',
+                                dtype=c.compute_dtype)
 
   def logits(self, x):
     """The output matmul in the compute dtype, its logits cast to float32 for a stable softmax
     over the vocabulary (as T5X and MaxText)."""
     x = x.astype(self.config.compute_dtype)
     if self.config.tie_embeddings:
-      x = self.token_embedder.attend(x * jnp.asarray(self.config.d_model**-0.5, x.dtype))
+      scale = self.config.d_model**-0.5 if self.config.scale_tied_logits else 1.0
+      x = self.token_embedder.attend(x * jnp.asarray(scale, x.dtype))
     else:
       x = self.logits_dense(x)
     return x.astype(jnp.float32)

@@ -35,10 +35,10 @@ class TransformerLayer(nn.Module):
     prefix = 'pre' if normalizes_input(c.placement) else 'post'
     inner = c.norm if c.placement == 'subln' else None
     norm = lambda name: Norm(c.norm, c.norm_epsilon, dtype, name=f'{prefix}_{name}_layer_norm')
-    drop = lambda y: nn.Dropout(c.dropout_rate, broadcast_dims=(-2,))(y, deterministic=self.deterministic)
+    drop = lambda y: nn.Dropout(c.dropout_rate, c.dropout_broadcast_dims)(y, deterministic=self.deterministic)
     attn = functools.partial(Attention, c.num_heads, c.head_dim, init_scheme=c.init_scheme, gain=gain,
                              use_bias=c.use_bias, inner_norm=inner, norm_epsilon=c.norm_epsilon,
-                             dropout_rate=c.dropout_rate, dtype=dtype)
+                             dropout_rate=c.rate('attention'), dtype=dtype)
     add = functools.partial(residual, placement=c.placement, alpha=alpha)
 
     self_attention = attn(components=c.attention_components, max_length=c.max_length(self.stack),
@@ -53,7 +53,7 @@ class TransformerLayer(nn.Module):
       x = add(x, lambda h: drop(cross(h, encoded, None, None, cross_mask,
                                       deterministic=self.deterministic)), norm('cross_attention'))
     mlp = MlpBlock(c.activations, c.ffn_hidden_dim, c.init_scheme, gain, c.use_bias, inner,
-                   c.norm_epsilon, c.dropout_rate, dtype, name='mlp')
+                   c.norm_epsilon, c.rate('activation'), c.dropout_broadcast_dims, dtype, name='mlp')
     x = add(x, lambda h: drop(mlp(h, self.deterministic)), norm('mlp'))
     if self.is_mutable_collection('intermediates'):  # train/diagnostics.py: each position's x^2
       self.sow('intermediates', 'residual_mean_square', jnp.mean(jnp.square(x.astype(jnp.float32)), -1))

@@ -46,6 +46,19 @@ class TransformerConfig:
       scale alpha and init gain (DeepNorm beta / Sub-LN gamma); None uses the papers' formulas.
     synthesizer_factor: a in a x b = l for factorized dense; None picks a near sqrt(l).
     synthesizer_rank: k of the factorized random synthesizer.
+    init_scheme: 't5', 'xavier' (the DeepNet / Magneto pseudocode) or 'torchscale' (their
+      released code as it runs: layers/init.py); its own choice, never set by a placement file.
+    tie_embeddings / scale_tied_logits: logits from the token embedding, x E^T / sqrt(d) (T5)
+      or, with scale_tied_logits False, x E^T (fairseq / torchscale).
+    dropout_rate: residual dropout, on each sublayer's output before the residual add (and on the
+      embeddings and the final norm's output), T5X's ``dropout_rate`` and fairseq's ``dropout``.
+    attention_dropout_rate: on the attention probabilities (fairseq's ``attention_dropout``).
+    activation_dropout_rate: in the FFN after the activation, before Sub-LN's inner LN and the
+      output projection (fairseq's ``activation_dropout``). None for either: ``dropout_rate``, as
+      T5X's single rate.
+    dropout_broadcast: one mask per example shared by every position (T5X's broadcast over the
+      sequence axis) or, False, an independent mask per element (PyTorch / fairseq). Attention
+      probabilities are always dropped per element.
     head: 'lm' (the architecture's logits over the vocabulary) or 'classification' (encoder-only:
       BERT's pooler and classifier on the first token, logits (batch, 1, num_labels)).
     num_labels: the classification head's outputs; 1 is regression (STS-B).
@@ -71,6 +84,7 @@ class TransformerConfig:
   decoder_gain: Optional[float] = None
   use_bias: bool = False
   tie_embeddings: bool = False
+  scale_tied_logits: bool = True
   head: str = 'lm'
   num_labels: int = 2
   embedding_init_std: float = 1.0
@@ -84,6 +98,9 @@ class TransformerConfig:
   synthesizer_factor: Optional[int] = None
   synthesizer_rank: int = 8
   dropout_rate: float = 0.0
+  attention_dropout_rate: Optional[float] = None
+  activation_dropout_rate: Optional[float] = None
+  dropout_broadcast: bool = True
   scan_layers: bool = True
   remat: str = 'none'
   dtype: str = 'float32'
@@ -99,6 +116,10 @@ class TransformerConfig:
     _check('head', self.head, HEADS)
     if self.head == 'classification' and self.architecture != 'encoder_only':
       raise ValueError(f"head 'classification' needs architecture 'encoder_only', not {self.architecture!r}")
+    for name in ('dropout_rate', 'attention_dropout_rate', 'activation_dropout_rate'):
+      rate = getattr(self, name)
+      if rate is not None and not 0.0 <= rate < 1.0:
+        raise ValueError(f'{name} must be in [0, 1), not {rate}')
     if self.num_labels < 1:
       raise ValueError(f'num_labels must be >= 1 (1: regression), not {self.num_labels}')
     ffn.resolve_activations(self.ffn)
@@ -138,10 +159,26 @@ class TransformerConfig:
   def max_length(self, stack: str) -> int:
     return self.encoder_max_length if stack == 'encoder' else self.decoder_max_length
 
+  @property
+  def uses_dropout(self) -> bool:
+    return max(self.dropout_rate, self.rate('attention'), self.rate('activation')) > 0
+
+  @property
+  def dropout_broadcast_dims(self) -> Tuple[int, ...]:
+    """nn.Dropout's broadcast_dims for residual and activation dropout: the sequence axis or none."""
+    return (-2,) if self.dropout_broadcast else ()
+
+  def rate(self, name: str) -> float:
+    """The 'attention' or 'activation' dropout rate, falling back to dropout_rate."""
+    rate = getattr(self, f'{name}_dropout_rate')
+    return self.dropout_rate if rate is None else rate
+
   def residual_constants(self) -> Dict[str, Tuple[float, float]]:
-    """{stack: (alpha, gain)} from the papers' formulas, with the gin overrides applied."""
+    """{stack: (alpha, gain)} from the papers' formulas (DeepNorm's beta as the released code has
+    it under init_scheme 'torchscale'), with the gin overrides applied."""
     consts = placement.residual_constants(self.placement, self.architecture,
-                                          self.num_encoder_layers, self.num_decoder_layers)
+                                          self.num_encoder_layers, self.num_decoder_layers,
+                                          code=self.init_scheme == 'torchscale')
     out = {}
     for stack, (alpha, gain) in consts.items():
       a, g = getattr(self, f'{stack}_alpha'), getattr(self, f'{stack}_gain')

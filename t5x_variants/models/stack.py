@@ -69,8 +69,9 @@ class Stack(nn.Module):
       bias_q, bias_k = (q_positions, k_positions) if decode_position is not None else (index, index)
       bias = RelativePositionBias(c.num_heads, c.relative_attention_num_buckets,
                                   c.relative_attention_max_distance, bidirectional=not self.causal,
+                                  init_std=1.0 if c.init_scheme == 'torchscale' else None,
                                   name='relpos_bias')(bias_q, bias_k)
-    x = nn.Dropout(c.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
+    x = nn.Dropout(c.dropout_rate, c.dropout_broadcast_dims)(x, deterministic=deterministic)
 
     layer = TransformerLayer
     if c.remat != 'none':
@@ -89,6 +90,6 @@ class Stack(nn.Module):
 
     if has_final_norm(c.placement):
       x = Norm(c.norm, c.norm_epsilon, c.compute_dtype, name=f'{self.stack}_norm')(x)
-      x = nn.Dropout(c.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
+      x = nn.Dropout(c.dropout_rate, c.dropout_broadcast_dims)(x, deterministic=deterministic)
     self.sow('intermediates', 'output', x)  # when 'intermediates' is mutable (train/diagnostics.py)
     return x

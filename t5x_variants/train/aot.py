@@ -98,7 +98,7 @@ def lower(plan: Plan, target: Target, batch: int, lengths, options: Dict):
       layout.shardings, mesh, model=model, config=config, tx=layout.tx, schedule=schedule,
       num_microbatches=plan.num_microbatches, label_smoothing=options['label_smoothing'],
       z_loss=options['z_loss'], loss_normalizing_factor=options['loss_normalizing_factor'],
-      dropout=config.dropout_rate > 0)
+      dropout=config.uses_dropout)
   data = abstract_batch(config, batch, lengths, partitioning.batch_sharding(mesh))
   key = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=NamedSharding(mesh, PartitionSpec()))
   count = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(layout.abstract.params))

@@ -51,7 +51,8 @@ def _warmup_linear(base: float, warmup_steps: int, total_steps: int, end_value: 
 @gin.configurable
 def learning_rate_schedule(name: str = 'rsqrt', base: float = 1.0, warmup_steps: int = 10_000,
                            total_steps: Optional[int] = None, decay_fraction: float = 0.0,
-                           d_model: Optional[int] = None, end_value: float = 0.0):
+                           d_model: Optional[int] = None, end_value: float = 0.0,
+                           warmup_ramp: bool = True):
   """lr(step), where ``step`` counts the updates applied before this one (0 for the first).
 
   - 'rsqrt': base / sqrt(max(step, warmup_steps)) (T5: base 1, 0.01 for 10k steps, then decaying);
@@ -59,6 +60,10 @@ def learning_rate_schedule(name: str = 'rsqrt', base: float = 1.0, warmup_steps:
   - 'noam': linear warmup to step ``warmup_steps``, then inverse square root (``_noam``);
   - 'linear' / 'cosine': linear warmup from 0 to ``base`` over ``warmup_steps``, then linear or
     cosine (Loshchilov & Hutter 2017; optax's) decay to ``end_value`` at ``total_steps``.
+
+  With ``warmup_ramp=False`` the rate is lr(max(step, warmup_steps)): the peak from the first step
+  and the warmed-up schedule after ``warmup_steps``, a no-warmup arm at its twin's rate level
+  (Xiong et al. 2020).
 
   With ``decay_fraction`` > 0 the rate is also multiplied by
   clip((total_steps - step) / (decay_fraction * total_steps), 0, 1): it falls linearly to 0 over
@@ -84,6 +89,9 @@ def learning_rate_schedule(name: str = 'rsqrt', base: float = 1.0, warmup_steps:
     lr = optax.warmup_cosine_decay_schedule(0.0, base, warmup_steps, total_steps, end_value)
   else:
     lr = _warmup_linear(base, warmup_steps, total_steps, end_value)
+  if not warmup_ramp:
+    ramped = lr
+    lr = lambda step: ramped(jnp.maximum(jnp.asarray(step, jnp.float32), warmup_steps))
   if not decay_fraction:
     return lr
   decay_steps = decay_fraction * total_steps

@@ -111,7 +111,7 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
   the same on every process}; ``eval_metric_fns``: {name: the task's metric functions of
   (targets, predictions)}, applied to a classification head's predictions at each eval (GLUE's
   accuracy, F1, ...). ``mesh``: the gin-bound ``MeshConfig`` by default. Dropout is on
-  when ``config.dropout_rate`` > 0. The optimizer and schedule are the gin-bound
+  when the config has any dropout. The optimizer and schedule are the gin-bound
   ``make_optimizer`` and ``learning_rate_schedule``. ``diagnostics_period`` > 0 logs the
   per-layer diagnostics of ``train/diagnostics.py`` at step 0 and every that many steps.
   Raises NonFiniteLossError at the first non-finite step (``on_nonfinite='stop'``), after
@@ -143,7 +143,7 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
   step_fn = train_step.make_train_step(
       layout.shardings, mesh, model=model, config=config, tx=layout.tx, schedule=schedule,
       num_microbatches=num_microbatches, label_smoothing=label_smoothing, z_loss=z_loss,
-      loss_normalizing_factor=loss_normalizing_factor, dropout=config.dropout_rate > 0)
+      loss_normalizing_factor=loss_normalizing_factor, dropout=config.uses_dropout)
   eval_step = evaluation.make_eval_step(model, config, layout.shardings.params, mesh, z_loss)
   logger = MetricsLogger(model_dir, total_steps)
   diag = diagnostics.Diagnostics(
