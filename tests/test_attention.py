@@ -32,13 +32,19 @@ def _positions(l):
   return jnp.arange(l)[None]
 
 
-def test_dense_synthesizer_formula():
-  m = synth.DenseSynthesizer(num_heads=2, head_dim=4, max_length=10, use_bias=True)
+@pytest.mark.parametrize('shared', [True, False])
+def test_dense_synthesizer_formula(shared):
+  """B = W_2 relu(W_1 x + b_1) + b_2, W_2 one (d_h, l) matrix for all heads (the authors' code)
+  or one per head (the paper's count)."""
+  m = synth.DenseSynthesizer(num_heads=2, head_dim=4, max_length=10, use_bias=True, shared_projection=shared)
   x, pos = _x(d=8), _positions(6)
   p = nn.unbox(m.init(jax.random.PRNGKey(0), x, pos, pos)['params'])
   p = jax.tree_util.tree_map(lambda v: v + 0.1, p)  # nonzero biases
   w1, b1 = p['hidden']['w1']['kernel'], p['hidden']['w1']['bias']
   w2, b2 = p['w2']['kernel'], p['w2']['bias']
+  assert w2.shape == ((4, 10) if shared else (2, 4, 10))
+  if shared:
+    w2, b2 = np.broadcast_to(w2, (2, 4, 10)), np.broadcast_to(b2, (2, 10))
   h = np.maximum(np.einsum('bld,dhk->blhk', x, w1) + b1, 0)
   want = (np.einsum('blhk,hkm->bhlm', h, w2) + b2[None, :, None, :])[..., :6]
   np.testing.assert_allclose(m.apply({'params': p}, x, pos, pos), want, rtol=1e-5, atol=1e-5)

@@ -1,4 +1,5 @@
 """Parameter counts equal closed-form formulas, built abstractly (no weights materialised)."""
+import dataclasses
 import pytest
 
 from conftest import count, tiny
@@ -61,13 +62,13 @@ L, K = 12, 8
 
 @pytest.mark.parametrize('variant,synth_params', [
     ('dot_product', lambda d, h: 2 * d * d),                   # W_Q, W_K
-    ('dense', lambda d, h: d * d + d * L),                      # paper: d^2 + d l
+    ('dense', lambda d, h: d * d + d // h * L),                 # code: d^2 + d_h l (W_2 shared)
     ('random', lambda d, h: h * L * L),                         # paper: l^2 per head
     ('fixed_random', lambda d, h: h * L * L),                   # stored, never trained
     ('factorized_dense', lambda d, h: d * d + d * (3 + 4)),     # paper: d^2 + d(a + b), a*b = l
     ('factorized_random', lambda d, h: h * 2 * L * K),          # paper: 2 l k per head
     (('random', 'dot_product'), lambda d, h: h * L * L + 2 * d * d + 2),  # R+V, 2 mixture weights
-    (('dense', 'random', 'dot_product'), lambda d, h: d * d + d * L + h * L * L + 2 * d * d + 3),
+    (('dense', 'random', 'dot_product'), lambda d, h: d * d + d // h * L + h * L * L + 2 * d * d + 3),
 ])
 def test_synthesizer_counts_follow_the_paper_table(variant, synth_params):
   c = tiny(architecture='encoder_only', num_encoder_layers=1, self_attention=variant,
@@ -76,4 +77,20 @@ def test_synthesizer_counts_follow_the_paper_table(variant, synth_params):
   d, h = c.d_model, c.num_heads
   # Every variant shares the value and output projections G(X) (2 d^2).
   assert count(params['encoder']['layers']['self_attention']) == synth_params(d, h) + 2 * d * d
-  assert ('relpos_bias' in params['encoder']) == ('dot_product' in c.attention_components)
+  # The relative bias: plain dot-product attention only, unless synthesizer_relative_bias.
+  assert ('relpos_bias' in params['encoder']) == (c.attention_components == ('dot_product',))
+  with_bias = abstract_params(dataclasses.replace(c, synthesizer_relative_bias=True))
+  assert 'relpos_bias' in with_bias['encoder']
+
+
+@pytest.mark.parametrize('shared,rank,want', [(True, 16, lambda d, h: d * d + d // h * L + h * 2 * L * 16),
+                                              (False, 8, lambda d, h: d * d + d * L + h * 2 * L * 8)])
+def test_synthesizer_defaults_are_the_code_and_the_paper_reading_a_binding_away(shared, rank, want):
+  """Defaults as the authors' Mesh TensorFlow code: the dense W_2 shared by the heads, k = 16;
+  synthesizer_shared_projection=False gives the paper's d^2 + d l."""
+  kw = {} if shared else dict(synthesizer_shared_projection=False, synthesizer_rank=8)
+  c = tiny(architecture='encoder_only', num_encoder_layers=1, self_attention=('dense', 'factorized_random'),
+           encoder_max_length=L, **kw)
+  assert (c.synthesizer_shared_projection, c.synthesizer_rank) == (shared, rank)
+  d, h = c.d_model, c.num_heads
+  assert count(abstract_params(c)['encoder']['layers']['self_attention']) == want(d, h) + 2 * d * d + 2

@@ -79,10 +79,10 @@ def test_learned_positions_refuse_a_longer_sequence():
 
 
 def test_relative_bias_is_added_after_mixing():
-  """A dot-product + random mixture whose weight puts ~all mass on the random synthesizer: the
-  relative bias still shifts the logits in full (it is added to the mixed logits, not to the
+  """A dot-product + random mixture (with its relative bias bound on) whose weight puts ~all mass
+  on the random synthesizer: the relative bias still shifts the logits in full (it is added to the mixed logits, not to the
   dot-product component before weighting)."""
-  c = tiny(architecture='decoder_only', self_attention=('dot_product', 'random'),
+  c = tiny(architecture='decoder_only', self_attention=('dot_product', 'random'), synthesizer_relative_bias=True,
            decoder_max_length=L, num_decoder_layers=1, scan_layers=False)
   x = tokens(1, L)
   model, params = init_params(c, x)

@@ -1,7 +1,8 @@
-"""t5xv-sweep and t5xv-report: the grid and its commands, resuming and recording failures (with a
-stand-in trainer), reading run directories (divergence, resumed steps), Spearman's rho and the
-flipped pairs, the report's table and plots; and a 2-variant x 1-seed sweep of a tiny recipe end
-to end through the real trainer."""
+"""t5xv-sweep and t5xv-report: the grid (gin-file and --grid binding axes) and its commands,
+resuming and recording failures (with a stand-in trainer), reading run directories (divergence,
+resumed steps), Spearman's rho, its bootstrap interval and the flipped pairs, t intervals over
+seeds and paired differences against a baseline, the report's tables and plots; and a
+2-variant x 1-seed sweep of a tiny recipe end to end through the real trainer."""
 import json
 import os
 import subprocess
@@ -125,7 +126,9 @@ def test_sweep_records_failures_goes_on_and_resumes(tmp_path):
   group = report.sweep_group(str(tmp_path / 'sweep'))
   assert group.paper is papers.GLU
   text = '\n'.join(report.table(group))
-  assert '| good | 2 done | 4/4 |' in text and '| 3.050 ± 0.071 | 3.050 ± 0.071 | no |' in text
+  assert '| good | 2 done | 4/4 |' in text
+  # mean ± std, then the 95% t interval: 3.05 ± t(0.975, 1) 0.0707 / sqrt(2) = 3.05 ± 0.635
+  assert '| 3.050 ± 0.071 | 3.050 [2.415, 3.685] (n=2) | 3.050 ± 0.071 | no |' in text
   assert '| bad | 2 diverged |' in text and '| — | — | 2/2 (step 7, 7) |' in text
 
 
@@ -252,7 +255,8 @@ def test_a_tiny_sweep_end_to_end(tmp_path):
   for variant in ('relu', 'swiglu'):
     row = next(l for l in text.splitlines() if l.startswith(f'| {variant} |'))
     cells = [c.strip() for c in row.strip('|').split('|')]
-    assert cells[1:3] == ['1 done', '4/4'] and cells[7] == 'no'
+    assert cells[1:3] == ['1 done', '4/4'] and cells[6] == f'{cells[5]} (n=1, no interval)'
+    assert cells[8] == 'no'
     assert 0 < float(cells[5]) < 9  # a log-perplexity below ln(4224) = 8.35
   assert 'Spearman' not in text  # fewer than 3 variants: no ranking
   for name in ('sweep_curves', 'sweep_final'):
@@ -322,3 +326,233 @@ def test_no_variants_is_one_run_and_one_sweep_per_directory(tmp_path):
   with pytest.raises(grid.SweepError, match='another t5xv-sweep is running'):
     grid.run_sweep(sweep, ['true'], say=lambda _: None)
   holder.close()
+
+
+# --- statistics over seeds ------------------------------------------------------------------------
+
+
+def trial(variant, seed, value, status='done', diverged=False):
+  """A trial whose last evaluation gave ``value`` (none if None); a non-finite loss if diverged."""
+  record = runs.RunRecord('unused', [train_record(4, None if diverged else 4.0)],
+                          {'t': [{'step': 4, 'log_perplexity': value}]} if value is not None else {},
+                          [], 4, None)
+  return report.Trial(variant, seed, status, record)
+
+
+def test_t_interval_against_a_hand_computed_one():
+  # 1, 2, 3, 4: mean 2.5, s = sqrt(5/3) = 1.29099, s/sqrt(4) = 0.645497, t(0.975, 3) = 3.182446:
+  # 2.5 ± 2.054270.
+  interval = report.t_interval([1.0, 2.0, 3.0, 4.0])
+  assert (interval.mean, interval.n) == (2.5, 4)
+  assert interval.low == pytest.approx(0.445730, abs=1e-5)
+  assert interval.high == pytest.approx(4.554270, abs=1e-5)
+  assert report.format_interval(interval) == '2.500 [0.446, 4.554] (n=4)'
+  assert report.format_interval(interval, 4, mean=False) == '[0.4457, 4.5543]'
+  single = report.t_interval([3.0])
+  assert (single.mean, single.n, single.low, single.high) == (3.0, 1, None, None)
+  assert report.format_interval(single) == '3.000 (n=1, no interval)'
+  assert report.format_interval(single, mean=False) == 'n=1, no interval'
+  assert report.t_interval([]) is None and report.format_interval(None) == '—'
+
+
+def test_t_quantile_matches_scipy():
+  for dof in range(1, 400):
+    assert report.t975(dof) == pytest.approx(stats.t.ppf(0.975, dof), abs=2e-6)
+  with pytest.raises(ValueError):
+    report.t975(0)
+
+
+def test_pairing_by_seed_drops_seeds_missing_unfinished_or_diverged_in_either():
+  baseline = [trial('pre_ln', 0, 3.0), trial('pre_ln', 1, 3.1), trial('pre_ln', 2, 3.2),
+              trial('pre_ln', 3, 3.3), trial('pre_ln', 5, None, status='running')]
+  variant = [trial('subln', 3, 3.0), trial('subln', 0, 2.9),  # out of order: paired by seed
+             trial('subln', 1, 5.0, diverged=True), trial('subln', 4, 2.0),  # no seed 4 in baseline
+             trial('subln', 5, 2.0)]  # the baseline's seed 5 is still running
+  pairs = report.paired_differences(variant, baseline)
+  assert [s for s, _ in pairs] == [0, 3]
+  assert [d for _, d in pairs] == pytest.approx([-0.1, -0.3])
+
+
+def test_verdicts():
+  Interval = report.Interval
+  assert report.verdict(Interval(-0.05, 3, -0.07, -0.03)) == 'better'
+  assert report.verdict(Interval(0.05, 3, 0.01, 0.09)) == 'worse'
+  assert report.verdict(Interval(-0.05, 3, -0.07, 0.01)) == 'not distinguishable at n=3 seeds'
+  assert report.verdict(Interval(0.0, 3, 0.0, 0.1)) == 'not distinguishable at n=3 seeds'
+  assert report.verdict(Interval(-0.1, 1)) == 'not distinguishable at n=1 seeds'
+  assert report.verdict(None) == 'no seed finished in both'
+
+
+def paired_group():
+  values = {'pre_ln': [3.00, 3.10, 3.05], 'subln': [2.95, 3.04, 3.00],  # 0.05-0.06 lower each seed
+            'post_ln': [3.10, None, 2.95],  # seed 1 diverged; +0.10 and -0.10
+            'deepnorm': [3.20, 3.31, 3.24], 'rmsnorm': [2.90]}
+  trials = [trial(v, seed, x if x is not None else 9.0, diverged=x is None)
+            for v, xs in values.items() for seed, x in enumerate(xs)]
+  return report.Group('norms', trials)
+
+
+def test_paired_table_against_a_baseline():
+  lines = report.paired_table(paired_group(), 'pre_ln')
+  assert lines[:2] == ['| variant | paired seeds | n | mean difference (variant - pre_ln) | 95% CI | '
+                       'verdict |', '|---|---|---|---|---|---|']
+  # subln: -0.05, -0.06, -0.05: mean -0.0533, s 0.00577, t(0.975, 2) 4.3027: ± 0.0143
+  assert lines[2:] == [
+      '| subln | 0, 1, 2 | 3 | -0.0533 | [-0.0677, -0.0390] | better |',
+      '| post_ln | 0, 2 | 2 | +0.0000 | [-1.2706, 1.2706] | not distinguishable at n=2 seeds |',
+      '| deepnorm | 0, 1, 2 | 3 | +0.2000 | [0.1752, 0.2248] | worse |',
+      '| rmsnorm | 0 | 1 | -0.1000 | n=1, no interval | not distinguishable at n=1 seeds |']
+
+
+def test_report_with_a_baseline(tmp_path):
+  text = report.write_report([paired_group()], str(tmp_path), baseline='pre_ln')
+  assert 'Paired differences against `pre_ln`' in text
+  assert '| subln | 0, 1, 2 | 3 | -0.0533 | [-0.0677, -0.0390] | better |' in text
+  assert '| pre_ln | 3 done | 4/4 | — | — | 3.050 ± 0.050 | 3.050 [2.926, 3.174] (n=3) |' in text
+  assert '| rmsnorm | 1 done | 4/4 | — | — | 2.900 | 2.900 (n=1, no interval) |' in text
+  assert 'Paired differences' not in report.write_report([paired_group()], str(tmp_path))
+  with pytest.raises(ValueError, match="'nope' is no variant here; the variants: pre_ln, subln"):
+    report.write_report([paired_group()], str(tmp_path), baseline='nope')
+
+
+def test_report_cli_baseline_flag(tmp_path, capsys):
+  from t5x_variants.cli import report as report_cli  # pylint: disable=g-import-not-at-top
+  dirs = []
+  for name, value in (('a-seed0', 3.0), ('a-seed1', 3.1), ('b-seed0', 2.9), ('b-seed1', 3.0)):
+    write_metrics(tmp_path / name, [train_record(4, 4.0), {'step': 4, 'kind': 'eval', 'task': 't',
+                                                           'log_perplexity': value}], total_steps=4)
+    dirs.append(str(tmp_path / name))
+  out = tmp_path / 'out'
+  assert report_cli.main([f'--run_dirs={",".join(dirs)}', f'--output_dir={out}',
+                          '--baseline=a']) == 0
+  # b - a = -0.1 on both seeds: zero spread, so an interval of width 0 below 0
+  assert '| b | 0, 1 | 2 | -0.1000 | [-0.1000, -0.1000] | better |' in (out / 'report.md').read_text()
+  with pytest.raises(SystemExit) as exit_info:
+    report_cli.main([f'--run_dirs={",".join(dirs)}', f'--output_dir={out}', '--baseline=c'])
+  assert exit_info.value.code == 2 and "--baseline 'c' is no variant here" in capsys.readouterr().err
+
+
+def test_bootstrap_interval_of_spearman_over_seeds():
+  paper = [1.997, 1.942, 1.944, 1.960]  # relu, geglu, swiglu, bilinear
+  values = [[5.0, 5.1], [4.8, 4.85], [4.7, 4.9], [4.9, 4.95]]
+  low, high, undefined = report.bootstrap_spearman(values, paper, resamples=1000, seed=0)
+  assert (low, high, undefined) == report.bootstrap_spearman(values, paper, resamples=1000, seed=0)
+  rho = report.spearman([np.mean(v) for v in values], paper)
+  assert -1 <= low <= rho <= high <= 1 and low < high
+  assert report.bootstrap_spearman([[5.0], [4.8], [4.7]], paper[:3]) is None  # n=1: nothing to resample
+  # all seeds equal: every resample gives the same means, so the interval is the point
+  assert report.bootstrap_spearman([[5.0, 5.0], [4.8, 4.8], [4.7, 4.7]], paper[:3]) == (
+      pytest.approx(0.5), pytest.approx(0.5), 0)
+
+
+def test_ranking_lines_carry_the_bootstrap_interval_and_its_n():
+  values = {'relu': [5.0, 5.1], 'geglu': [4.8, 4.85], 'swiglu': [4.7, 4.9], 'bilinear': [4.9]}
+  trials = [trial(v, s, x) for v, xs in values.items() for s, x in enumerate(xs)]
+  text = report.ranking_lines(report.Group('glu', trials, papers.GLU))[0]
+  assert text.startswith('Ranking against the paper\'s "65,536 steps" column: Spearman rho = ')
+  assert 'Bootstrap 95% interval of rho over seeds: [' in text
+  assert '(n = 1-2 seeds per variant; 1000 resamples of each variant\'s seeds with replacement' in text
+  one_seed = [trial(v, 0, xs[0]) for v, xs in values.items()]
+  assert 'No bootstrap interval for rho (n = 1 seeds per variant: nothing to resample).' in (
+      report.ranking_lines(report.Group('glu', one_seed, papers.GLU))[0])
+
+
+# --- --grid: an axis of one gin binding's values ----------------------------------------------
+
+
+def test_grid_axis_names_and_binds_each_run(tmp_path):
+  base, pre, sub = gin_files(tmp_path, 'base.gin', 'pre_ln.gin', 'subln.gin')
+  assert grid.parse_grid('learning_rate_schedule.base=1e-4, 3e-4') == [
+      ('base=1e-4', 'learning_rate_schedule.base = 1e-4'),
+      ('base=3e-4', 'learning_rate_schedule.base = 3e-4')]
+  assert grid.parse_grid("decoder/TransformerConfig.ffn='swiglu',@relu/x") == [
+      ('ffn=swiglu', "decoder/TransformerConfig.ffn = 'swiglu'"),
+      ('ffn=relu_x', 'decoder/TransformerConfig.ffn = @relu/x')]
+  sweep = grid.Sweep.build(str(tmp_path / 's'), [base], [f'{pre},{sub}'], seeds=2,
+                           grid=['learning_rate_schedule.base=1e-4,3e-4',
+                                 'TransformerConfig.num_decoder_layers=6,12'])
+  assert [r.name for r in sweep.runs[:5]] == [
+      'pre_ln+base=1e-4+num_decoder_layers=6-seed0', 'pre_ln+base=1e-4+num_decoder_layers=12-seed0',
+      'pre_ln+base=3e-4+num_decoder_layers=6-seed0', 'pre_ln+base=3e-4+num_decoder_layers=12-seed0',
+      'subln+base=1e-4+num_decoder_layers=6-seed0']
+  assert len(sweep.runs) == 16 and sweep.runs[8].name.endswith('-seed1')
+  run = sweep.runs[2]
+  assert run.variant == 'pre_ln+base=3e-4+num_decoder_layers=6' and run.variant_files == [pre]
+  assert sweep.command(run)[3:] == [
+      "--gin.train.on_nonfinite='stop'", f"--gin.MODEL_DIR='{tmp_path}/s/{run.name}'",
+      '--gin.train.seed=0', '--gin.train/DatasetConfig.seed=0',
+      '--gin.learning_rate_schedule.base=3e-4', '--gin.TransformerConfig.num_decoder_layers=6']
+  only_grid = grid.Sweep.build(str(tmp_path / 't'), [base], [], 1, grid=['NUM_HEADS=4'])
+  assert [r.name for r in only_grid.runs] == ['NUM_HEADS=4-seed0']
+  from t5x_variants.sweeps import plots  # pylint: disable=g-import-not-at-top
+  assert plots.depth_axis('pre_ln+base=3e-4+num_decoder_layers=12') == ('pre_ln+base=3e-4', 12)
+
+
+@pytest.mark.parametrize('flags,match', [
+    (['lr'], 'expected --grid=BINDING=VALUE1'),
+    (['lr='], 'expected --grid=BINDING=VALUE1'),
+    (['=1,2'], 'expected --grid=BINDING=VALUE1'),
+    (['a.lr=1,1'], 'must be distinct'),
+    (["a.name='x',x"], 'must be distinct'),  # the same run name
+    (['train.seed=1,2'], 'sets it for every run'),
+    (['a.lr=1,2', 'a.lr=3'], 'its own binding'),
+    (['a.lr=1,2', 'b.lr=3'], 'its own'),  # both would be named lr=...
+    (['train.log_period=1,2'], 'not also given as --gin'),
+])
+def test_bad_grid_axes_are_refused(tmp_path, flags, match):
+  base, = gin_files(tmp_path, 'base.gin')
+  with pytest.raises(grid.SweepError, match=match):
+    grid.Sweep.build(str(tmp_path / 's'), [base], [], 1, bindings=['train.log_period = 5'],
+                     grid=flags)
+
+
+def test_print_commands_with_a_grid_and_resuming(tmp_path, capsys):
+  from t5x_variants.cli import sweep as sweep_cli  # pylint: disable=g-import-not-at-top
+  base, a = gin_files(tmp_path, 'base.gin', 'pre_ln.gin')
+  flags = [f'--sweep_dir={tmp_path}/s', f'--gin_file={base}', f'--variants={a}',
+           '--grid=learning_rate_schedule.base=1e-4,3e-4', '--seeds=2', '--print_commands']
+  assert sweep_cli.main(flags) == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert len(lines) == 4
+  assert lines[1] == (f't5xv-train --gin_file={base} --gin_file={a} '
+                      "--gin.train.on_nonfinite=\"'stop'\" "
+                      f"--gin.MODEL_DIR=\"'{tmp_path}/s/pre_ln+base=3e-4-seed0'\" "
+                      '--gin.train.seed=0 --gin.train/DatasetConfig.seed=0 '
+                      '--gin.learning_rate_schedule.base=3e-4')
+  saved = grid.Sweep.load(str(tmp_path / 's'))
+  assert saved.grid == ['learning_rate_schedule.base=1e-4,3e-4']
+  assert saved.runs[1].bindings == ['learning_rate_schedule.base = 3e-4']
+  # pre_ln+base=1e-4-seed0 trained by a scheduler (its directory reached the last step), and
+  # pre_ln+base=3e-4-seed0 recorded done: both skipped when called again with the same flags
+  write_metrics(tmp_path / 's' / 'pre_ln+base=1e-4-seed0', [train_record(4, 4.0)], total_steps=4)
+  saved.runs[1].status = 'done'
+  saved.save()
+  assert sweep_cli.main(flags) == 0
+  assert [l.split('MODEL_DIR=')[1].split()[0] for l in capsys.readouterr().out.splitlines()] == [
+      f"\"'{tmp_path}/s/{n}'\"" for n in ('pre_ln+base=1e-4-seed1', 'pre_ln+base=3e-4-seed1')]
+  # t5xv-report shows the grid values in the variant names
+  for name, value in (('pre_ln+base=1e-4-seed0', 3.2), ('pre_ln+base=3e-4-seed0', 3.0)):
+    write_metrics(tmp_path / 's' / name, [train_record(4, 4.0), {
+        'step': 4, 'kind': 'eval', 'task': 't', 'log_perplexity': value}], total_steps=4)
+  group = report.sweep_group(str(tmp_path / 's'))
+  assert group.variants() == ['pre_ln+base=1e-4', 'pre_ln+base=3e-4']
+  text = '\n'.join(report.table(group))
+  assert '| pre_ln+base=3e-4 | 1 done, 1 pending | 4/4 | — | — | 3.000 | 3.000 (n=1, no interval) |' in text
+
+
+def test_a_sweep_json_written_before_grid_axes_still_loads(tmp_path):
+  base, a = gin_files(tmp_path, 'base.gin', 'a.gin')
+  sweep = grid.Sweep.build(str(tmp_path / 's'), [base], [a], 1)
+  sweep.save()
+  path = tmp_path / 's' / 'sweep.json'
+  saved = json.loads(path.read_text())
+  del saved['grid']
+  for r in saved['runs']:
+    del r['bindings']
+  path.write_text(json.dumps(saved))
+  old = grid.Sweep.load(str(tmp_path / 's'))
+  assert old.grid == [] and old.runs[0].bindings == []
+  assert old.command(old.runs[0]) == sweep.command(sweep.runs[0])
+  again = grid.Sweep.build(str(tmp_path / 's'), [base], [a], 1)
+  again.merge_previous()
+  assert [r.name for r in again.runs] == ['a-seed0'] and not again.kept

@@ -125,7 +125,8 @@ class Attention(nn.Module):
   dropout_rate: float = 0.0
   max_length: int = 512
   synthesizer_factor: Optional[int] = None
-  synthesizer_rank: int = 8
+  synthesizer_rank: int = 16
+  synthesizer_shared_projection: bool = True
   dtype: Any = jnp.float32
 
   def _cached(self, name, x, decode_position):
@@ -141,7 +142,8 @@ class Attention(nn.Module):
     kw = dict(num_heads=self.num_heads, max_length=self.max_length, name=name)
     dense_kw = dict(head_dim=self.head_dim, init_scheme=self.init_scheme, use_bias=self.use_bias, dtype=self.dtype)
     return {
-        'dense': lambda: synth.DenseSynthesizer(**kw, **dense_kw),
+        'dense': lambda: synth.DenseSynthesizer(**kw, **dense_kw,
+                                                shared_projection=self.synthesizer_shared_projection),
         'factorized_dense': lambda: synth.FactorizedDenseSynthesizer(
             **kw, **dense_kw, factor=self.synthesizer_factor),
         'random': lambda: synth.RandomSynthesizer(**kw),

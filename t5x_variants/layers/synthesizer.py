@@ -6,11 +6,17 @@ are addressed by position, so full-sequence, packed and cached step-by-step call
 path. ``max_length`` is the paper's l: a sequence longer than l is an error, never a truncation
 (position values, which restart in packed rows, are below the row length and so below l).
 
-- dense:             B = W_2 relu(W_1 x + b_1) + b_2, W_1: d x d (split over heads), W_2: d_h x l
+- dense:             B = W_2 relu(W_1 x + b_1) + b_2, W_1: d x d (split over heads), W_2: d_h x l,
+                     one for all heads as the authors' Mesh TensorFlow code (``synthetic_attention``,
+                     ``dense_minus``) or, ``shared_projection=False``, one per head (the paper's
+                     parameter count d^2 + d l)
 - random:            B = R, R: l x l per head, trained
-- fixed_random:      B = R, R: l x l per head, never trained (a stop-gradient parameter)
+- fixed_random:      B = R, R: l x l per head, never trained (a stop-gradient parameter). R starts
+                     near 0 (std 1/sqrt(l)), as TF's default initializer in the authors' code, so
+                     its attention is close to uniform: a fixed random synthesizer is nearly mean
+                     pooling over the keys, here as there.
 - factorized_dense:  B = H_A(A) * H_B(B), A = W_A h, B = W_B h, a x b = l
-- factorized_random: B = R_1 R_2^T, R_1, R_2: l x k per head
+- factorized_random: B = R_1 R_2^T, R_1, R_2: l x k per head (the code's ``factorized_dim`` k = 16)
 """
 import functools
 import math
@@ -69,21 +75,30 @@ class _DenseHidden(nn.Module):
 
 
 class _PerHeadProjection(nn.Module):
-  """W h + b with a separate (head_dim, out) matrix per head: (batch, heads, q_len, out)."""
+  """W h + b with a separate (head_dim, out) matrix per head, or one for all heads (``shared``):
+  (batch, heads, q_len, out)."""
   features: int
   init_scheme: str
   use_bias: bool
   dtype: Any
+  shared: bool = False
 
   @nn.compact
   def __call__(self, h):
     heads, head_dim = h.shape[-2:]
-    w = _per_head(self, 'kernel', (heads, head_dim, self.features), ('heads', 'kv', 'length'),
-                  init_lib.kernel_init(self.init_scheme, 1.0, 1, 2, batch_axis=0))
-    y = jnp.einsum('bqhd,hdl->bhql', h, w.astype(self.dtype)).astype(jnp.float32)
+    if self.shared:
+      w = _per_head(self, 'kernel', (head_dim, self.features), ('kv', 'length'),
+                    init_lib.kernel_init(self.init_scheme, 1.0, 0, 1))
+      y = jnp.einsum('bqhd,dl->bhql', h, w.astype(self.dtype)).astype(jnp.float32)
+      bias_shape, bias_axes = (1, self.features), ('length',)
+    else:
+      w = _per_head(self, 'kernel', (heads, head_dim, self.features), ('heads', 'kv', 'length'),
+                    init_lib.kernel_init(self.init_scheme, 1.0, 1, 2, batch_axis=0))
+      y = jnp.einsum('bqhd,hdl->bhql', h, w.astype(self.dtype)).astype(jnp.float32)
+      bias_shape, bias_axes = (heads, self.features), ('heads', 'length')
     if self.use_bias:
-      y = y + _per_head(self, 'bias', (heads, self.features), ('heads', 'length'),
-                        nn.initializers.zeros)[None, :, None, :]
+      bias = _per_head(self, 'bias', bias_shape[-len(bias_axes):], bias_axes, nn.initializers.zeros)
+      y = y + jnp.reshape(bias, (1, -1, 1, self.features))
     return y
 
 
@@ -94,12 +109,14 @@ class DenseSynthesizer(nn.Module):
   init_scheme: str = 't5'
   use_bias: bool = False
   dtype: Any = jnp.float32
+  shared_projection: bool = True
 
   @nn.compact
   def __call__(self, x, q_positions, k_positions):
     check_length(k_positions.shape[-1], self.max_length)
     h = _DenseHidden(self.num_heads, self.head_dim, self.init_scheme, self.use_bias, self.dtype, name='hidden')(x)
-    table = _PerHeadProjection(self.max_length, self.init_scheme, self.use_bias, self.dtype, name='w2')(h)
+    table = _PerHeadProjection(self.max_length, self.init_scheme, self.use_bias, self.dtype,
+                               self.shared_projection, name='w2')(h)
     return _gather_keys(table, k_positions)
 
 
@@ -144,7 +161,7 @@ class RandomSynthesizer(nn.Module):
 class FactorizedRandomSynthesizer(nn.Module):
   num_heads: int
   max_length: int
-  rank: int = 8
+  rank: int = 16
   dtype: Any = jnp.float32
 
   @nn.compact

@@ -43,7 +43,8 @@ class TransformerLayer(nn.Module):
 
     self_attention = attn(components=c.attention_components, max_length=c.max_length(self.stack),
                           synthesizer_factor=c.synthesizer_factor,
-                          synthesizer_rank=c.synthesizer_rank, name='self_attention')
+                          synthesizer_rank=c.synthesizer_rank,
+                          synthesizer_shared_projection=c.synthesizer_shared_projection, name='self_attention')
     x = add(x, lambda h: drop(self_attention(
         h, h, q_positions, k_positions, self_mask, self_bias, decode=self.decode,
         decode_position=decode_position, deterministic=self.deterministic)), norm('attention'))

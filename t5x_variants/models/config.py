@@ -45,7 +45,12 @@ class TransformerConfig:
     encoder_alpha, encoder_gain, decoder_alpha, decoder_gain: override the placement's residual
       scale alpha and init gain (DeepNorm beta / Sub-LN gamma); None uses the papers' formulas.
     synthesizer_factor: a in a x b = l for factorized dense; None picks a near sqrt(l).
-    synthesizer_rank: k of the factorized random synthesizer.
+    synthesizer_rank: k of the factorized random synthesizer (16: the authors' code).
+    synthesizer_shared_projection: the dense synthesizer's W_2 (d_h x l) shared by all heads, as
+      the authors' code; False: one per head (the paper's parameter count).
+    synthesizer_relative_bias: add the relative position bias to a self-attention that has a
+      synthesizer component (as the authors' code with relative_attention_type set); off by
+      default, as there. Plain dot-product attention always gets it.
     init_scheme: 't5', 'xavier' (the DeepNet / Magneto pseudocode) or 'torchscale' (their
       released code as it runs: layers/init.py); its own choice, never set by a placement file.
     tie_embeddings / scale_tied_logits: logits from the token embedding, x E^T / sqrt(d) (T5)
@@ -96,7 +101,9 @@ class TransformerConfig:
   encoder_max_length: int = 512
   decoder_max_length: int = 114
   synthesizer_factor: Optional[int] = None
-  synthesizer_rank: int = 8
+  synthesizer_rank: int = 16
+  synthesizer_shared_projection: bool = True
+  synthesizer_relative_bias: bool = False
   dropout_rate: float = 0.0
   attention_dropout_rate: Optional[float] = None
   activation_dropout_rate: Optional[float] = None
@@ -144,6 +151,12 @@ class TransformerConfig:
   @property
   def attention_components(self) -> Tuple[str, ...]:
     return attention.resolve_components(self.self_attention)
+
+  @property
+  def relative_bias(self) -> bool:
+    """Whether self-attention gets T5's relative position bias."""
+    return self.position_embedding == 'relative' and (
+        self.attention_components == ('dot_product',) or self.synthesizer_relative_bias)
 
   @property
   def compute_dtype(self):

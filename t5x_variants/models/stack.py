@@ -60,7 +60,7 @@ class Stack(nn.Module):
     if c.position_embedding in ('sinusoidal', 'learned'):
       x = x + AbsolutePositionEmbedding(c.position_embedding, c.d_model, c.max_length(self.stack),
                                         name='position_embedding')(q_positions).astype(x.dtype)
-    if c.position_embedding == 'relative' and 'dot_product' in c.attention_components:
+    if c.relative_bias:
       # From token indices, not (packed) positions: within a segment both give the same distance,
       # across segments the mask applies, and the bias is then one (1, heads, q, k) for the whole
       # batch (as in T5X), not one per example (measured: 64 MB less temporary memory for a packed

@@ -1,11 +1,14 @@
-"""A sweep: base gin files x variant gin files (one or more axes) x seeds, each run in its own
-run directory under one sweep directory, recorded in ``SWEEP_DIR/sweep.json``.
+"""A sweep: base gin files x variant gin files (one or more axes) x grid values of gin bindings
+(one axis per ``--grid``) x seeds, each run in its own run directory under one sweep directory,
+recorded in ``SWEEP_DIR/sweep.json``.
 
-A run is named by its variant files' stems and its seed (``swiglu-seed0``,
-``post_ln+depth_18-seed1``) and trained by ``t5xv-train`` in ``SWEEP_DIR/<name>``. Seed ``s``
-sets ``train.seed`` (initialization, dropout) and ``train/DatasetConfig.seed`` (data order). A
-sweep binds ``train.on_nonfinite = 'stop'``: a diverging run stops at its first non-finite step
-and is recorded as diverged there (a binding given to the sweep overrides it).
+A run is named by its variant files' stems, its grid values (``NAME=VALUE``: the binding's last
+dotted component and the value, filesystem-safe) and its seed (``swiglu-seed0``,
+``post_ln+depth_18-seed1``, ``pre_ln+base=3e-4-seed0``) and trained by ``t5xv-train`` in
+``SWEEP_DIR/<name>``. Seed ``s`` sets ``train.seed`` (initialization, dropout) and
+``train/DatasetConfig.seed`` (data order). A sweep binds ``train.on_nonfinite = 'stop'``: a
+diverging run stops at its first non-finite step and is recorded as diverged there (a binding
+given to the sweep overrides it).
 
 Statuses in sweep.json: ``pending``, ``running`` (or killed), ``interrupted`` (Ctrl-C or SIGTERM:
 passed on to the trainer, which saves a checkpoint once it is training), ``done``, ``diverged``
@@ -28,7 +31,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from t5x_variants.sweeps import runs as run_records
 from t5x_variants.train.metrics import format_duration
@@ -36,6 +39,8 @@ from t5x_variants.train.metrics import format_duration
 SWEEP_FILE = 'sweep.json'
 FINISHED = ('done', 'diverged')
 DEFAULT_BINDINGS = ("train.on_nonfinite = 'stop'",)
+# Set per run by the sweep itself: a --grid over them would contradict the run's name or seed.
+PER_RUN_KEYS = ('MODEL_DIR', 'train.seed', 'train/DatasetConfig.seed')
 
 
 class SweepError(ValueError):
@@ -57,16 +62,50 @@ def stem(path: str) -> str:
   return os.path.splitext(os.path.basename(path))[0]
 
 
+def binding_key(binding: str) -> str:
+  """``KEY`` of a binding ``KEY = VALUE``."""
+  return binding.partition('=')[0].strip()
+
+
+def grid_label(value: str) -> str:
+  """A grid value as it appears in a run's name: gin quotes, ``@`` and ``%`` dropped, any other
+  character outside ``[A-Za-z0-9._-]`` (``/``, ``+``, spaces, ...) turned into ``_``."""
+  return re.sub(r'[^A-Za-z0-9._-]+', '_', value.strip().strip('\'"').lstrip('@%')).strip('_')
+
+
+def parse_grid(flag: str) -> List[Tuple[str, str]]:
+  """The choices of one ``--grid=BINDING=V1,V2,...`` axis: (name part ``NAME=VALUE``, binding
+  ``BINDING = VALUE``) per value, where NAME is BINDING's last dotted (or scoped) component:
+  ``learning_rate_schedule.base=1e-4,3e-4`` gives ``base=1e-4`` and ``base=3e-4``."""
+  key, sep, values = flag.partition('=')
+  key = key.strip()
+  if key.startswith('--gin.'):
+    key = key[len('--gin.'):]
+  values = [v.strip() for v in values.split(',') if v.strip()]
+  if not sep or not re.fullmatch(r'[A-Za-z_][\w./]*', key) or not values:
+    raise SweepError(f'--grid {flag!r}: expected --grid=BINDING=VALUE1,VALUE2,... '
+                     '(e.g. learning_rate_schedule.base=1e-4,3e-4)')
+  if key in PER_RUN_KEYS:
+    raise SweepError(f'--grid {key}: the sweep sets it for every run itself')
+  name = re.split(r'[./]', key)[-1]
+  labels = [grid_label(v) for v in values]
+  if not all(labels) or len(set(labels)) != len(labels):
+    raise SweepError(f'--grid {flag!r}: its values must be distinct and name distinct runs '
+                     f'(as {", ".join(repr(f"{name}={l}") for l in labels)})')
+  return [(f'{name}={label}', f'{key} = {value}') for label, value in zip(labels, values)]
+
+
 @dataclasses.dataclass
 class Run:
   name: str
-  variant: str  # the variant files' stems joined by '+'
+  variant: str  # the variant files' stems and grid values (NAME=VALUE) joined by '+'
   variant_files: List[str]
   seed: int
   status: str = 'pending'
   reason: Optional[str] = None
   diverged_step: Optional[int] = None
   seconds: Optional[float] = None
+  bindings: List[str] = dataclasses.field(default_factory=list)  # the grid's, KEY = VALUE
 
 
 @dataclasses.dataclass
@@ -77,25 +116,42 @@ class Sweep:
   seeds: int
   bindings: List[str]
   paper: Optional[str] = None
+  grid: List[str] = dataclasses.field(default_factory=list)  # the --grid flags, BINDING=V1,V2
   runs: List[Run] = dataclasses.field(default_factory=list)
   kept: List[Run] = dataclasses.field(default_factory=list)  # recorded earlier, not in this grid
 
   @classmethod
   def build(cls, sweep_dir: str, base: Sequence[str], variant_patterns: Sequence[str], seeds: int,
-            bindings: Sequence[str] = (), paper: Optional[str] = None) -> 'Sweep':
-    """The grid, seed-major (every variant's seed 0 first), so a partial sweep compares them all."""
+            bindings: Sequence[str] = (), paper: Optional[str] = None,
+            grid: Sequence[str] = ()) -> 'Sweep':
+    """The grid, seed-major (every variant's seed 0 first), so a partial sweep compares them all:
+    the product of the ``--variants`` axes (gin files) and then the ``--grid`` axes (values of one
+    binding each), in the order given."""
     if seeds < 1:
       raise SweepError(f'--seeds must be at least 1, got {seeds}')
     missing = [f for f in base if not os.path.isfile(f)]
     if missing:
       raise SweepError(f'base gin file not found: {", ".join(missing)}')
     axes = [expand(p) for p in variant_patterns]
-    sweep = cls(os.path.abspath(sweep_dir), list(base), axes, seeds, list(bindings), paper)
-    combos = list(itertools.product(*axes))
+    grid_axes = [parse_grid(g) for g in grid]
+    keys = [binding_key(axis[0][1]) for axis in grid_axes]
+    names = [axis[0][0].split('=')[0] for axis in grid_axes]
+    given = {binding_key(b) for b in bindings}
+    if len(set(keys)) != len(keys) or len(set(names)) != len(names) or given & set(keys):
+      raise SweepError('each --grid needs its own binding, not also given as --gin, and its own '
+                       f'last name component (got {", ".join(keys)})')
+    sweep = cls(os.path.abspath(sweep_dir), list(base), axes, seeds, list(bindings), paper,
+                list(grid))
+    choices = [[(stem(f), [f], []) for f in files] for files in axes]
+    choices += [[(label, [], [binding]) for label, binding in axis] for axis in grid_axes]
+    combos = list(itertools.product(*choices))
     for seed in range(seeds):
-      for files in combos:
-        variant = '+'.join(stem(f) for f in files) or 'base'
-        sweep.runs.append(Run(f'{variant}-seed{seed}', variant, list(files), seed))
+      for combo in combos:
+        variant = '+'.join(label for label, _, _ in combo) or 'base'
+        files = [f for _, fs, _ in combo for f in fs]
+        grid_bindings = [b for _, _, bs in combo for b in bs]
+        sweep.runs.append(Run(f'{variant}-seed{seed}', variant, files, seed,
+                              bindings=grid_bindings))
     names = [r.name for r in sweep.runs]
     if len(set(names)) != len(names):
       raise SweepError('two variant files have the same name; give them distinct file names')
@@ -105,9 +161,11 @@ class Sweep:
     return os.path.join(self.sweep_dir, run.name)
 
   def command(self, run: Run, executable: Sequence[str] = ('t5xv-train',)) -> List[str]:
-    """The ``t5xv-train`` command line of ``run``."""
+    """The ``t5xv-train`` command line of ``run``: its gin files, then its bindings (the run's
+    directory and seed, its grid values, the sweep's own)."""
     bindings = [*DEFAULT_BINDINGS, f"MODEL_DIR = '{self.model_dir(run)}'",
-                f'train.seed = {run.seed}', f'train/DatasetConfig.seed = {run.seed}', *self.bindings]
+                f'train.seed = {run.seed}', f'train/DatasetConfig.seed = {run.seed}',
+                *run.bindings, *self.bindings]
     return [*executable, *[f'--gin_file={f}' for f in [*self.base, *run.variant_files]],
             *[f'--gin.{k.strip()}={v.strip()}' for k, _, v in (b.partition('=') for b in bindings)]]
 

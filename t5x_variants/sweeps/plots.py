@@ -67,13 +67,18 @@ def final_bars(group, out_dir: str, final_values) -> str:
   return _save(fig, out_dir, f'{group.name}_final.png')
 
 
+DEPTH_PART = re.compile(r'(?:depth_|num_layers=|num_decoder_layers=|num_encoder_layers=)(\d+)')
+
+
 def depth_axis(variant: str):
-  """(placement, depth) of a variant named like ``post_ln+depth_18``, else None."""
+  """(placement, depth) of a variant named like ``post_ln+depth_18`` (a depth gin file) or
+  ``post_ln+num_decoder_layers=18`` (a ``t5xv-sweep --grid`` over the layer count), else None."""
   parts = variant.split('+')
-  depth = [p for p in parts if re.fullmatch(r'depth_\d+', p)]
+  depth = [p for p in parts if DEPTH_PART.fullmatch(p)]
   if len(depth) != 1:
     return None
-  return '+'.join(p for p in parts if p != depth[0]) or 'base', int(depth[0][len('depth_'):])
+  return ('+'.join(p for p in parts if p != depth[0]) or 'base',
+          int(DEPTH_PART.fullmatch(depth[0]).group(1)))
 
 
 def depth_plot(group, out_dir: str, final_values, diverged_step) -> str:

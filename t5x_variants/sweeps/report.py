@@ -1,13 +1,16 @@
 """The report of one or more sweeps (or run directories): per variant the final and best held-out
-log-perplexity (mean ± std over seeds), steps, parameters, tokens/s and divergence; the paper's
-numbers beside them with the ranking agreement (Spearman's rho and the pairs that flip); and the
-plots of ``plots``. Partial sweeps give partial tables, their runs marked as running or pending."""
+log-perplexity (mean ± std over seeds, and the final's 95% confidence interval), steps,
+parameters, tokens/s and divergence; with a baseline variant, the paired differences of every
+other variant against it (seed by seed) and a verdict; the paper's numbers beside them with the
+ranking agreement (Spearman's rho, its bootstrap interval over seeds, and the pairs that flip); and
+the plots of ``plots``. Partial sweeps give partial tables, their runs marked as running or
+pending."""
 import collections
 import dataclasses
 import itertools
 import os
 import re
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -75,11 +78,137 @@ def mean_std(values: Sequence[float]) -> str:
   return f'{np.mean(values):.3f} ± {np.std(values, ddof=1):.3f}'
 
 
+def final_value(trial: Trial, best: bool = False) -> Optional[float]:
+  """Final (or best) held-out log-perplexity of a finished trial that did not diverge, else None."""
+  if trial.status != 'done' or diverged_step(trial) is not None:
+    return None
+  return trial.record.best_eval() if best else trial.record.final_eval()
+
+
 def final_values(trials: Sequence[Trial], best: bool = False) -> List[float]:
   """Final (or best) held-out log-perplexity of the finished trials that did not diverge."""
-  values = [t.record.best_eval() if best else t.record.final_eval() for t in trials
-            if t.status == 'done' and diverged_step(t) is None]
+  values = [final_value(t, best) for t in trials]
   return [v for v in values if v is not None]
+
+
+# --- statistics over seeds -------------------------------------------------------------------------
+
+# Student's t 0.975 quantile (a two-sided 95% interval) for 1 to 30 degrees of freedom.
+T975 = (12.706205, 4.302653, 3.182446, 2.776445, 2.570582, 2.446912, 2.364624, 2.306004, 2.262157,
+        2.228139, 2.200985, 2.178813, 2.160369, 2.144787, 2.131450, 2.119905, 2.109816, 2.100922,
+        2.093024, 2.085963, 2.079614, 2.073873, 2.068658, 2.063899, 2.059539, 2.055529, 2.051831,
+        2.048407, 2.045230, 2.042272)
+Z975 = 1.959963984540054  # the normal's
+
+
+def t975(dof: int) -> float:
+  """Student's t 0.975 quantile with ``dof`` degrees of freedom: the table ``T975`` up to 30,
+  beyond it the Cornish-Fisher expansion around the normal quantile to 1/dof^4 (Abramowitz &
+  Stegun 26.7.5; within 1e-7 of the exact value there)."""
+  if dof < 1:
+    raise ValueError(f'a t interval needs at least 1 degree of freedom, got {dof}')
+  if dof <= len(T975):
+    return T975[dof - 1]
+  z = Z975
+  terms = ((z**3 + z) / 4, (5 * z**5 + 16 * z**3 + 3 * z) / 96,
+           (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384,
+           (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160)
+  return z + sum(g / dof**(k + 1) for k, g in enumerate(terms))
+
+
+@dataclasses.dataclass(frozen=True)
+class Interval:
+  """A mean over ``n`` seeds and its 95% confidence interval (None for n=1)."""
+  mean: float
+  n: int
+  low: Optional[float] = None
+  high: Optional[float] = None
+
+
+def t_interval(values: Sequence[float]) -> Optional[Interval]:
+  """The mean and its 95% Student t interval: mean ± t(0.975, n-1) * s / sqrt(n), s the sample
+  std (n-1 dof); no interval for n=1; None for no values."""
+  if not values:
+    return None
+  x = np.asarray(values, float)
+  mean = float(x.mean())
+  if len(x) == 1:
+    return Interval(mean, 1)
+  half = t975(len(x) - 1) * float(x.std(ddof=1)) / np.sqrt(len(x))
+  return Interval(mean, len(x), mean - half, mean + half)
+
+
+def format_interval(interval: Optional[Interval], digits: int = 3, mean: bool = True) -> str:
+  """``mean [low, high] (n=N)``, ``mean (n=1, no interval)`` or ``—``; without the mean if not
+  ``mean``."""
+  if interval is None:
+    return '—'
+  head = f'{interval.mean:.{digits}f} ' if mean else ''
+  if interval.low is None:
+    return f'{head}(n=1, no interval)' if mean else 'n=1, no interval'
+  return f'{head}[{interval.low:.{digits}f}, {interval.high:.{digits}f}]' + (
+      f' (n={interval.n})' if mean else '')
+
+
+def paired_differences(trials: Sequence[Trial],
+                       baseline: Sequence[Trial]) -> List[Tuple[int, float]]:
+  """(seed, variant - baseline final held-out log-perplexity) for every seed where both runs
+  finished without diverging, by seed (seed s of both saw the same data order); a seed missing or
+  unfinished in either is dropped."""
+  def by_seed(ts):
+    return {t.seed: v for t in ts for v in [final_value(t)] if v is not None}
+  ours, theirs = by_seed(trials), by_seed(baseline)
+  return [(s, ours[s] - theirs[s]) for s in sorted(set(ours) & set(theirs))]
+
+
+def verdict(interval: Optional[Interval]) -> str:
+  """``better`` if the 95% interval of variant - baseline lies entirely below 0 (lower
+  log-perplexity), ``worse`` if entirely above, else ``not distinguishable at n=K seeds``."""
+  if interval is None:
+    return 'no seed finished in both'
+  if interval.high is not None and interval.high < 0:
+    return 'better'
+  if interval.low is not None and interval.low > 0:
+    return 'worse'
+  return f'not distinguishable at n={interval.n} seeds'
+
+
+def paired_table(group: Group, baseline: str) -> List[str]:
+  """Markdown: every other variant against ``baseline``, paired by seed: the seeds, n, the mean
+  difference, its 95% t interval over the paired differences and the verdict."""
+  head = ['variant', 'paired seeds', 'n', f'mean difference (variant - {baseline})', '95% CI',
+          'verdict']
+  lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+  for v in group.variants():
+    if v == baseline:
+      continue
+    pairs = paired_differences(group.of(v), group.of(baseline))
+    interval = t_interval([d for _, d in pairs])
+    row = [v, ', '.join(str(s) for s, _ in pairs) or '—', str(len(pairs)),
+           '—' if interval is None else f'{interval.mean:+.4f}',
+           format_interval(interval, 4, mean=False), verdict(interval)]
+    lines.append('| ' + ' | '.join(row) + ' |')
+  return lines
+
+
+def bootstrap_spearman(values: Sequence[Sequence[float]], reference: Sequence[float],
+                       resamples: int = 1000, seed: int = 0) -> Optional[Tuple[float, float, int]]:
+  """(2.5th, 97.5th percentile, undefined) of Spearman's rho between the per-variant means and
+  ``reference`` when each variant's seeds are resampled with replacement (``resamples`` times,
+  RNG seed ``seed``); ``undefined``: resamples whose means were all equal (no rho), left out.
+  None if no variant has two seeds or no resample has a rho."""
+  if all(len(v) < 2 for v in values):
+    return None
+  rng = np.random.default_rng(seed)
+  arrays = [np.asarray(v, float) for v in values]
+  with np.errstate(invalid='ignore', divide='ignore'):  # all means equal: rho is NaN
+    rhos = np.array([spearman([rng.choice(a, len(a)).mean() for a in arrays], reference)
+                     for _ in range(resamples)])
+  finite = rhos[np.isfinite(rhos)]
+  if not len(finite):
+    return None
+  low, high = np.percentile(finite, [2.5, 97.5])
+  return float(low), float(high), int(len(rhos) - len(finite))
 
 
 def spearman(a: Sequence[float], b: Sequence[float]) -> float:
@@ -96,20 +225,26 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float:
   return float(np.corrcoef(ra, rb)[0, 1])
 
 
+def ranked(group: Group) -> Tuple[List[str], List[List[float]], List[float]]:
+  """(variants, their final log-perplexities over seeds, the paper's rank column as lower-is-
+  better) of the variants that both have."""
+  table = group.paper
+  names, values, theirs = [], [], []
+  for v in group.variants() if table and table.rows else ():
+    ours = final_values(group.of(v))
+    published = table.rows.get(v, (None,) * len(table.columns))[table.rank_column]
+    if ours and published is not None:
+      names.append(v)
+      values.append(ours)
+      theirs.append(published if table.lower_is_better else -published)
+  return names, values, theirs
+
+
 def ranking(group: Group):
   """(rho, flipped pairs, number of variants) of our mean final log-perplexity against the
   paper's rank column, over the variants both have; None if fewer than 3."""
-  table = group.paper
-  ours, theirs, names = [], [], []
-  if not table.rows:
-    return None
-  for v in group.variants():
-    values = final_values(group.of(v))
-    published = table.rows.get(v, (None,) * len(table.columns))[table.rank_column]
-    if values and published is not None:
-      names.append(v)
-      ours.append(float(np.mean(values)))
-      theirs.append(published if table.lower_is_better else -published)
+  names, values, theirs = ranked(group)
+  ours = [float(np.mean(v)) for v in values]
   if len(names) < 3:
     return None
   flips = [(a, b) for (i, a), (j, b) in itertools.combinations(enumerate(names), 2)
@@ -123,8 +258,8 @@ def _status(trials: Sequence[Trial]) -> str:
 
 def table(group: Group) -> List[str]:
   paper = group.paper
-  head = ['variant', 'runs', 'steps', 'parameters', 'tokens/s', 'final log-ppl', 'best log-ppl',
-          'diverged']
+  head = ['variant', 'runs', 'steps', 'parameters', 'tokens/s', 'final log-ppl',
+          'final: mean [95% CI]', 'best log-ppl', 'diverged']
   head += [f'paper: {c}' for c in paper.columns] if paper else []
   lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
   for v in group.variants():
@@ -137,7 +272,8 @@ def table(group: Group) -> List[str]:
     diverged = [diverged_step(t) for t in trials if diverged_step(t) is not None]
     row = [v, _status(trials), f'{steps}' + (f'/{total}' if total else ''),
            f'{params:,}' if params else '—', f'{np.mean(speeds):,.0f}' if speeds else '—',
-           mean_std(final_values(trials)), mean_std(final_values(trials, best=True)),
+           mean_std(final_values(trials)), format_interval(t_interval(final_values(trials))),
+           mean_std(final_values(trials, best=True)),
            f'{len(diverged)}/{len(trials)} (step {", ".join(map(str, diverged))})' if diverged else 'no']
     if paper:
       row += ['—' if x is None else f'{x:.3f}' for x in paper.rows.get(v, (None,) * len(paper.columns))]
@@ -145,7 +281,37 @@ def table(group: Group) -> List[str]:
   return lines
 
 
-def group_markdown(group: Group, out_dir: str) -> List[str]:
+def ranking_lines(group: Group, resamples: int = 1000) -> List[str]:
+  """The ranking agreement with the paper: Spearman's rho with its bootstrap interval over seeds,
+  and the pairs ordered differently; none if fewer than 3 variants have the paper's numbers."""
+  found = ranking(group)
+  if not found:
+    return []
+  rho, flips, n = found
+  _, values, theirs = ranked(group)
+  lines = [f'Ranking against the paper\'s "{group.paper.columns[group.paper.rank_column]}" '
+           f'column: Spearman rho = '
+           f'{"undefined (all our values are equal)" if np.isnan(rho) else f"{rho:.2f}"} over {n} '
+           'variants; pairs ordered differently from the paper: '
+           + (', '.join(f'{a}/{b}' for a, b in flips) if flips else 'none') + '.']
+  seeds = sorted({len(v) for v in values})
+  seeds_text = (f'n = {seeds[0]}' + (f'-{seeds[-1]}' if len(seeds) > 1 else '')
+                + ' seeds per variant')
+  interval = bootstrap_spearman(values, theirs, resamples)
+  if interval is None:
+    lines.append(f'No bootstrap interval for rho ({seeds_text}: nothing to resample).')
+  else:
+    low, high, undefined = interval
+    lines.append(f'Bootstrap 95% interval of rho over seeds: [{low:.2f}, {high:.2f}] '
+                 f'({seeds_text}; '
+                 f'{resamples} resamples of each variant\'s seeds with replacement, RNG seed 0, '
+                 '2.5th-97.5th percentiles'
+                 + (f'; {undefined} resamples with all means equal left out' if undefined else '')
+                 + ').')
+  return [' '.join(lines), '']
+
+
+def group_markdown(group: Group, out_dir: str, baseline: Optional[str] = None) -> List[str]:
   lines = [f'## {group.name}', '']
   if group.paper:
     lines += [f'Paper: {group.paper.title} ({group.paper.source}).'
@@ -154,33 +320,41 @@ def group_markdown(group: Group, out_dir: str) -> List[str]:
   task = next((t.record.task for t in group.trials if t.record.task), None)
   lines.append(f'Log-perplexity: teacher-forced cross-entropy per target token on the held-out '
                f'split of `{task}` at the last evaluation (final) and the lowest of all (best), '
-               f'mean ± sample std over the finished seeds that did not diverge. '
+               f'mean ± sample std over the finished seeds that did not diverge, and the '
+               f'final\'s mean with its 95% confidence interval over those seeds (Student t, '
+               f'n-1 degrees of freedom: mean ± t(0.975, n-1) s/√n). '
                f'Diverged: a non-finite loss or skipped update, or a logged training loss more '
                f'than {BLOW_UP_NATS:g} nat above the lowest before it that had not come back '
                'by the last log (the step where it first was).' if task else
                'No evaluation yet.')
   lines.append('')
-  if group.paper and group.paper.rows:
-    found = ranking(group)
-    if found:
-      rho, flips, n = found
-      lines.append(f'Ranking against the paper\'s "{group.paper.columns[group.paper.rank_column]}" '
-                   f'column: Spearman rho = '
-                   f'{"undefined (all our values are equal)" if np.isnan(rho) else f"{rho:.2f}"} over {n} '
-                   'variants; pairs ordered differently from the paper: '
-                   + (', '.join(f'{a}/{b}' for a, b in flips) if flips else 'none') + '.')
-      lines.append('')
+  if baseline and baseline in group.variants():
+    lines += [f'Paired differences against `{baseline}`: final held-out log-perplexity of each '
+              f'variant minus `{baseline}`\'s, seed by seed (seed s of both saw the same data '
+              'order; only seeds where both finished and neither diverged), the mean over the '
+              'pairs and its 95% Student t interval (n-1 degrees of freedom). Negative: lower '
+              'log-perplexity than the baseline. Verdict: better (or worse) if the interval lies '
+              'entirely below (above) 0.', '']
+    lines += paired_table(group, baseline) + ['']
+  elif baseline:
+    lines += [f'No variant `{baseline}` here: no paired differences.', '']
+  lines += ranking_lines(group)
   for title, path in plots.group_plots(group, out_dir, final_values, diverged_step):
     lines += [f'![{title}]({os.path.basename(path)})', '']
   return lines
 
 
-def write_report(groups: Sequence[Group], out_dir: str, title: str = 'Sweep report') -> str:
-  """Writes ``out_dir/report.md`` and its PNG plots; returns the markdown."""
+def write_report(groups: Sequence[Group], out_dir: str, title: str = 'Sweep report',
+                 baseline: Optional[str] = None) -> str:
+  """Writes ``out_dir/report.md`` and its PNG plots; returns the markdown. ``baseline``: a variant
+  name (as in the table) that the others are compared with, seed by seed."""
+  if baseline and not any(baseline in g.variants() for g in groups):
+    raise ValueError(f'--baseline {baseline!r} is no variant here; the variants: '
+                     + ', '.join(dict.fromkeys(v for g in groups for v in g.variants())))
   os.makedirs(out_dir, exist_ok=True)
   lines = [f'# {title}', '']
   for group in groups:
-    lines += group_markdown(group, out_dir)
+    lines += group_markdown(group, out_dir, baseline)
   text = '\n'.join(lines)
   with open(os.path.join(out_dir, 'report.md'), 'w') as f:
     f.write(text)
