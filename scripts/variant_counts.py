@@ -3,8 +3,6 @@ model size (abstract build, nothing materialised).
 
   python scripts/variant_counts.py --gin_file=gin/models/t5_base.gin
 """
-import argparse
-import sys
 
 import gin
 
@@ -28,9 +26,8 @@ def variant_counts(gin_files, bindings=()):
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  gin_utils.add_gin_flags(parser)
-  args = gin_utils.parse_args(parser, sys.argv[1:] if argv is None else argv)
+  parser = gin_utils.parser('variant_counts.py', __doc__, processes=False)
+  args = gin_utils.parse_args(parser, argv)
   print('| axis | variant | parameters |\n|---|---|---:|')
   for axis, name, total in variant_counts(args.gin_file, args.gin_bindings):
     print(f'| {axis} | {name} | {total:,} |')
