@@ -556,3 +556,133 @@ def test_a_sweep_json_written_before_grid_axes_still_loads(tmp_path):
   again = grid.Sweep.build(str(tmp_path / 's'), [base], [a], 1)
   again.merge_previous()
   assert [r.name for r in again.runs] == ['a-seed0'] and not again.kept
+
+
+# --- plots: palette, legends, t-interval bands, the paper's marks -------------------------------
+
+
+def plot_trial(variant, seed, offset, steps=(100, 200, 300, 400)):
+  """A finished trial whose training loss and held-out log-perplexity fall over ``steps``,
+  ``offset`` above a common curve."""
+  train = [train_record(s, 5.0 - s / 200 + offset) for s in steps]
+  evals = [{'step': s, 'log_perplexity': 4.5 - s / 200 + offset} for s in steps]
+  return report.Trial(variant, seed, 'done', runs.RunRecord('unused', train, {'t': evals}, [],
+                                                            steps[-1], None))
+
+
+def plot_group(variants, seeds, paper=None, name='g'):
+  return report.Group(name, [plot_trial(v, s, 0.05 * i + 0.02 * s) for s in range(seeds)
+                             for i, v in enumerate(variants)], paper)
+
+
+def drawn(fig):
+  fig.draw_without_rendering()  # lays the figure out (constrained layout) as saving it would
+  return fig
+
+
+@pytest.mark.parametrize('seeds', [1, 3])
+@pytest.mark.parametrize('variants', [['relu', 'geglu', 'swiglu'], [f'v{i}' for i in range(11)]])
+def test_plots_write_small_pngs_for_1_and_3_seeds_and_many_variants(tmp_path, seeds, variants):
+  from t5x_variants.sweeps import plots  # pylint: disable=g-import-not-at-top
+  group = plot_group(variants, seeds, papers.GLU)
+  written = plots.group_plots(group, str(tmp_path), report.final_values, report.diverged_step)
+  assert [t for t, _ in written] == ['loss curves', 'final log-perplexity']
+  for _, path in written:
+    assert_png(path)
+    assert os.path.getsize(path) < 300_000
+  # the same plots for a depth sweep and diagnostics
+  trials = []
+  for i, v in enumerate(['post_ln+depth_6', 'post_ln+depth_12', 'sub_ln+depth_6', 'sub_ln+depth_12']):
+    for s in range(seeds):
+      t = plot_trial(v, s, 0.1 * i + 0.02 * s)
+      t.record.diagnostics = [{'step': 400, 'update_norm': 1.0 + i,
+                               **{f'grad_norm/{k}/{j}': 1.0 + i + j for k in ('encoder', 'decoder')
+                                  for j in range(6)},
+                               **{f'activation_norm/encoder/{j}': 2.0 + j for j in range(6)}}]
+      trials.append(t)
+  depth = report.Group('d', trials)
+  written = plots.group_plots(depth, str(tmp_path), report.final_values, report.diverged_step)
+  assert [t for t, _ in written] == ['loss curves', 'final log-perplexity',
+                                     'log-perplexity by depth', 'per-layer diagnostics']
+  for _, path in written:
+    assert_png(path)
+    assert os.path.getsize(path) < 300_000
+
+
+def test_plot_variants_differ_in_colour_and_marker_and_legends_stay_outside():
+  from t5x_variants.sweeps import plots  # pylint: disable=g-import-not-at-top
+  variants = [f'v{i}' for i in range(11)]  # more than the palette's 8 colours
+  group = plot_group(variants, 3)
+  styles = [plots.style(i) for i in range(len(variants))]
+  assert len(set(styles)) == len(variants)
+  assert {c for c, _ in styles} == set(plots.OKABE_ITO)
+  fig = drawn(plots.curves_figure(group))
+  for ax in fig.axes:
+    lines = [l for l in ax.get_lines() if l.get_label() in {f'{v} (n=3)' for v in variants}]
+    assert [l.get_label() for l in lines] == [f'{v} (n=3)' for v in variants]
+    assert [(l.get_color(), l.get_marker()) for l in lines] == styles
+    assert ax.get_legend() is None
+  fig_final = drawn(plots.final_figure(group, report.final_values))
+  (ax,) = fig_final.axes
+  points = [c.lines[0] for c in ax.containers]  # one error bar per variant
+  assert [(l.get_color(), l.get_marker()) for l in points] == styles
+  assert [t.get_text() for t in ax.get_xticklabels()] == [f'{v} (n=3)' for v in variants]
+  for f in (fig, fig_final):
+    (legend,) = f.legends
+    for ax in f.axes:
+      assert not legend.get_window_extent().overlaps(ax.get_window_extent())
+
+
+def test_plot_band_and_error_bar_are_the_report_t_interval():
+  from t5x_variants.sweeps import plots  # pylint: disable=g-import-not-at-top
+  # 3 seeds at step 10: 4.0, 4.2, 4.4: mean 4.2, s = 0.2, t(0.975, 2) = 4.302653:
+  # half-width 4.302653 * 0.2 / sqrt(3) = 0.496828. At step 20 one seed has not got there.
+  seeds = [[(10, 4.0), (20, 3.0)], [(10, 4.2), (20, 3.2)], [(10, 4.4)]]
+  steps, mean, low, high, n = plots.seed_band(seeds)
+  interval = report.t_interval([4.0, 4.2, 4.4])
+  assert list(steps) == [10, 20] and list(n) == [3, 2]
+  assert mean[0] == pytest.approx(4.2) and (high[0] - mean[0]) == pytest.approx(0.496828, abs=1e-6)
+  assert (low[0], high[0]) == (pytest.approx(interval.low), pytest.approx(interval.high))
+  two = report.t_interval([3.0, 3.2])  # t(0.975, 1) = 12.706
+  assert (low[1], high[1]) == (pytest.approx(two.low), pytest.approx(two.high))
+  # the band drawn is that interval
+  trials = [report.Trial('a', s, 'done', runs.RunRecord(
+      'unused', [train_record(st, v) for st, v in c], {'t': [
+          {'step': st, 'log_perplexity': v} for st, v in c]}, [], 20, None))
+            for s, c in enumerate(seeds)]
+  fig = plots.curves_figure(report.Group('g', trials))
+  for ax in fig.axes:
+    (band,) = ax.collections
+    vertices = band.get_paths()[0].vertices
+    at_10 = vertices[vertices[:, 0] == 10][:, 1]
+    assert (at_10.min(), at_10.max()) == (pytest.approx(interval.low), pytest.approx(interval.high))
+  # the final chart's error bar: the same interval over the last evaluations (3.0, 3.2, 4.4)
+  fig = plots.final_figure(report.Group('g', trials), report.final_values)
+  last = report.t_interval([3.0, 3.2, 4.4])
+  ((_, y_low), (_, y_high)), = fig.axes[0].containers[0].lines[2][0].get_segments()
+  assert (y_low, y_high) == (pytest.approx(last.low), pytest.approx(last.high))
+  # 1 seed: the line alone, the point alone
+  fig = plots.curves_figure(report.Group('g', trials[:1]))
+  assert all(not ax.collections for ax in fig.axes)
+  fig = plots.final_figure(report.Group('g', trials[:1]), report.final_values)
+  assert not fig.axes[0].containers[0].has_yerr
+
+
+def test_final_plot_marks_the_papers_numbers_on_a_same_scale_axis():
+  from t5x_variants.sweeps import plots  # pylint: disable=g-import-not-at-top
+  group = plot_group(['relu', 'mine', 'geglu', 'swiglu'], 3, papers.GLU)  # 'mine': not in the paper
+  fig = drawn(plots.final_figure(group, report.final_values))
+  ours, theirs = fig.axes
+  (marks,) = theirs.get_lines()
+  assert list(marks.get_xdata()) == [0 + plots.PAPER_OFFSET, 2 + plots.PAPER_OFFSET,
+                                     3 + plots.PAPER_OFFSET]
+  assert list(marks.get_ydata()) == [1.997, 1.942, 1.944]  # Table 1, 65,536 steps
+  assert marks.get_marker() == 'D' and 'D' not in plots.MARKERS
+  labels = [t.get_text() for t in fig.legends[0].get_texts()]
+  assert any(l.startswith('paper (Shazeer 2020, arXiv:2002.05202, Table 1, 65,536 steps)')
+             for l in labels)
+  assert np.diff(ours.get_ylim()) == pytest.approx(np.diff(theirs.get_ylim()))  # nats alike
+  for ax in fig.axes:
+    assert not fig.legends[0].get_window_extent().overlaps(ax.get_window_extent())
+  no_paper = drawn(plots.final_figure(plot_group(['relu', 'geglu'], 3), report.final_values))
+  assert len(no_paper.axes) == 1 and len(no_paper.legends[0].get_texts()) == 1
