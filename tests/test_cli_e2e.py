@@ -3,12 +3,16 @@ process, through the console script: pretrain -> evaluate every checkpoint -> de
 examples, with only the project's lines on the console) -> ``t5xv-eval`` skips the checkpoints
 already evaluated -> ``t5xv-infer`` greedy and beam -> fine-tune from the checkpoint on a local
 GLUE task (its own process: GLUE_DIR is read when tasks are registered) -> ``t5xv-eval`` computes
-the task's accuracy from decoded text. Plus the one-line error of an unknown gin binding."""
+the task's accuracy from decoded text. Plus the one-line errors of bad input (an unknown gin
+binding, numbers out of range, a MODEL_DIR that cannot hold the run), and ``EVAL_ALL`` beside a
+training run whose keep-N cleanup removes a checkpoint it listed."""
 import json
 import os
 import subprocess
 import sys
+import types
 
+import gin
 import pytest
 from etils import epath
 
@@ -134,6 +138,195 @@ def test_a_model_vocabulary_smaller_than_the_data_is_one_line(tmp_path, capsys):
   assert 'the model vocab_size 4000 is smaller than the vocabulary of embedded_span_corruption ' \
          '(4100 ids); set TransformerConfig.vocab_size >= 4100 (e.g. 4224' in err
   assert not os.listdir(tmp_path)
+
+
+def _other_models_run(run, monkeypatch):
+  """A run directory of the quickstart model with GELU instead of ReLU (the same parameter shapes),
+  as its trainer left it before any checkpoint: config.gin and model-info.txt."""
+  del monkeypatch
+  from t5x_variants.cli import common  # pylint: disable=g-import-not-at-top
+  from t5x_variants.models.summary import model_info  # pylint: disable=g-import-not-at-top
+  common.parse_gin(['gin/experiments/quickstart.gin', 'gin/variants/ffn/gelu.gin'], [],
+                   configurables=common.library_configurables())
+  run.mkdir()
+  (run / 'model-info.txt').write_text(model_info(common.build_config()) + '\n')
+  (run / 'config.gin').write_text('# the GELU run\n')
+  gin.clear_config()
+
+
+def _data_axis_of_4(run, monkeypatch):
+  """A mesh whose 'data' axis has 4 devices (this process has one)."""
+  del run
+  from t5x_variants.train import partitioning  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(partitioning.MeshConfig, 'mesh',
+                      lambda self, devices=None: types.SimpleNamespace(shape={'data': 4, 'model': 1}))
+
+
+# (MODEL_DIR, its setup, flags, the error line): every bad input of t5xv-train stops before any
+# data is built or anything compiles, with one line that names it and what to do.
+BAD_TRAIN_INPUTS = [
+    ('{tmp}/run', lambda run, _: run.write_text('notes'), [],
+     "MODEL_DIR (train.model_dir) = '{tmp}/run' is a file, not a directory; set --gin.MODEL_DIR to "
+     'a writable directory (a new one for a new run)'),
+    ('{tmp}/notes/run', lambda run, _: run.parent.write_text('notes'), [],
+     "MODEL_DIR (train.model_dir) = '{tmp}/notes/run' cannot be created: {tmp}/notes is a file; "
+     'set --gin.MODEL_DIR to a writable directory'),
+    ('/proc/t5xv_test/run', None, [],  # not writable, even by root
+     "MODEL_DIR (train.model_dir) = '/proc/t5xv_test/run' cannot be created in /proc: "),
+    ('{tmp}/run', _other_models_run, [],
+     "MODEL_DIR (train.model_dir) = '{tmp}/run' holds a run of another model (ffn: saved gelu, "
+     'this configuration relu; 2 difference(s), see its model-info.txt); resume it with its own '
+     'config.gin (--gin_file={tmp}/run/config.gin) or set --gin.MODEL_DIR to a new directory'),
+    ('{tmp}/run', None, ['--gin.BATCH_SIZE=0'],
+     'BATCH_SIZE (train/DatasetConfig.batch_size) = 0 is out of range: the global batch size must '
+     'be an integer >= 1; set --gin.BATCH_SIZE accordingly'),
+    ('{tmp}/run', None, ['--gin.BATCH_SIZE=-8'],
+     'BATCH_SIZE (train/DatasetConfig.batch_size) = -8 is out of range'),
+    ('{tmp}/run', _data_axis_of_4, ['--gin.BATCH_SIZE=6'],
+     "BATCH_SIZE (train/DatasetConfig.batch_size) = 6: batch size 6 does not split over mesh axis "
+     "'data' of size 4: use a multiple of 4 (e.g. 4) or another MeshConfig.data"),
+    ('{tmp}/run', None, ['--gin.train.num_microbatches=3'],
+     "BATCH_SIZE (train/DatasetConfig.batch_size) = 8: batch size 8 does not split over mesh axis "
+     "'data' of size 1 x 3 microbatches: use a multiple of 3 (e.g. 6)"),
+    ('{tmp}/run', None, ["--gin.TASK_FEATURE_LENGTHS={'inputs': 0, 'targets': 16}"],
+     "TASK_FEATURE_LENGTHS (train/DatasetConfig.task_feature_lengths) = {'inputs': 0, 'targets': "
+     "16} is out of range ('inputs' is 0): every feature length must be an integer >= 1; set "
+     '--gin.TASK_FEATURE_LENGTHS accordingly'),
+    ('{tmp}/run', None, ["--gin.TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': -16}"],
+     "('targets' is -16): every feature length must be an integer >= 1"),
+    ('{tmp}/run', None, ['--gin.TRAIN_STEPS=0'],
+     'TRAIN_STEPS (train.total_steps) = 0 is out of range: the number of training steps must be an '
+     'integer >= 1; set --gin.TRAIN_STEPS accordingly'),
+    ('{tmp}/run', None, ['--gin.TRAIN_STEPS=-5'], 'TRAIN_STEPS (train.total_steps) = -5 is out of range'),
+    ('{tmp}/run', None, ['--gin.train.log_period=0'],
+     'train.log_period = 0 is out of range: the steps between logs must be an integer >= 1; set '
+     '--gin.train.log_period accordingly'),
+    ('{tmp}/run', None, ['--gin.train.eval_period=-20'],
+     'train.eval_period = -20 is out of range: the steps between evals (0: none) must be an integer '
+     '>= 0'),
+    ('{tmp}/run', None, ['--gin.Checkpointer.period=0'],
+     'Checkpointer.period = 0 is out of range: the steps between checkpoints must be an integer >= 1'),
+    ('{tmp}/run', None, ['--gin.Checkpointer.keep=0'],  # orbax would delete every checkpoint
+     'Checkpointer.keep = 0 is out of range: the checkpoints kept (None: all) must be an integer '
+     '>= 1 or None'),
+]
+
+
+@pytest.mark.parametrize('model_dir,setup,flags,message', BAD_TRAIN_INPUTS, ids=[
+    'dir_is_a_file', 'dir_under_a_file', 'dir_unwritable', 'dir_of_another_model', 'batch_0',
+    'batch_negative', 'batch_vs_data_axis', 'batch_vs_microbatches', 'inputs_length_0',
+    'targets_length_negative', 'steps_0', 'steps_negative', 'log_period_0', 'eval_period_negative',
+    'checkpoint_period_0', 'keep_0'])
+def test_bad_train_input_is_one_line_before_any_work(model_dir, setup, flags, message, tmp_path,
+                                                     monkeypatch, capsys):
+  model_dir, message = (x.replace('{tmp}', str(tmp_path)) for x in (model_dir, message))
+  if model_dir.startswith('/proc/') and not os.path.isdir('/proc/self'):
+    pytest.skip('no /proc here')
+  run = epath.Path(model_dir)
+  if setup:
+    setup(run, monkeypatch)
+  existed = run.exists()
+  before = {str(p): p.read_bytes() for p in tmp_path.rglob('*') if p.is_file()}
+  with pytest.raises(SystemExit) as e:
+    train.main(['--gin_file=gin/experiments/quickstart.gin', *TINY_RUN,
+                f"--gin.MODEL_DIR='{model_dir}'", *flags])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and err.count('\n') == 1, err
+  assert err.startswith('t5xv-train: error: ') and message in err, err
+  after = {str(p): p.read_bytes() for p in tmp_path.rglob('*') if p.is_file()}
+  assert after == before and run.exists() == existed  # nothing written, nothing lost
+
+
+@pytest.mark.parametrize('name,flags,message', [
+    ('t5xv-eval', ['--gin_file=gin/runs/eval.gin', '--gin.EVAL_BATCH_SIZE=0'],
+     'EVAL_BATCH_SIZE (evaluate_checkpoints.batch_size) = 0 is out of range: the eval batch size '
+     'must be an integer >= 1; set --gin.EVAL_BATCH_SIZE accordingly'),
+    ('t5xv-eval', ['--gin_file=gin/runs/eval.gin', '--gin.PROMPT_LENGTH=-3'],
+     'PROMPT_LENGTH (evaluate_checkpoints.prompt_length) = -3 is out of range: the prompt length '
+     '(None: no prompt) must be an integer >= 1 or None'),
+    ('t5xv-infer', ['--gin_file=gin/runs/infer.gin', "--gin.INFER_OUTPUT='{tmp}/p.jsonl'",
+                    '--gin.infer.batch_size=0'],
+     'infer.batch_size = 0 is out of range: the decoding batch size must be an integer >= 1'),
+])
+def test_bad_eval_and_infer_numbers_are_one_line_before_any_work(name, flags, message, tmp_path,
+                                                                 capsys):
+  main = {'t5xv-eval': eval_cli.main, 't5xv-infer': infer.main}[name]
+  with pytest.raises(SystemExit) as e:  # the quickstart's file stands for a run's config.gin
+    main(['--gin_file=gin/experiments/quickstart.gin', f"--gin.CHECKPOINT_PATH='{tmp_path}'",
+          *[f.replace('{tmp}', str(tmp_path)) for f in flags]])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and err.count('\n') == 1 and err.startswith(f'{name}: error: {message}'), err
+  assert not os.listdir(tmp_path)
+
+
+def test_a_run_of_the_same_model_passes_the_model_dir_check(tmp_path):
+  """model-info.txt compared field by field: the same model (another execution line: a resumed
+  run may change remat or dtype) passes, and a field only one version of the summary has is no
+  difference."""
+  from t5x_variants.cli import common  # pylint: disable=g-import-not-at-top
+  from t5x_variants.models.summary import model_info  # pylint: disable=g-import-not-at-top
+  common.parse_gin(['gin/experiments/quickstart.gin'], [], configurables=common.library_configurables())
+  config = common.build_config()
+  text = model_info(config).replace('execution: scan_layers=True remat=none', 'execution: remat=full')
+  (tmp_path / 'model-info.txt').write_text(text.replace(', init: t5)', ')') + '\n')
+  train.check_model_dir(str(tmp_path), config)  # no error
+  assert train.model_fields(text)['ffn'] == 'relu'
+  assert train.model_fields(text)['norm placement.init'] == 't5'
+
+
+@pytest.mark.parametrize('vanished', [True, False])
+def test_eval_all_skips_a_checkpoint_removed_after_listing(vanished, tmp_path, monkeypatch, capsys):
+  """A training run's keep-N cleanup removes checkpoint_10 between the listing and the read (here
+  right after the listing, deterministically): it is skipped with one line and checkpoint_20 is
+  evaluated. A checkpoint that is still there but cannot be read stops the evaluation as before."""
+  from conftest import tiny  # pylint: disable=g-import-not-at-top
+  from t5x_variants.cli import common  # pylint: disable=g-import-not-at-top
+  from t5x_variants.train import checkpoints  # pylint: disable=g-import-not-at-top
+  from test_schedules_and_checkpoints import state  # pylint: disable=g-import-not-at-top
+  common.import_data_layer()
+  run = tmp_path / 'run'
+  ckpt = checkpoints.Checkpointer(str(run), period=10, keep=None)
+  for step in (10, 20):
+    ckpt.save(step, state(step))
+  ckpt.close()
+
+  class Predictor:  # reads the checkpoint's parameters as t5xv-eval does; no model is built
+    def __init__(self, config, **kwargs):
+      del config, kwargs
+
+    def load(self, path):
+      self.params = checkpoints.restore_params(path, state(0).params)
+      return self
+
+  listing = checkpoints.list_checkpoints
+
+  def list_then_cleanup(run_dir):
+    paths = listing(run_dir)
+    if vanished:
+      paths[0].rmtree()  # the trainer's keep-N cleanup, right after the listing
+    else:
+      for f in (paths[0] / 'state').iterdir():  # damaged in place
+        f.unlink() if f.is_file() else f.rmtree()
+    return paths
+
+  monkeypatch.setattr(checkpoints, 'list_checkpoints', list_then_cleanup)
+  monkeypatch.setattr(eval_cli, 'Predictor', Predictor)
+  monkeypatch.setattr(eval_cli, 'VANISH_WAIT_SECS', 0.1)
+  monkeypatch.setattr(eval_cli, 'teacher_forced',
+                      lambda predictor, *a, **k: {'loss': float(predictor.params['w'][0, 0])})
+  evaluate = lambda: eval_cli.evaluate_checkpoints(
+      tiny(vocab_size=4224), checkpoint_path=str(run), all_checkpoints=True,
+      mixture_or_task_name='embedded_span_corruption',
+      task_feature_lengths={'inputs': 64, 'targets': 16}, inference=False)
+  if not vanished:
+    with pytest.raises(checkpoints.CheckpointError, match='cannot read the parameters of .*checkpoint_10'):
+      evaluate()
+    return
+  assert evaluate() == {20: {'embedded_span_corruption': {'loss': 20.0}}}
+  out = capsys.readouterr().out
+  assert ('checkpoint 10: checkpoint_10 was removed before it could be read (e.g. by the training '
+          "run's keep-N cleanup), skipped") in out
+  assert 'best of 1 checkpoint(s)' in out
 
 
 def test_best_over_checkpoints_takes_the_lowest_loss_and_the_highest_score():

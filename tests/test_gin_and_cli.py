@@ -107,6 +107,36 @@ def test_bad_gin_input_fails_with_one_clear_message(argv, message, capsys):
   assert message in err and 'Traceback' not in err and len(err.strip().splitlines()) == 1, err
 
 
+@pytest.mark.parametrize('command,argv,message,detail', [
+    # t5xv-eval without the run's config.gin, which sets MIXTURE_OR_TASK_NAME and the other macros
+    ('t5xv-eval', ['--gin_file=gin/runs/eval.gin', "--gin.CHECKPOINT_PATH='/tmp/run'"],
+     "invalid gin configuration: macro MIXTURE_OR_TASK_NAME is used but not set: give the run's "
+     "own config.gin first (--gin_file=RUN/config.gin: it sets the run's macros) or set "
+     '--gin.MIXTURE_OR_TASK_NAME=VALUE (--verbosity=1 shows the configuration read)',
+     'evaluate_checkpoints.batch_size = %EVAL_BATCH_SIZE'),  # gin's operative configuration
+    ('t5xv-train', ['--gin_file=gin/runs/pretrain.gin', '--gin_file=gin/models/t5_tiny.gin'],
+     'invalid gin configuration: macro MODEL_DIR is required: set --gin.MODEL_DIR=VALUE (a string '
+     'in quotes: --gin.MODEL_DIR="\'...\'")',
+     'MODEL_DIR/macro.value set to `%gin.REQUIRED` but not subsequently overridden'),
+])
+def test_a_missing_gin_macro_is_one_line_and_the_rest_at_verbosity_1(command, argv, message,
+                                                                      detail, capsys):
+  from t5x_variants.cli import eval as eval_cli, train  # pylint: disable=g-import-not-at-top
+  main = {'t5xv-eval': eval_cli.main, 't5xv-train': train.main}[command]
+  with pytest.raises(SystemExit) as e:
+    main(argv)
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and err == f'{command}: error: {message}\n', err
+  gin.clear_config()
+  try:
+    with pytest.raises(SystemExit) as e:
+      main([*argv, '--verbosity=1'])
+  finally:
+    gin_utils.set_verbosity(0)
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and f'{command}: error: {message}\n' in err and detail in err, err
+
+
 @pytest.mark.parametrize('files,summary', [
     (['gin/experiments/glu_variants/relu.gin'], ['architecture: encoder_decoder', 'ffn: relu']),
     (['gin/experiments/foundation/lm.gin', 'gin/variants/norm/subln.gin'],

@@ -23,7 +23,7 @@ import os
 import pkgutil
 import re
 import sys
-from typing import Callable, List, Mapping, Optional, Sequence
+from typing import Callable, List, Mapping, Optional, Sequence, Tuple
 
 import gin
 
@@ -35,7 +35,12 @@ LOGGER = 't5x_variants'  # the project's own log lines (resume, fallback, skippe
 
 
 class GinConfigError(ValueError):
-  """A gin file or binding that cannot be applied, with what to do about it."""
+  """A gin file or binding that cannot be applied, with what to do about it (one line).
+  ``detail``: gin's whole message (e.g. with the configuration it read), shown at --verbosity=1."""
+
+  def __init__(self, message: str, detail: Optional[str] = None):
+    super().__init__(message)
+    self.detail = detail
 
 
 class UsageError(ValueError):
@@ -153,7 +158,19 @@ CONFIGURABLES = {'TransformerConfig': TransformerConfig}
 
 
 def _explain(message: str, configurables: Mapping[str, Callable]) -> str:
-  """Adds the valid choices to gin's message about an unknown configurable or parameter."""
+  """Adds the valid choices to gin's message about an unknown configurable or parameter; says
+  how to set a macro that is used but unset or still ``%gin.REQUIRED``."""
+  unset = re.match(r"No bindings specified for '(\w+)/gin\.macro'", message)
+  if unset:
+    name = unset.group(1)
+    return (f'macro {name} is used but not set: give the run\'s own config.gin first '
+            f'(--gin_file=RUN/config.gin: it sets the run\'s macros) or set --gin.{name}=VALUE '
+            f'(--verbosity=1 shows the configuration read)')
+  required = re.match(r'(\w+)/macro\.value set to `%gin\.REQUIRED`', message)
+  if required:
+    name = required.group(1)
+    return (f'macro {name} is required: set --gin.{name}=VALUE (a string in quotes: '
+            f'--gin.{name}="\'...\'")')
   unknown_param = re.search(r"Configurable '([\w.]+)' doesn't have a parameter", message)
   if unknown_param and unknown_param.group(1) in configurables:
     params = inspect.signature(configurables[unknown_param.group(1)]).parameters
@@ -207,7 +224,8 @@ def parse_gin(gin_files: List[str], bindings: List[str], search_paths: Sequence[
                          f'directory, --gin_search_paths and {PACKAGE_DIR}') from e
   except (ValueError, SyntaxError, NameError, TypeError, KeyError) as e:
     known = {**CONFIGURABLES, **(configurables or {})}
-    raise GinConfigError(f'invalid gin configuration: {_explain(_one_line(str(e)), known)}') from e
+    raise GinConfigError(f'invalid gin configuration: {_explain(_one_line(str(e)), known)}',
+                         detail=str(e)) from e
 
 
 def build_config() -> TransformerConfig:
@@ -232,6 +250,88 @@ def gin_macro(name: str):
     return gin.query_parameter(f'%{name}')
   except ValueError:
     return None
+
+
+# --- ranges: the numbers the commands read, checked before any work starts -----------------------
+
+# {configurable: {parameter: (minimum, None allowed, what it is)}}: every integer binding the
+# commands read whose out-of-range value would otherwise fail late and obscurely (BATCH_SIZE = 0:
+# TensorFlow's op error; a zero period: a ZeroDivisionError after the model compiled; keep = 0:
+# every checkpoint deleted). ``LENGTHS``: a {feature: length} mapping of integers >= 1.
+LENGTHS = 'lengths'
+RANGES = {
+    'train': {'total_steps': (1, False, 'the number of training steps'),
+              'log_period': (1, False, 'the steps between logs'),
+              'eval_period': (0, False, 'the steps between evals (0: none)'),
+              'eval_batches': (1, True, 'the batches per eval (None: all)'),
+              'diagnostics_period': (0, False, 'the steps between diagnostics (0: none)'),
+              'num_microbatches': (1, False, 'the microbatches per step'),
+              'max_skipped_in_a_row': (1, False, 'the non-finite steps tolerated in a row')},
+    'Checkpointer': {'period': (1, False, 'the steps between checkpoints'),
+                     'keep': (1, True, 'the checkpoints kept (None: all)')},
+    'DatasetConfig': {'batch_size': (1, False, 'the global batch size'),
+                      'task_feature_lengths': LENGTHS,
+                      'num_epochs': (1, True, 'the passes over the data (None: no end)')},
+    'evaluate_checkpoints': {'batch_size': (1, False, 'the eval batch size'),
+                             'task_feature_lengths': LENGTHS,
+                             'max_batches': (1, True, 'the batches per task (None: all)'),
+                             'max_examples': (1, True, 'the examples decoded per task (None: all)'),
+                             'prompt_length': (1, True, 'the prompt length (None: no prompt)')},
+    'infer': {'batch_size': (1, False, 'the decoding batch size'),
+              'task_feature_lengths': LENGTHS,
+              'max_examples': (1, True, 'the examples decoded (None: all)'),
+              'prompt_length': (1, True, 'the prompt length (None: no prompt)')},
+}
+
+
+def binding_name(selector: str) -> Tuple[str, str]:
+  """(the flag that sets ``selector``, how to name it): ('BATCH_SIZE', 'BATCH_SIZE
+  (train/DatasetConfig.batch_size)') when it is bound to a macro, else the selector twice."""
+  candidates = [selector]
+  if '/' in selector:  # a scoped binding may come from the unscoped one
+    candidates.append(selector.rsplit('/', 1)[1])
+  for candidate in candidates:
+    try:
+      value = gin.query_parameter(candidate)
+    except ValueError:
+      continue
+    if isinstance(value, gin.config.ConfigurableReference) and value.selector == 'gin.macro':
+      macro = value.scoped_selector.rsplit('/', 1)[0]
+      return macro, f'{macro} ({selector})'
+    break
+  return selector, selector
+
+
+def _is_int(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_ranges(configurable: str, values: Mapping[str, object], scope: str = ''):
+  """ValueError, one line naming the binding (its macro if it has one), its value, its valid
+  range and the flag to set, for the first of ``values`` ({parameter: value} of
+  ``configurable``, e.g. the gin bindings of ``train``) out of ``RANGES``. ``scope``: the gin
+  scope they were bound in."""
+  for param, spec in RANGES[configurable].items():
+    if param not in values:
+      continue
+    value, selector = values[param], f'{scope + "/" if scope else ""}{configurable}.{param}'
+    flag, name = binding_name(selector)
+    if spec == LENGTHS:
+      if value is None:
+        continue
+      bad = ([k for k, v in value.items() if not _is_int(v) or v < 1]
+             if isinstance(value, Mapping) else None)
+      if bad is None or bad:
+        which = f' (\'{bad[0]}\' is {value[bad[0]]!r})' if bad else ''
+        raise ValueError(f'{name} = {value!r} is out of range{which}: every feature length must '
+                         f'be an integer >= 1; set --gin.{flag} accordingly')
+      continue
+    minimum, optional, what = spec
+    if (value is None and optional) or (_is_int(value) and value >= minimum):
+      continue
+    valid = f'an integer >= {minimum}' + (' or None' if optional else '')
+    raise ValueError(f'{name} = {value!r} is out of range: {what} must be {valid}; set '
+                     f'--gin.{flag} accordingly')
 
 
 def import_data_layer():
@@ -298,7 +398,8 @@ def setup(p: argparse.ArgumentParser, argv: Optional[Sequence[str]],
 @contextlib.contextmanager
 def clear_errors(prog: str):
   """Known failures (bad flags or gin, missing data or checkpoints, non-finite training) exit
-  with status 2 and one line; the traceback is logged at DEBUG."""
+  with status 2 and one line: the message's first line. At --verbosity=1 and up the whole message
+  (and gin's, of a GinConfigError) follows it; the traceback is logged at DEBUG."""
   from t5x_variants.train import checkpoints, trainer  # pylint: disable=g-import-not-at-top
   try:
     yield
@@ -313,7 +414,12 @@ def clear_errors(prog: str):
     logging.getLogger(LOGGER).debug('traceback', exc_info=True)
     message = getattr(e, 'message', None) or str(e)  # OpError: without the op trace
     message = message.split('\n  In call to configurable')[0]  # gin's note on where it was called
-    print(f'{prog}: error: {message}', file=sys.stderr)
+    lines = [line.strip() for line in message.splitlines() if line.strip()] or [type(e).__name__]
+    print(f'{prog}: error: {lines[0]}', file=sys.stderr)
+    if _verbosity > 0:
+      rest = getattr(e, 'detail', None) or '\n'.join(lines[1:])
+      if rest:
+        print(rest, file=sys.stderr)
     raise SystemExit(2) from None
 
 

@@ -20,6 +20,7 @@ the same split and tasks are skipped.
 """
 import json
 import sys
+import time
 from typing import Mapping, Optional
 
 import gin
@@ -37,6 +38,7 @@ RESULTS = 'eval_results.json'
 BEST = 'best'  # eval_results.json's key for the best value of each metric over checkpoints
 LOWER_IS_BETTER = ('loss', 'z_loss', 'log_perplexity', 'continuation_log_perplexity')
 DEFAULT_SPLIT = 'validation'
+VANISH_WAIT_SECS = 5.0  # how long a checkpoint that failed to load is watched for its deletion
 # The data layer (TensorFlow) is imported inside the functions, after common.setup has loaded it
 # quietly (common.import_data_layer).
 
@@ -114,6 +116,23 @@ def read_results(path: epath.Path) -> dict:
   return results
 
 
+def _load(predictor, path: epath.Path) -> bool:
+  """Loads checkpoint ``path``; False if it was removed after it was listed (a training run beside
+  this evaluation deletes its old checkpoints as it keeps the newest N), also while it was being
+  read (a deletion in progress is waited for up to ``VANISH_WAIT_SECS``). A checkpoint that still
+  exists but cannot be read raises as before."""
+  try:
+    predictor.load(str(path))
+  except Exception:  # pylint: disable=broad-except
+    deadline = time.time() + VANISH_WAIT_SECS
+    while path.exists():
+      if time.time() > deadline:
+        raise
+      time.sleep(0.2)
+    return False
+  return True
+
+
 @gin.configurable(denylist=['config'])
 def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_checkpoints: bool = False,
                          mixture_or_task_name: str = gin.REQUIRED,
@@ -145,7 +164,10 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
     if all(n in results.get(step, {}) for n in names):
       print(f'checkpoint {step}: already evaluated on {split}, skipped')
       continue
-    predictor.load(str(path))
+    if not (_load(predictor, path) if all_checkpoints else predictor.load(str(path))):
+      print(f'checkpoint {step}: {path.name} was removed before it could be read (e.g. by the '
+            'training run\'s keep-N cleanup), skipped')
+      continue
     for task in sorted(subtasks, key=lambda t: t.name):
       metrics = teacher_forced(predictor, task.name, split, task_feature_lengths, batch_size,
                                max_batches, task.predict_metric_fns if classify else ())
@@ -174,6 +196,7 @@ def main(argv=None):
   with common.clear_errors('t5xv-eval'):
     _, config = common.setup(common.parser('t5xv-eval', __doc__), argv,
                              {'evaluate_checkpoints': evaluate_checkpoints})
+    common.check_ranges('evaluate_checkpoints', gin.get_bindings('evaluate_checkpoints'))
     results = evaluate_checkpoints(config)
   print(f'evaluated {len(results)} checkpoint(s)')
   return 0

@@ -77,6 +77,7 @@ def infer(config, *, checkpoint_path: str = gin.REQUIRED, output_file: str = gin
 def main(argv=None):
   with common.clear_errors('t5xv-infer'):
     _, config = common.setup(common.parser('t5xv-infer', __doc__), argv, {'infer': infer})
+    common.check_ranges('infer', gin.get_bindings('infer'))  # before any work
     n = infer(config)
   print(f'wrote {n} predictions')
   return 0

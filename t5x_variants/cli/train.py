@@ -6,12 +6,15 @@ TensorFlow-free ``t5x_variants.train`` library.
   t5xv-train --gin_file=gin/runs/pretrain.gin --gin_file=gin/models/t5_base.gin \\
     --gin_file=gin/variants/ffn/swiglu.gin --gin.MODEL_DIR="'/tmp/run'"
 """
+import os
+import re
 import sys
 
 import gin
 import jax
 
 from t5x_variants.cli import common
+from t5x_variants.train import storage
 
 
 def vocabulary_files(name: str):
@@ -33,6 +36,109 @@ def _init_checkpoint():
   return value.scoped_configurable_fn() if isinstance(value, gin.config.ConfigurableReference) else value
 
 
+def _local_unwritable(model_dir: str):
+  """Why the local directory ``model_dir`` cannot be written (or created), or None."""
+  path = os.path.abspath(model_dir)
+  if os.path.exists(path):
+    if not os.path.isdir(path):
+      return 'is a file, not a directory'
+    if not os.access(path, os.W_OK | os.X_OK):
+      return 'is not writable'
+    return None
+  missing = [path]  # created to see that they can be, then removed: nothing is left behind
+  while not os.path.exists(os.path.dirname(missing[-1])):
+    missing.append(os.path.dirname(missing[-1]))
+  parent = os.path.dirname(missing[-1])
+  if not os.path.isdir(parent):
+    return f'cannot be created: {parent} is a file'
+  try:
+    os.makedirs(path, exist_ok=True)  # exist_ok: another process of this run may probe too
+  except OSError as e:
+    return f'cannot be created in {parent}: {e.strerror}'
+  finally:
+    for directory in missing:  # deepest first; only what this call created, now empty
+      if os.path.isdir(directory):
+        try:
+          os.rmdir(directory)
+        except OSError:
+          break
+  return None
+
+
+def model_fields(text: str):
+  """{field: value} of a model-info.txt: the variant summary's fields ('ffn', 'ffn.d_ff',
+  'norm placement.norm', ...; not the execution line, which a resumed run may change) and every
+  parameter's shape. Read field by field, so that a field one version of the summary has and
+  another lacks is no difference."""
+  fields = {}
+  for line in text.splitlines():
+    row = re.match(r'(\S+/\S+)\s+[\d,]+\s+(\([\d, ]*\))', line)  # name, count, shape
+    if row:
+      fields[f'parameter {row.group(1)}'] = row.group(2)
+      continue
+    label, sep, rest = line.strip().partition(': ')
+    if not sep or '=' in label:
+      label, rest = '', line.strip()
+    if label in ('execution', 'Total number of parameters'):
+      continue
+    words = rest.split()
+    if label and words and '=' not in words[0]:
+      fields[label] = words[0]
+    for key, value in re.findall(r'([\w-]+)(?:=|: )(\([^)]*\)|[^\s,()]+)', rest):
+      fields[f'{label}.{key}' if label else key] = value
+  return fields
+
+
+def check_model_dir(model_dir, config):
+  """ValueError (one line) when ``model_dir`` cannot hold this run: not a string, a file, not
+  writable (local paths), or holding a run of another model, as its model-info.txt says (another
+  summary field or parameter; the checkpoints' parameter shapes are checked again on resume)."""
+  flag, name = common.binding_name('train.model_dir')
+  if not isinstance(model_dir, str) or not model_dir.strip():
+    raise ValueError(f'{name} = {model_dir!r}: expected the run directory, a path in quotes; set '
+                     f'--gin.{flag}="\'/path/to/run\'"')
+  if not storage.scheme(model_dir):
+    why = _local_unwritable(model_dir)
+    if why:
+      raise ValueError(f'{name} = {model_dir!r} {why}; set --gin.{flag} to a writable directory '
+                       '(a new one for a new run)')
+  info = storage.path(model_dir) / 'model-info.txt'
+  if info.exists():
+    from t5x_variants.models.summary import model_info  # pylint: disable=g-import-not-at-top
+    saved, wanted = model_fields(info.read_text()), model_fields(model_info(config))
+    params = lambda fields: {k for k in fields if k.startswith('parameter ')}
+    differ = sorted(k for k in (saved.keys() & wanted.keys()) | (params(saved) ^ params(wanted))
+                    if saved.get(k) != wanted.get(k))
+    if differ:
+      k = differ[0]
+      raise ValueError(
+          f'{name} = {model_dir!r} holds a run of another model ({k}: saved {saved.get(k)}, this '
+          f'configuration {wanted.get(k)}; {len(differ)} difference(s), see its model-info.txt); '
+          f'resume it with its own config.gin (--gin_file={storage.join(model_dir, "config.gin")}) '
+          f'or set --gin.{flag} to a new directory')
+
+
+def check_inputs(config, train_cfg, eval_cfg):
+  """Every number and path the training run reads, checked before any data is built or anything
+  compiles; the first bad one is a ValueError of one line naming its binding (its macro if it has
+  one) and its valid range (``common.RANGES``)."""
+  from t5x_variants.train import partitioning  # pylint: disable=g-import-not-at-top
+  bindings = gin.get_bindings('train')
+  common.check_ranges('train', bindings)
+  common.check_ranges('Checkpointer', gin.get_bindings('Checkpointer'))
+  common.check_ranges('DatasetConfig', vars(train_cfg), scope='train')
+  if eval_cfg.mixture_or_task_name:
+    common.check_ranges('DatasetConfig', vars(eval_cfg), scope='train_eval')
+  mesh = (bindings.get('mesh') or partitioning.MeshConfig()).mesh()
+  try:
+    partitioning.check_batch(train_cfg.batch_size, mesh, bindings.get('num_microbatches', 1))
+  except ValueError as e:
+    raise ValueError(f'{common.binding_name("train/DatasetConfig.batch_size")[1]} = '
+                     f'{train_cfg.batch_size}: {e}') from None
+  if 'model_dir' in bindings:  # else gin names the missing binding when train is called
+    check_model_dir(bindings['model_dir'], config)
+
+
 def main(argv=None):
   with common.clear_errors('t5xv-train'):
     _, config = common.setup(common.parser('t5xv-train', __doc__), argv)
@@ -44,6 +150,7 @@ def main(argv=None):
       train_cfg = pipeline.DatasetConfig()
     with gin.config_scope('train_eval'):
       eval_cfg = pipeline.DatasetConfig()
+    check_inputs(config, train_cfg, eval_cfg)
     if train_cfg.mixture_or_task_name:  # a model that does not fit the data: one clear error
       classification.check_model(train_cfg.mixture_or_task_name, config)
       common.check_vocabulary_size(config, tasks.get_task_or_mixture(train_cfg.mixture_or_task_name),
