@@ -150,10 +150,11 @@ def test_converter_gives_tokens_labels_and_weights(register):
   with pytest.raises(ValueError, match='classification task, for encoder-only models'):
     pipeline.get_dataset('glue_cola_cls_local', {'inputs': 48}, 'encoder_decoder')
   with pytest.raises(ValueError, match="3-label classification task: it needs .*num_labels = 3"):
-    classification.check_model('glue_mnli_cls_local', CLS)
+    classification.check_model(tasks.get_task_or_mixture('glue_mnli_cls_local'), CLS)
   with pytest.raises(ValueError, match="head = 'classification'.*this model: encoder_only, head 'lm'"):
-    classification.check_model('glue_stsb_cls_local', MLM)
-  assert classification.check_model('glue_stsb_cls_local', dataclasses.replace(CLS, num_labels=1)) == 1
+    classification.check_model(tasks.get_task_or_mixture('glue_stsb_cls_local'), MLM)
+  stsb = tasks.get_task_or_mixture('glue_stsb_cls_local')
+  assert classification.check_model(stsb, dataclasses.replace(CLS, num_labels=1)) == 1
 
 
 # --- fine-tuning from an MLM checkpoint ------------------------------------------------------

@@ -150,7 +150,7 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
     paths = checkpoints.list_checkpoints(run_dir)
   mixture = tasks.get_task_or_mixture(mixture_or_task_name)
   common.check_vocabulary_size(config, mixture, mixture_or_task_name)
-  classify = classification.check_model(mixture_or_task_name, config) is not None
+  classify = classification.check_model(mixture, config) is not None
   subtasks = getattr(mixture, 'tasks', [mixture])
   names = sorted(t.name for t in subtasks)
   results_file = run_dir / RESULTS

@@ -152,17 +152,18 @@ def main(argv=None):
       eval_cfg = pipeline.DatasetConfig()
     check_inputs(config, train_cfg, eval_cfg)
     if train_cfg.mixture_or_task_name:  # a model that does not fit the data: one clear error
-      classification.check_model(train_cfg.mixture_or_task_name, config)
-      common.check_vocabulary_size(config, tasks.get_task_or_mixture(train_cfg.mixture_or_task_name),
-                                   train_cfg.mixture_or_task_name)
+      train_task = tasks.get_task_or_mixture(train_cfg.mixture_or_task_name)
+      classification.check_model(train_task, config)
+      common.check_vocabulary_size(config, train_task, train_cfg.mixture_or_task_name)
     host = (jax.process_index(), jax.process_count())
     train_data = lambda: pipeline.config_batches(train_cfg, config.architecture, *host)
     eval_data = eval_metric_fns = None
     if eval_cfg.mixture_or_task_name:
-      subtasks = getattr(tasks.get_task_or_mixture(eval_cfg.mixture_or_task_name), 'tasks', None)
-      names = [t.name for t in subtasks] if subtasks else [eval_cfg.mixture_or_task_name]
-      if classification.check_model(eval_cfg.mixture_or_task_name, config):  # GLUE metrics at eval
-        eval_metric_fns = classification.metric_fns(names)
+      eval_task = tasks.get_task_or_mixture(eval_cfg.mixture_or_task_name)
+      subtasks = getattr(eval_task, 'tasks', None) or [eval_task]
+      names = [t.name for t in subtasks]
+      if classification.check_model(eval_task, config):  # GLUE metrics at eval
+        eval_metric_fns = classification.metric_fns(subtasks)
       eval_data = lambda: {n: pipeline.eval_batches(n, eval_cfg.task_feature_lengths,
                                                     config.architecture, eval_cfg.batch_size,
                                                     eval_cfg.split) for n in names}

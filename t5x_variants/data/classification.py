@@ -15,7 +15,7 @@ is fine-tuned per task.
 """
 import functools
 import os
-from typing import List, Mapping, Optional
+from typing import List, Mapping, Optional, Sequence
 
 import seqio
 import tensorflow as tf
@@ -76,12 +76,12 @@ def num_labels(task_or_mixture) -> Optional[int]:
   return counts.pop()
 
 
-def check_model(name: str, config) -> Optional[int]:
-  """ValueError unless ``config``'s head fits task or mixture ``name``: a classification task needs
-  an encoder-only model with head 'classification' and the task's num_labels, and that head needs
-  a classification task. Returns the task's number of labels (None: not a classification task)."""
-  from t5x_variants.data import tasks  # pylint: disable=g-import-not-at-top
-  n = num_labels(tasks.get_task_or_mixture(name))
+def check_model(task_or_mixture, config) -> Optional[int]:
+  """ValueError unless ``config``'s head fits a registered task or mixture: a classification task
+  needs an encoder-only model with head 'classification' and the task's num_labels, and that head
+  needs a classification task. Returns the task's number of labels (None: not a classification
+  task)."""
+  name, n = task_or_mixture.name, num_labels(task_or_mixture)
   if n is None and config.head == 'classification':
     raise ValueError(f'{name} is not a classification task; a classification head trains on one '
                      f'such as glue_rte{SUFFIX} (or glue_rte{SUFFIX}_local)')
@@ -93,7 +93,6 @@ def check_model(name: str, config) -> Optional[int]:
   return n
 
 
-def metric_fns(names: List[str]) -> Mapping[str, tuple]:
-  """{task: its metric functions of (targets, predictions)} of registered tasks ``names``."""
-  from t5x_variants.data import tasks  # pylint: disable=g-import-not-at-top
-  return {n: tuple(tasks.get_task_or_mixture(n).predict_metric_fns) for n in names}
+def metric_fns(tasks: Sequence[seqio.Task]) -> Mapping[str, tuple]:
+  """{task name: its metric functions of (targets, predictions)} of ``tasks``."""
+  return {t.name: tuple(t.predict_metric_fns) for t in tasks}

@@ -1,2 +1,4 @@
-"""Training: partitioning, optimizer, train step (and, later, the loop, checkpoints, evaluation,
-decoding). Imports jax, flax, optax, orbax, numpy and gin only: no TensorFlow."""
+"""Training: partitioning, optimizer and train step; the training loop (``trainer.train``) with its
+checkpoints, metrics, evaluation, diagnostics and preemption handling; ahead-of-time compilation;
+decoding and prediction. Imports jax, flax, optax, orbax, etils, numpy, gin and tensorboardX: no
+TensorFlow."""

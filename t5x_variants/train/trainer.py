@@ -1,13 +1,14 @@
 """The training loop (T5X's ``train.py``): pretraining and fine-tuning, resumable.
 
-Per step: this host's next batch -> one array over the mesh -> the jitted, sharded train step ->
-metrics. On their periods: log (``metrics.jsonl``, TensorBoard, console), teacher-forced eval,
-checkpoint. At start it resumes from the newest readable checkpoint in ``model_dir`` (state and
-data position, onto whatever mesh this run has), or starts from ``init_checkpoint``'s parameters
-(fine-tuning: fresh optimizer state), or from scratch. SIGTERM / SIGINT save a checkpoint and
-return; a non-finite loss is skipped or stops the run, as ``on_nonfinite`` says, and
-``max_skipped_in_a_row`` skipped steps in a row, or a run that applied no update at all, stop it
-with an error.
+``train`` restores or initialises the train state, then per step: this host's next batch -> one
+array over the mesh -> the jitted, sharded train step -> metrics; on their periods: log
+(``metrics.jsonl``, TensorBoard, console; ``meter.py``), checkpoint, teacher-forced eval; and a
+preemption check (``preemption.py``). At start it resumes from the newest readable checkpoint in
+``model_dir`` (state and data position, onto whatever mesh this run has), or starts from
+``init_checkpoint``'s parameters (fine-tuning: fresh optimizer state), or from scratch. SIGTERM /
+SIGINT save a checkpoint and return; a non-finite loss is skipped or stops the run, as
+``on_nonfinite`` says, and ``max_skipped_in_a_row`` skipped steps in a row, or a run that applied
+no update at all, stop it with an error (``NonFiniteGuard``).
 
 The loop dispatches step N+1 before it reads step N's metrics (the step runs asynchronously), so
 an accelerator is never idle while the host logs or fetches the next batch; the non-finite skip
@@ -15,26 +16,24 @@ happens on the device, inside the step. A step's time is the wall time between r
 metrics and the previous step's, so it includes any input stall (tf.data prefetches batches in
 the background) but not checkpoints or evals.
 """
+import dataclasses
 import functools
 import logging
-import os
-import signal
-import time
-from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
+import flax.linen as nn
 import gin
 import jax
-import numpy as np
 
 from t5x_variants.models import build_model, fresh_head_params, init_inputs
 from t5x_variants.models.config import TransformerConfig
 from t5x_variants.models.summary import model_info
 from t5x_variants.train import (checkpoints, diagnostics, evaluation, optimizer, partitioning,
-                                storage, train_step)
+                                preemption, storage, train_step)
+from t5x_variants.train.meter import TrainMeter, host_tokens
 from t5x_variants.train.metrics import MetricsLogger
 
 NONFINITE = ('skip', 'stop')
-TOKEN_FEATURES = ('encoder_input_tokens', 'decoder_target_tokens')  # what tokens/s counts
 log = logging.getLogger(__name__)
 
 
@@ -42,36 +41,102 @@ class NonFiniteLossError(RuntimeError):
   """Training stopped at a step whose loss or gradients were not finite."""
 
 
-class _Preemption:
-  """Set by SIGTERM or SIGINT. With several processes, all of them must stop after the same step:
-  jax's preemption sync point decides (asked through orbax's checkpoint manager). It hears of
-  SIGTERM through the handler jax.distributed registers, so SIGTERM is left to that handler and
-  SIGINT is passed on to it as a SIGTERM."""
+class _NonFiniteStop(Exception):
+  """The guard's verdict: the run stops at ``step``; ``what`` happened, ``remedy`` may help."""
 
-  def __init__(self, ckpt: checkpoints.Checkpointer):
-    self.signal = None
-    self.ckpt = ckpt
-    self.multiprocess = jax.process_count() > 1
+  def __init__(self, step: int, what: str, remedy: str):
+    super().__init__(what)
+    self.step, self.what, self.remedy = step, what, remedy
 
-  def __enter__(self):
-    signals = (signal.SIGINT,) if self.multiprocess else (signal.SIGTERM, signal.SIGINT)
-    self._previous = {s: signal.signal(s, self._handle) for s in signals}
-    return self
 
-  def __exit__(self, *exc):
-    for s, handler in self._previous.items():
-      signal.signal(s, handler)
+class NonFiniteGuard:
+  """``on_nonfinite`` applied to each step read: a step whose update was skipped (its loss or
+  gradients were not finite) stops the run ('stop') or is let pass ('skip'), up to
+  ``max_skipped_in_a_row`` in a row; a run that applied no update at all stops at its end."""
 
-  def _handle(self, signum, frame):
-    del frame
-    self.signal = signal.Signals(signum).name
-    if self.multiprocess:
-      os.kill(os.getpid(), signal.SIGTERM)
+  def __init__(self, on_nonfinite: str, max_skipped_in_a_row: int):
+    if on_nonfinite not in NONFINITE:
+      raise ValueError(f'unknown on_nonfinite {on_nonfinite!r}; valid: {", ".join(NONFINITE)}')
+    self.on_nonfinite, self.max_skipped_in_a_row = on_nonfinite, max_skipped_in_a_row
+    self.skipped = []  # the skipped steps since the last applied one: (step, loss)
+    self.applied = 0
 
-  def reached(self, step: int) -> bool:
-    if self.multiprocess:
-      return self.ckpt.manager.reached_preemption(step)
-    return self.signal is not None
+  def check(self, step: int, metrics: Mapping[str, float]):
+    """Counts ``step`` (metrics on the host); raises _NonFiniteStop if the run stops there."""
+    if not metrics['skipped']:
+      self.skipped.clear()
+      self.applied += 1
+      return
+    if self.on_nonfinite == 'stop':
+      raise _NonFiniteStop(step, f'the loss or gradients at step {step} are not finite (loss '
+                           f'{metrics["loss"]})', "or set train.on_nonfinite='skip'")
+    self.skipped.append((step, metrics['loss']))
+    if len(self.skipped) >= self.max_skipped_in_a_row:
+      first_step, first_loss = self.skipped[0]
+      raise _NonFiniteStop(step, f'{len(self.skipped)} steps in a row had a non-finite loss or '
+                           f'gradients, the first at step {first_step} (loss {first_loss})',
+                           'or check the data against the model (e.g. its vocab_size); '
+                           'train.max_skipped_in_a_row sets how many are tolerated')
+    log.warning('step %d: non-finite loss or gradients, update skipped', step)
+
+  def check_run(self, start: int, step: int):
+    """Raises _NonFiniteStop if the run from ``start`` to ``step`` applied none of its steps."""
+    if step > start and not self.applied:
+      raise _NonFiniteStop(step, f'every step of this run ({start + 1} to {step}) had a non-finite '
+                           f'loss or gradients, the first with loss {self.skipped[0][1]}',
+                           'or check the data')
+
+
+@dataclasses.dataclass
+class _ShardedModel:
+  """The model on the mesh: its train state's layout (shapes, shardings, optimizer), the state it
+  starts from and its jitted steps."""
+  config: TransformerConfig
+  mesh: jax.sharding.Mesh
+  model: nn.Module
+  layout: train_step.StateLayout
+  schedule: Callable
+  rng: jax.Array
+  inputs: tuple
+
+  @classmethod
+  def build(cls, config: TransformerConfig, mesh_config: partitioning.MeshConfig, seed: int):
+    """``config``'s model on ``mesh_config``'s mesh, with the gin-bound ``learning_rate_schedule``
+    and ``make_optimizer``; ``seed``: the RNG of initialisation and dropout."""
+    mesh = mesh_config.mesh()
+    model, rng, inputs = build_model(config), jax.random.PRNGKey(seed), init_inputs(config)
+    schedule = optimizer.learning_rate_schedule()
+    layout = train_step.state_layout(
+        model, functools.partial(optimizer.make_optimizer, learning_rate=schedule), mesh,
+        mesh_config.rules(), rng, inputs)
+    return cls(config, mesh, model, layout, schedule, rng, inputs)
+
+  def restore_or_init(self, ckpt: checkpoints.Checkpointer, data, model_dir: str,
+                      init_checkpoint: Optional[str]):
+    """(state, step): the newest readable checkpoint's (and ``data``'s position), else step 0
+    with ``init_checkpoint``'s parameters and a fresh optimizer state, else a fresh state."""
+    restored = ckpt.restore_latest(self.layout.abstract, data)
+    if restored:
+      log.info('resumed from step %d in %s', restored[1], model_dir)
+      return restored
+    params = (checkpoints.restore_params(init_checkpoint, self.layout.abstract.params,
+                                         fresh=fresh_head_params(self.config))
+              if init_checkpoint else None)
+    return train_step.create_state(self.layout, self.model, self.rng, self.inputs, params), 0
+
+  def make_train_step(self, num_microbatches: int, **loss):
+    return train_step.make_train_step(
+        self.layout.shardings, self.mesh, model=self.model, config=self.config, tx=self.layout.tx,
+        schedule=self.schedule, num_microbatches=num_microbatches,
+        dropout=self.config.uses_dropout, **loss)
+
+  def make_eval_step(self, z_loss: float):
+    return evaluation.make_eval_step(self.model, self.config, self.layout.shardings.params,
+                                     self.mesh, z_loss)
+
+  def make_diagnostics(self, model_dir: str, **loss) -> diagnostics.Diagnostics:
+    return diagnostics.Diagnostics(model_dir, self.model, self.config,
+                                   self.layout.shardings.params, self.mesh, **loss)
 
 
 def _write_run_files(model_dir: str, config: TransformerConfig, files: Mapping[str, str]):
@@ -86,10 +151,155 @@ def _write_run_files(model_dir: str, config: TransformerConfig, files: Mapping[s
     storage.copy(path, run / name)
 
 
-def _host_tokens(batch) -> Tuple[int, int]:
-  """(tokens, sequences) of a host batch: input plus target positions, padding included."""
-  tokens = sum(int(np.prod(batch[k].shape)) for k in TOKEN_FEATURES if k in batch)
-  return tokens or int(np.prod(next(iter(batch.values())).shape)), len(next(iter(batch.values())))
+@dataclasses.dataclass
+class _Run:
+  """A run between steps: its train state after ``step``, its data and checkpoints, and the step
+  dispatched but not read yet. ``dispatch`` sends a step to the device, then reads the one before
+  (``read``: to the meter and the guard), so the device queue stays full; a step whose state is
+  used at once (checkpoint, eval, diagnostics, stop) is read before the next is dispatched."""
+  state: train_step.TrainState
+  step: int
+  data: Iterator
+  step_fn: Callable
+  mesh: jax.sharding.Mesh
+  rng: jax.Array
+  ckpt: checkpoints.Checkpointer
+  logger: MetricsLogger
+  meter: TrainMeter
+  guard: NonFiniteGuard
+  pending: Optional[tuple] = None  # (step, device metrics, tokens, sequences)
+
+  def dispatch(self, batch):
+    """Dispatches a train step on this host's ``batch``, then reads the previous step."""
+    self.state, metrics = self.step_fn(self.state, partitioning.global_batch(batch, self.mesh),
+                                       self.rng)
+    self.step += 1
+    self.read()
+    self.pending = (self.step, metrics, *host_tokens(batch))
+
+  def read(self):
+    """Waits for the pending step's metrics: the guard judges the step, the meter logs it."""
+    if self.pending is None:
+      return
+    step, device_metrics, tokens, sequences = self.pending
+    self.pending = None
+    metrics = jax.tree_util.tree_map(float, partitioning.to_host(device_metrics))
+    self.meter.add(metrics, tokens, sequences)
+    self.guard.check(step, metrics)
+    self.meter.log(step)
+
+  def checkpoint(self, force: bool = False):
+    """Saves the state and data position if ``step`` is a checkpoint step or ``force``."""
+    if self.ckpt.save(self.step, self.state, self.data, force=force):
+      self.meter.resume()
+
+  def close(self):
+    self.ckpt.close()
+    self.logger.close()
+
+
+class Evaluator:
+  """Teacher-forced evaluation of each task of ``eval_data()`` (called anew at each eval), logged
+  at a step; ``metric_fns`` ({task: functions of (targets, predictions)}) are applied to a
+  classification head's predictions."""
+
+  def __init__(self, eval_step, mesh, logger: MetricsLogger, eval_data=None,
+               metric_fns: Optional[Mapping[str, Sequence[Callable]]] = None,
+               max_batches: Optional[int] = None):
+    self.eval_step, self.mesh, self.logger, self.eval_data = eval_step, mesh, logger, eval_data
+    self.metric_fns, self.max_batches = metric_fns or {}, max_batches
+
+  def __call__(self, step: int, params):
+    for name, batches in (self.eval_data() if self.eval_data else {}).items():
+      self.logger.eval(step, name, evaluation.evaluate(
+          self.eval_step, params, batches, self.mesh, self.max_batches,
+          self.metric_fns.get(name, ())))
+
+
+class _DiagnosticsLog:
+  """The per-layer diagnostics of ``train/diagnostics.py``, logged at the first step (``begin``)
+  and every ``period`` steps."""
+
+  def __init__(self, diag: diagnostics.Diagnostics, period: int, logger: MetricsLogger):
+    self.diag, self.period, self.logger = diag, period, logger
+
+  def begin(self, step: int, params, batch, fresh: bool) -> bool:
+    """Sets up the fixed batch (``Diagnostics.begin``); logs and returns True if made now."""
+    made = self.diag.begin(params, batch, fresh=fresh)
+    if made:
+      self(step, params)
+    return made
+
+  def due(self, step: int) -> bool:
+    return step % self.period == 0
+
+  def __call__(self, step: int, params):
+    self.logger.diagnostics(step, self.diag(params))
+
+
+def _on_first_batch(run: _Run, batch, num_microbatches: int,
+                    diag: Optional[_DiagnosticsLog], fresh: bool):
+  """Before the first step compiles, a batch the mesh cannot split is one line; diagnostics begin
+  (``fresh``: at step 0)."""
+  partitioning.check_batch(len(next(iter(batch.values()))) * jax.process_count(), run.mesh,
+                           num_microbatches)
+  if diag and diag.begin(run.step, run.state.params, batch, fresh):
+    run.meter.resume()
+
+
+def _train_steps(run: _Run, preempt: preemption.Preemption, evaluator: Evaluator,
+                 diag: Optional[_DiagnosticsLog], total_steps: int, eval_period: int,
+                 num_microbatches: int) -> bool:
+  """Steps ``run`` to ``total_steps``, or to the end of the data, or to a preemption (after saving
+  its step); True if preempted."""
+  start = run.step
+  while run.step < total_steps:
+    batch = next(run.data, None)
+    if batch is None:
+      log.warning('the training data ran out after step %d', run.step)
+      return False
+    if run.step == start:
+      _on_first_batch(run, batch, num_microbatches, diag, fresh=start == 0)
+    run.dispatch(batch)
+    stop = preempt.reached(run.step)
+    evaluate = eval_period and run.step % eval_period == 0
+    diagnose = diag and diag.due(run.step)
+    if stop or evaluate or diagnose or run.step % run.ckpt.period == 0:
+      run.read()  # a non-finite step stops the run before its state is saved
+    run.checkpoint(force=stop)  # before eval, so a failing eval loses nothing
+    if diagnose:
+      diag(run.step, run.state.params)
+      run.meter.resume()
+    if stop:
+      log.warning('%s: saved a checkpoint at step %d; run the same command to resume',
+                  preempt.signal or 'preemption', run.step)
+      return True
+    if evaluate:
+      evaluator(run.step, run.state.params)
+      run.meter.resume()
+  return False
+
+
+def _stop(run: _Run, stop: _NonFiniteStop, model_dir: str):
+  """Logs the steps since the last log, closes the run's files and raises NonFiniteLossError."""
+  run.meter.flush(stop.step)
+  run.close()
+  saved = run.ckpt.steps()
+  raise NonFiniteLossError(
+      f'{stop.what}; the update was not applied and the checkpoints in {model_dir} (last: step '
+      f'{saved[-1] if saved else "none"}) are intact. Lower the learning rate, add '
+      f'train.z_loss or make_optimizer.global_norm_clip, {stop.remedy}.') from None
+
+
+def _finish(run: _Run, evaluator: Evaluator, total_steps: int, eval_period: int) -> dict:
+  """Logs the steps since the last log (a stop between log periods), evaluates the last step if
+  it is ``total_steps`` and no eval step, saves it and closes the run's files."""
+  run.meter.flush(run.step)
+  if eval_period and run.step % eval_period and run.step == total_steps:
+    evaluator(run.step, run.state.params)
+  run.ckpt.save(run.step, run.state, run.data, force=True)
+  run.close()
+  return dict(run.meter.last, step=run.step)
 
 
 @gin.configurable(denylist=['config', 'train_data', 'eval_data', 'eval_metric_fns', 'files'])
@@ -117,153 +327,27 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
   Raises NonFiniteLossError at the first non-finite step (``on_nonfinite='stop'``), after
   ``max_skipped_in_a_row`` skipped ones in a row, or at the end if no step's update was applied.
   """
-  if on_nonfinite not in NONFINITE:
-    raise ValueError(f'unknown on_nonfinite {on_nonfinite!r}; valid: {", ".join(NONFINITE)}')
-  mesh_config = mesh or partitioning.MeshConfig()
-  mesh = mesh_config.mesh()
-  model = build_model(config)
-  rng = jax.random.PRNGKey(seed)
-  inputs = init_inputs(config)
-  schedule = optimizer.learning_rate_schedule()
-  layout = train_step.state_layout(
-      model, functools.partial(optimizer.make_optimizer, learning_rate=schedule), mesh,
-      mesh_config.rules(), rng, inputs)
-  ckpt = checkpoints.Checkpointer(model_dir)
-  data = train_data()
-  restored = ckpt.restore_latest(layout.abstract, data)
-  if restored:
-    state, start = restored
-    log.info('resumed from step %d in %s', start, model_dir)
-  else:
-    params = (checkpoints.restore_params(init_checkpoint, layout.abstract.params,
-                                         fresh=fresh_head_params(config))
-              if init_checkpoint else None)
-    state, start = train_step.create_state(layout, model, rng, inputs, params), 0
+  guard = NonFiniteGuard(on_nonfinite, max_skipped_in_a_row)
+  sharded = _ShardedModel.build(config, mesh or partitioning.MeshConfig(), seed)
+  ckpt, data = checkpoints.Checkpointer(model_dir), train_data()
+  state, start = sharded.restore_or_init(ckpt, data, model_dir, init_checkpoint)
   _write_run_files(model_dir, config, files or {})  # after restoring: a refused resume keeps them
-  step_fn = train_step.make_train_step(
-      layout.shardings, mesh, model=model, config=config, tx=layout.tx, schedule=schedule,
-      num_microbatches=num_microbatches, label_smoothing=label_smoothing, z_loss=z_loss,
-      loss_normalizing_factor=loss_normalizing_factor, dropout=config.uses_dropout)
-  eval_step = evaluation.make_eval_step(model, config, layout.shardings.params, mesh, z_loss)
+  loss = dict(label_smoothing=label_smoothing, z_loss=z_loss,
+              loss_normalizing_factor=loss_normalizing_factor)
   logger = MetricsLogger(model_dir, total_steps)
-  diag = diagnostics.Diagnostics(
-      model_dir, model, config, layout.shardings.params, mesh, label_smoothing=label_smoothing,
-      z_loss=z_loss, loss_normalizing_factor=loss_normalizing_factor) if diagnostics_period else None
-  step, last, window, pending = start, {}, [], None
-  skipped = []  # the skipped steps since the last applied one: (step, loss)
-  applied, preempted = 0, False
-  started = clock = time.time()  # clock: when the last step was read (or a pause ended)
-
-  def run_eval(step):
-    for name, batches in (eval_data() if eval_data else {}).items():
-      logger.eval(step, name, evaluation.evaluate(eval_step, state.params, batches, mesh, eval_batches,
-                                                  (eval_metric_fns or {}).get(name, ())))
-
-  def log_diagnostics(step):
-    nonlocal clock
-    logger.diagnostics(step, diag(state.params))
-    clock = time.time()
-
-  def stop_nonfinite(at_step: int, what: str, remedy: str):
-    """Logs the steps since the last log, closes the run's files and raises."""
-    if window:
-      logger.train(at_step, _summarize(at_step, window), start, started)
-    ckpt.close()
-    logger.close()
-    raise NonFiniteLossError(
-        f'{what}; the update was not applied and the checkpoints in {model_dir} (last: step '
-        f'{ckpt.steps()[-1] if ckpt.steps() else "none"}) are intact. Lower the learning rate, add '
-        f'train.z_loss or make_optimizer.global_norm_clip, {remedy}.')
-
-  def read(pending):
-    """Waits for a dispatched step's metrics, applies ``on_nonfinite`` and logs on its period."""
-    nonlocal clock, last, window, applied
-    read_step, device_metrics, tokens, sequences = pending
-    metrics = jax.tree_util.tree_map(float, partitioning.to_host(device_metrics))
-    now = time.time()
-    window.append((metrics, tokens, sequences, now - clock))
-    clock = now
-    if not metrics['skipped']:
-      skipped.clear()
-      applied += 1
-    elif on_nonfinite == 'stop':
-      stop_nonfinite(read_step, f'the loss or gradients at step {read_step} are not finite (loss '
-                     f'{metrics["loss"]})', "or set train.on_nonfinite='skip'")
-    else:
-      skipped.append((read_step, metrics['loss']))
-      if len(skipped) >= max_skipped_in_a_row:
-        stop_nonfinite(read_step, f'{len(skipped)} steps in a row had a non-finite loss or gradients, the '
-                       f'first at step {skipped[0][0]} (loss {skipped[0][1]})',
-                       'or check the data against the model (e.g. its vocab_size); '
-                       'train.max_skipped_in_a_row sets how many are tolerated')
-      log.warning('step %d: non-finite loss or gradients, update skipped', read_step)
-    if read_step % log_period == 0 or read_step == total_steps:
-      last = _summarize(read_step, window)
-      logger.train(read_step, last, start, started)
-      window = []
-
-  # The device queue stays full: step N's metrics are read after step N+1 is dispatched. Only a
-  # step whose state is used at once (checkpoint, eval, stop) is read before the next dispatch.
-  with _Preemption(ckpt) as preemption:
-    while step < total_steps:
-      batch = next(data, None)
-      if batch is None:
-        log.warning('the training data ran out after step %d', step)
-        break
-      if step == start:  # before the step compiles: a batch the mesh cannot split is one line
-        partitioning.check_batch(len(next(iter(batch.values()))) * jax.process_count(), mesh,
-                                 num_microbatches)
-      if diag and step == start and diag.begin(state.params, batch, fresh=start == 0):
-        log_diagnostics(step)
-      state, metrics = step_fn(state, partitioning.global_batch(batch, mesh), rng)
-      step += 1
-      if pending:
-        read(pending)
-      pending = (step, metrics, *_host_tokens(batch))
-      stop = preemption.reached(step)
-      evaluate = eval_period and step % eval_period == 0
-      diagnose = diag and step % diagnostics_period == 0
-      if stop or evaluate or diagnose or step % ckpt.period == 0:
-        read(pending)  # a non-finite step stops the run before its state is saved
-        pending = None
-      if ckpt.save(step, state, data, force=stop):  # before eval, so a failing eval loses nothing
-        clock = time.time()
-      if diagnose:
-        log_diagnostics(step)
-      if stop:
-        log.warning('%s: saved a checkpoint at step %d; run the same command to resume',
-                    preemption.signal or 'preemption', step)
-        preempted = True
-        break
-      if evaluate:
-        run_eval(step)
-        clock = time.time()
-  if pending:
-    read(pending)
-  if step > start and not applied and not preempted:  # a preempted run is judged when resumed
-    stop_nonfinite(step, f'every step of this run ({start + 1} to {step}) had a non-finite loss or '
-                   f'gradients, the first with loss {skipped[0][1]}', 'or check the data')
-  if window:  # steps since the last log (a stop between log periods)
-    last = _summarize(step, window)
-    logger.train(step, last, start, started)
-  if eval_period and step % eval_period and step == total_steps:
-    run_eval(step)
-  ckpt.save(step, state, data, force=True)
-  ckpt.close()
-  logger.close()
-  return dict(last, step=step)
-
-
-def _summarize(step: int, window) -> dict:
-  """Means over the steps since the last log, skipped (non-finite) ones left out unless all were;
-  learning rate and parameter norm: the latest."""
-  seconds = sum(w[3] for w in window)
-  applied = [w[0] for w in window if not w[0]['skipped']] or [w[0] for w in window]
-  mean = lambda k: float(np.mean([m[k] for m in applied]))
-  latest = window[-1][0]
-  return {'loss': mean('loss'), 'z_loss': mean('z_loss'), 'token_accuracy': mean('token_accuracy'),
-          'learning_rate': latest['learning_rate'], 'grad_norm': mean('grad_norm'),
-          'param_norm': latest['param_norm'], 'skipped': sum(w[0]['skipped'] for w in window),
-          'tokens_per_second': sum(w[1] for w in window) * jax.process_count() / seconds,
-          'sequences_per_second': sum(w[2] for w in window) * jax.process_count() / seconds,
-          'step_time': seconds / len(window), 'num_tokens': mean('num_tokens')}
+  evaluator = Evaluator(sharded.make_eval_step(z_loss), sharded.mesh, logger, eval_data,
+                        eval_metric_fns, eval_batches)
+  diag = (_DiagnosticsLog(sharded.make_diagnostics(model_dir, **loss), diagnostics_period, logger)
+          if diagnostics_period else None)
+  run = _Run(state, start, data, sharded.make_train_step(num_microbatches, **loss), sharded.mesh,
+             sharded.rng, ckpt, logger, TrainMeter(logger, start, log_period, total_steps), guard)
+  try:
+    with preemption.Preemption(ckpt) as preempt:
+      preempted = _train_steps(run, preempt, evaluator, diag, total_steps, eval_period,
+                               num_microbatches)
+    run.read()
+    if not preempted:  # a preempted run is judged when it resumes
+      guard.check_run(start, run.step)
+  except _NonFiniteStop as stop:
+    _stop(run, stop, model_dir)
+  return _finish(run, evaluator, total_steps, eval_period)
