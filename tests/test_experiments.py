@@ -75,10 +75,16 @@ def test_every_experiment_file_builds(path):
        (['INITIAL_CHECKPOINT_PATH = "/tmp/unused"'] if name == 'finetune.gin' else []))
   schedule = optimizer.learning_rate_schedule()
   assert float(schedule(query('learning_rate_schedule.warmup_steps') or 0)) > 0
+  import seqio  # pylint: disable=g-import-not-at-top
   from t5x_variants.data import pipeline, tasks  # pylint: disable=g-import-not-at-top
   with gin.config_scope('train'):
     data = pipeline.DatasetConfig()
-  tasks.get_task_or_mixture(data.mixture_or_task_name)  # registered (the data need not be here)
+  added = tasks.register_tasks()  # with this recipe's vocabulary (T5's for the full-scale ones)
+  try:
+    tasks.get_task_or_mixture(data.mixture_or_task_name)  # registered (the data need not be here)
+  finally:  # a later test's tasks must get its own vocabulary, not this recipe's
+    for name in sorted(added, key=lambda n: n not in seqio.MixtureRegistry.names()):
+      (seqio.MixtureRegistry if name in seqio.MixtureRegistry.names() else seqio.TaskRegistry).remove(name)
   assert min(data.task_feature_lengths.values()) > 0
   params = {'decoder': {'layers': {'w': np.zeros((2, 3, 4), np.float32)}}}
   optimizer.make_optimizer(params, schedule).init(params)
