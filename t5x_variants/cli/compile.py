@@ -33,12 +33,7 @@ def _run_settings(args, with_data: bool):
       dataset = pipeline.DatasetConfig()
     batch, lengths = dataset.batch_size, dict(dataset.task_feature_lengths or {})
   else:
-    for macro in ('BATCH_SIZE', 'TASK_FEATURE_LENGTHS'):
-      try:
-        value = gin.query_parameter(f'%{macro}')
-      except ValueError:
-        continue
-      batch, lengths = (value, lengths) if macro == 'BATCH_SIZE' else (batch, dict(value))
+    batch, lengths = common.gin_macro('BATCH_SIZE'), dict(common.gin_macro('TASK_FEATURE_LENGTHS') or {})
   batch = args.batch or batch
   for feature in ('inputs', 'targets'):
     lengths[feature] = getattr(args, f'{feature}_length') or lengths.get(feature)

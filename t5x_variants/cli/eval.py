@@ -28,7 +28,7 @@ from etils import epath
 import jax
 import numpy as np
 
-from t5x_variants.cli import common
+from t5x_variants.cli import common, ranges
 from t5x_variants.train import checkpoints, evaluation
 from t5x_variants.train.metrics import MetricsLogger
 from t5x_variants.train.predictor import (DecodeOptions, Predictor, continuation_length,
@@ -196,7 +196,7 @@ def main(argv=None):
   with common.clear_errors('t5xv-eval'):
     _, config = common.setup(common.parser('t5xv-eval', __doc__), argv,
                              {'evaluate_checkpoints': evaluate_checkpoints})
-    common.check_ranges('evaluate_checkpoints', gin.get_bindings('evaluate_checkpoints'))
+    ranges.check_ranges('evaluate_checkpoints', gin.get_bindings('evaluate_checkpoints'))
     results = evaluate_checkpoints(config)
   print(f'evaluated {len(results)} checkpoint(s)')
   return 0

@@ -18,7 +18,7 @@ import gin
 import jax
 import numpy as np
 
-from t5x_variants.cli import common
+from t5x_variants.cli import common, ranges
 from t5x_variants.train import storage
 from t5x_variants.features import EOS_ID
 from t5x_variants.train.predictor import (DecodeOptions, Predictor, continuation_length,
@@ -77,7 +77,7 @@ def infer(config, *, checkpoint_path: str = gin.REQUIRED, output_file: str = gin
 def main(argv=None):
   with common.clear_errors('t5xv-infer'):
     _, config = common.setup(common.parser('t5xv-infer', __doc__), argv, {'infer': infer})
-    common.check_ranges('infer', gin.get_bindings('infer'))  # before any work
+    ranges.check_ranges('infer', gin.get_bindings('infer'))  # before any work
     n = infer(config)
   print(f'wrote {n} predictions')
   return 0

@@ -13,7 +13,7 @@ import sys
 import gin
 import jax
 
-from t5x_variants.cli import common
+from t5x_variants.cli import common, ranges
 from t5x_variants.train import storage
 
 
@@ -93,7 +93,7 @@ def check_model_dir(model_dir, config):
   """ValueError (one line) when ``model_dir`` cannot hold this run: not a string, a file, not
   writable (local paths), or holding a run of another model, as its model-info.txt says (another
   summary field or parameter; the checkpoints' parameter shapes are checked again on resume)."""
-  flag, name = common.binding_name('train.model_dir')
+  flag, name = ranges.binding_name('train.model_dir')
   if not isinstance(model_dir, str) or not model_dir.strip():
     raise ValueError(f'{name} = {model_dir!r}: expected the run directory, a path in quotes; set '
                      f'--gin.{flag}="\'/path/to/run\'"')
@@ -121,19 +121,19 @@ def check_model_dir(model_dir, config):
 def check_inputs(config, train_cfg, eval_cfg):
   """Every number and path the training run reads, checked before any data is built or anything
   compiles; the first bad one is a ValueError of one line naming its binding (its macro if it has
-  one) and its valid range (``common.RANGES``)."""
+  one) and its valid range (``ranges.RANGES``)."""
   from t5x_variants.train import partitioning  # pylint: disable=g-import-not-at-top
   bindings = gin.get_bindings('train')
-  common.check_ranges('train', bindings)
-  common.check_ranges('Checkpointer', gin.get_bindings('Checkpointer'))
-  common.check_ranges('DatasetConfig', vars(train_cfg), scope='train')
+  ranges.check_ranges('train', bindings)
+  ranges.check_ranges('Checkpointer', gin.get_bindings('Checkpointer'))
+  ranges.check_ranges('DatasetConfig', vars(train_cfg), scope='train')
   if eval_cfg.mixture_or_task_name:
-    common.check_ranges('DatasetConfig', vars(eval_cfg), scope='train_eval')
+    ranges.check_ranges('DatasetConfig', vars(eval_cfg), scope='train_eval')
   mesh = (bindings.get('mesh') or partitioning.MeshConfig()).mesh()
   try:
     partitioning.check_batch(train_cfg.batch_size, mesh, bindings.get('num_microbatches', 1))
   except ValueError as e:
-    raise ValueError(f'{common.binding_name("train/DatasetConfig.batch_size")[1]} = '
+    raise ValueError(f'{ranges.binding_name("train/DatasetConfig.batch_size")[1]} = '
                      f'{train_cfg.batch_size}: {e}') from None
   if 'model_dir' in bindings:  # else gin names the missing binding when train is called
     check_model_dir(bindings['model_dir'], config)
