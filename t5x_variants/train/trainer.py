@@ -313,7 +313,8 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
           loss_normalizing_factor='num_tokens', on_nonfinite: str = 'skip',
           max_skipped_in_a_row: int = 20,
           log_period: int = 100, eval_period: int = 1000, eval_batches: Optional[int] = None,
-          init_checkpoint: Optional[str] = None, seed: int = 0, diagnostics_period: int = 0):
+          eval_at_start: bool = False, init_checkpoint: Optional[str] = None, seed: int = 0,
+          diagnostics_period: int = 0):
   """Trains to ``total_steps``; returns the last logged train metrics (with 'step').
 
   ``train_data()``: this host's iterator of numpy batches (with ``save``/``restore`` to make the
@@ -324,6 +325,8 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
   when the config has any dropout. The optimizer and schedule are the gin-bound
   ``make_optimizer`` and ``learning_rate_schedule``. ``diagnostics_period`` > 0 logs the
   per-layer diagnostics of ``train/diagnostics.py`` at step 0 and every that many steps.
+  ``eval_at_start``: a fresh run also evaluates its initial parameters, at step 0 (the initial
+  loss of a learning-rate sensitivity, ``sweeps/stability.py``).
   Raises NonFiniteLossError at the first non-finite step (``on_nonfinite='stop'``), after
   ``max_skipped_in_a_row`` skipped ones in a row, or at the end if no step's update was applied.
   """
@@ -341,6 +344,8 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
           if diagnostics_period else None)
   run = _Run(state, start, data, sharded.make_train_step(num_microbatches, **loss), sharded.mesh,
              sharded.rng, ckpt, logger, TrainMeter(logger, start, log_period, total_steps), guard)
+  if eval_at_start and start == 0:
+    evaluator(0, state.params)
   try:
     with preemption.Preemption(ckpt) as preempt:
       preempted = _train_steps(run, preempt, evaluator, diag, total_steps, eval_period,
