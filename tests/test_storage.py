@@ -106,3 +106,24 @@ def test_train_resume_eval_and_infer_on_a_store(bucket):
               f"--gin.INFER_OUTPUT='{run}/predictions.jsonl'") == 0
   (row,) = [json.loads(l) for l in (bucket / 'run' / 'predictions.jsonl').read_text().splitlines()]
   assert row['inputs'] == 'Return the number of items.' and row['prediction']
+
+
+def test_write_text_replaces_a_file_whole_or_not_at_all(tmp_path, monkeypatch):
+  """A write that dies half-way (a kill, a full disk) leaves the previous eval_results.json or
+  config.gin as it was, and its temporary file is removed."""
+  target = tmp_path / 'eval_results.json'
+  storage.write_text(target, '{"10": {}}')
+  real = epath.Path.write_text
+
+  def half_then_fail(self, text, *args, **kwargs):
+    real(self, text[:len(text) // 2])
+    raise OSError(28, 'No space left on device')
+  monkeypatch.setattr(epath.Path, 'write_text', half_then_fail)
+  with pytest.raises(OSError):
+    storage.write_text(target, '{"10": {}, "20": {}}')
+  assert target.read_text() == '{"10": {}}'
+  assert [p.name for p in tmp_path.iterdir()] == ['eval_results.json']
+  monkeypatch.undo()
+  storage.write_text(target, '{"20": {}}')
+  assert target.read_text() == '{"20": {}}'
+  assert [p.name for p in tmp_path.iterdir()] == ['eval_results.json']

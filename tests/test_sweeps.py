@@ -686,3 +686,56 @@ def test_final_plot_marks_the_papers_numbers_on_a_same_scale_axis():
     assert not fig.legends[0].get_window_extent().overlaps(ax.get_window_extent())
   no_paper = drawn(plots.final_figure(plot_group(['relu', 'geglu'], 3), report.final_values))
   assert len(no_paper.axes) == 1 and len(no_paper.legends[0].get_texts()) == 1
+
+
+def rate_run(run_dir, initial, final=None, diverged_at=None, steps=10):
+  """A run of a learning-rate sweep: the eval of its initial parameters at step 0, then either a
+  final eval at ``steps`` or a non-finite training loss at ``diverged_at``."""
+  evals = [{'step': 0, 'kind': 'eval', 'task': 'lm', 'log_perplexity': initial}]
+  if diverged_at:
+    write_metrics(run_dir, evals + [train_record(diverged_at, float('nan'))], total_steps=steps)
+  else:
+    write_metrics(run_dir, evals + [train_record(steps, final),
+                                    {'step': steps, 'kind': 'eval', 'task': 'lm',
+                                     'log_perplexity': final}], total_steps=steps)
+
+
+def test_lr_sensitivity_is_wortsman_et_al_s_formula(tmp_path):
+  """Two curves over three rates: S = mean over rates of min(final, l_0) - best final, a diverged
+  run counting as l_0 (8.0), a final above l_0 clipped to it; a finite run that fell by less than
+  a tenth of the largest fall is stalled."""
+  from t5x_variants.sweeps import stability
+  runs = {'post+base=1e-3': dict(final=6.0), 'post+base=1e-2': dict(final=5.0),
+          'post+base=1e-1': dict(diverged_at=4),
+          'pre+base=1e-3': dict(final=7.9), 'pre+base=1e-2': dict(final=5.5),
+          'pre+base=1e-1': dict(final=8.5)}
+  for name, outcome in runs.items():
+    rate_run(tmp_path / f'{name}-seed0', 8.0, **outcome)
+  group = report.run_dirs_group(sorted(str(p) for p in tmp_path.iterdir()), name='lr')
+  assert stability.is_rate_sweep(group)
+  curves = {c.label: c for c in stability.curves(group, report.final_value, report.diverged_step)}
+  post, pre = curves['post'], curves['pre']
+  assert [p.rate for p in post.points] == [1e-3, 1e-2, 1e-1]
+  assert post.sensitivity() == pytest.approx((6.0 + 5.0 + 8.0) / 3 - 5.0)
+  assert pre.sensitivity() == pytest.approx((7.9 + 5.5 + 8.0) / 3 - 5.5)
+  assert [p.stalled for p in pre.points] == [True, False, True]  # 0.1 and -0.5 of a 3.0 fall
+  assert [p.stalled for p in post.points] == [False, False, False]
+  os.makedirs(tmp_path / 'out')
+  text = '\n'.join(report.group_markdown(group, str(tmp_path / 'out')))
+  assert '| post | 8.000 | 6.000 | 5.000 | diverged | 0.01 | 1.333 |' in text
+  assert '| pre | 8.000 | 7.900 stalled | 5.500 | 8.500 stalled | 0.01 | 1.633 |' in text
+  assert (tmp_path / 'out' / 'lr_lr.png').stat().st_size < 150_000
+  other = report.run_dirs_group([str(tmp_path / 'post+base=1e-3-seed0')], name='one')
+  assert not stability.is_rate_sweep(other)  # one rate: no curve
+
+
+def test_lr_sensitivity_waits_for_every_rate_and_for_the_initial_loss(tmp_path):
+  from t5x_variants.sweeps import stability
+  rate_run(tmp_path / 'a+base=1e-3-seed0', 8.0, final=6.0)
+  os.makedirs(tmp_path / 'a+base=1e-2-seed0')  # not started
+  write_metrics(tmp_path / 'b+base=1e-3-seed0', [train_record(10, 6.0)], total_steps=10)
+  write_metrics(tmp_path / 'b+base=1e-2-seed0', [train_record(10, 6.0)], total_steps=10)
+  group = report.run_dirs_group(sorted(str(p) for p in tmp_path.iterdir()), name='lr')
+  curves = {c.label: c for c in stability.curves(group, report.final_value, report.diverged_step)}
+  assert curves['a'].sensitivity() is None and curves['b'].sensitivity() is None
+  assert stability.table(list(curves.values()))[2] == '| a | 8.000 | 6.000 | not run | 0.001 | — |'

@@ -246,3 +246,18 @@ def test_a_run_writes_its_record(reference):
   assert len(events) == 1 and events[0].read_bytes().count(b'train/tokens_per_second') == 4
   line = [l for l in console.splitlines() if l.startswith('step 3/4 ')]
   assert len(line) == 1 and ' tok/s ' in line[0] and ' eta 0:00:' in line[0], console
+
+
+def test_eval_at_start_evaluates_the_initial_parameters_once(tmp_path):
+  """``train.eval_at_start``: a fresh run logs an eval at step 0 (the initial loss of an LR
+  sensitivity), equal to evaluating the step-0 parameters; its resumption does not log it again."""
+  from train_helpers import eval_batches
+  run_train(tmp_path, 2, eval_data=eval_batches, eval_period=2, eval_at_start=True)
+  evals = records(tmp_path, 'eval')
+  assert [r['step'] for r in evals] == [0, 2]
+  assert evals[0]['loss'] > evals[1]['loss']
+  fresh = tmp_path / 'fresh'
+  run_train(fresh, 1, eval_data=eval_batches, eval_period=1, eval_at_start=True)
+  assert records(fresh, 'eval')[0] == {**evals[0], 'time': records(fresh, 'eval')[0]['time']}
+  run_train(tmp_path, 4, eval_data=eval_batches, eval_period=2, eval_at_start=True)
+  assert [r['step'] for r in records(tmp_path, 'eval')] == [0, 2, 4]

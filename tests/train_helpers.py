@@ -69,18 +69,68 @@ def step_batch(step, rows=4):
   return batch
 
 
-def run_train(model_dir, total_steps, period=2, batches=None, config=None, **kwargs):
+def run_train(model_dir, total_steps, period=2, batches=None, config=None, eval_period=0,
+              keep=None, **kwargs):
   """``trainer.train`` of ``config`` (default: a 1-layer tiny model) at constant lr 0.01,
-  logging every step and checkpointing every ``period`` steps."""
+  logging every step and checkpointing every ``period`` steps (keeping ``keep``: None, all)."""
   import gin
   from t5x_variants.train import trainer
   gin.bind_parameter('learning_rate_schedule.name', 'constant')
   gin.bind_parameter('learning_rate_schedule.base', 0.01)
   gin.bind_parameter('Checkpointer.period', period)
-  gin.bind_parameter('Checkpointer.keep', None)
+  gin.bind_parameter('Checkpointer.keep', keep)
   return trainer.train(config or tiny(num_encoder_layers=1, num_decoder_layers=1),
                        batches or StepBatches, model_dir=str(model_dir), total_steps=total_steps,
-                       log_period=1, eval_period=0, **kwargs)
+                       log_period=1, eval_period=eval_period, **kwargs)
+
+
+def eval_batches():
+  """The held-out set of the fault tests: two batches unlike any step's."""
+  return {'synthetic': [step_batch(1000), step_batch(1001)]}
+
+
+def kill_at(phase, at):
+  """Makes this process SIGKILL itself at step ``at`` in ``phase`` (tests/trainer_subprocess.py
+  ``kill``), printing ``KILL phase at`` first. The save phases wrap the finalisation of orbax's
+  atomic-rename temporary directory (the local file system's), the commit of a checkpoint."""
+  import signal
+  from orbax.checkpoint._src.path import atomicity
+  from t5x_variants.train import evaluation, trainer
+
+  def kill():
+    print(f'KILL {phase} {at}', flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+  if phase == 'step':
+    dispatch = trainer._Run.dispatch
+    def dispatch_then_kill(run, batch):
+      dispatch(run, batch)
+      if run.step == at:
+        kill()
+    trainer._Run.dispatch = dispatch_then_kill
+  elif phase in ('save', 'committed'):
+    finalize = atomicity.AtomicRenameTemporaryPath.finalize
+    async def finalize_and_kill(self, *args, **kwargs):
+      ours = self.get_final().name == f'checkpoint_{at}'
+      if ours and phase == 'save':
+        kill()
+      await finalize(self, *args, **kwargs)
+      if ours:
+        kill()
+    atomicity.AtomicRenameTemporaryPath.finalize = finalize_and_kill
+  elif phase == 'eval':
+    call, evaluate = trainer.Evaluator.__call__, evaluation.evaluate
+    def evaluate_then_kill(eval_step, params, batches, *args):
+      def first_then_kill():
+        yield from batches[:1]
+        kill()
+      return evaluate(eval_step, params, first_then_kill(), *args)
+    def call_and_kill(self, step, params):
+      evaluation.evaluate = evaluate_then_kill if step == at else evaluate
+      call(self, step, params)
+    trainer.Evaluator.__call__ = call_and_kill
+  else:
+    raise ValueError(f'unknown phase {phase}')
 
 
 def save_fresh_state(config, model_dir, seed, step=1):

@@ -6,6 +6,14 @@
       one of 2 processes joined by jax.distributed (2 CPU devices each, data=2 x model=2, fsdp),
       each feeding its half of every global batch, 0.1 s per batch, no periodic checkpoints
 
+  python trainer_subprocess.py kill MODEL_DIR STEPS PHASE AT
+      1 device, checkpoints every 2 steps, an eval of 2 batches every 2 steps; SIGKILLs itself at
+      step AT in PHASE: 'step' (the step dispatched, not finished), 'save' (checkpoint_AT written
+      to its temporary directory, not committed), 'committed' (just after its commit) or 'eval'
+      (after the first eval batch), printing ``KILL PHASE AT`` first
+  python trainer_subprocess.py churn MODEL_DIR STEPS
+      1 device, 0.05 s per batch, a checkpoint every step, keep 2 (t5xv-eval beside a training run)
+
 Prints the trainer's result as JSON on the last line.
 """
 import argparse
@@ -15,7 +23,7 @@ import os
 import sys
 
 mode, model_dir, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
-devices = {'mesh': 8, 'slow': 1, 'process': 2}[mode]
+devices = {'mesh': 8, 'slow': 1, 'process': 2, 'kill': 1, 'churn': 1}[mode]
 os.environ['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={devices}'
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -24,7 +32,7 @@ import jax  # noqa: E402
 
 from t5x_variants.cli import common  # noqa: E402
 from t5x_variants.train.partitioning import MeshConfig  # noqa: E402
-from train_helpers import StepBatches, run_train  # noqa: E402
+from train_helpers import StepBatches, eval_batches, kill_at, run_train  # noqa: E402
 
 if mode == 'mesh':
   gin.bind_parameter('MeshConfig.data', 4)  # as --gin.MeshConfig.data=4 ... on a command line
@@ -34,6 +42,12 @@ if mode == 'mesh':
 elif mode == 'slow':
   result = run_train(model_dir, steps, period=1000,
                      batches=functools.partial(StepBatches, delay=0.1))
+elif mode == 'kill':
+  kill_at(sys.argv[4], int(sys.argv[5]))
+  result = run_train(model_dir, steps, eval_data=eval_batches, eval_period=2)
+elif mode == 'churn':
+  result = run_train(model_dir, steps, period=1, keep=2,
+                     batches=functools.partial(StepBatches, delay=0.05))
 else:
   port, index = sys.argv[4], int(sys.argv[5])
   common.initialize_processes(argparse.Namespace(

@@ -29,7 +29,7 @@ import jax
 import numpy as np
 
 from t5x_variants.cli import common, ranges
-from t5x_variants.train import checkpoints, evaluation
+from t5x_variants.train import checkpoints, evaluation, storage
 from t5x_variants.train.metrics import MetricsLogger
 from t5x_variants.train.predictor import (DecodeOptions, Predictor, continuation_length,
                                           decode_examples, prompted, score_examples, until_eos)
@@ -183,7 +183,7 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
       new.setdefault(int(step), {})[task.name] = metrics
     results[BEST] = best_over_checkpoints(results)
     if jax.process_index() == 0:
-      results_file.write_text(json.dumps(all_results, indent=1, sort_keys=True))
+      storage.write_text(results_file, json.dumps(all_results, indent=1, sort_keys=True))
   logger.close()
   evaluated = sum(step.isdigit() for step in results)
   for task, metrics in sorted(results.get(BEST, {}).items()):

@@ -19,6 +19,7 @@ retries failed ones. Runs recorded by an earlier, larger grid stay in sweep.json
 report) without being scheduled. One sweep process at a time holds a sweep directory.
 """
 import collections
+import ctypes
 import dataclasses
 import fcntl
 import glob
@@ -255,6 +256,14 @@ def trainer_executable() -> List[str]:
   return [script] if os.path.isfile(script) else [sys.executable, '-m', 't5x_variants.cli.train']
 
 
+def _terminated_with_parent():
+  """In a trainer started by the sweep (Linux): SIGTERM when the sweep process dies, even by
+  SIGKILL, so the trainer saves a checkpoint and exits instead of training on unrecorded beside the
+  rerun sweep's trainer of the same run."""
+  if sys.platform.startswith('linux'):
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def _lock(sweep_dir: str):
   """An exclusive lock on the sweep directory for this process's lifetime (two sweeps on one
   directory would train the same runs)."""
@@ -288,7 +297,8 @@ def run_sweep(sweep: Sweep, executable: Sequence[str], say: Callable[[str], None
       start = time.time()
       with open(log_file, 'a') as log:
         log_start = log.tell()
-        proc = subprocess.Popen(sweep.command(run, executable), stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(sweep.command(run, executable), stdout=log, stderr=subprocess.STDOUT,
+                                preexec_fn=_terminated_with_parent)
         try:
           returncode, interrupted = proc.wait(), False
         except KeyboardInterrupt:

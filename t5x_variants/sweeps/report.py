@@ -14,7 +14,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from t5x_variants.sweeps import grid, papers, plots
+from t5x_variants.sweeps import grid, papers, plots, stability
 from t5x_variants.sweeps.runs import BLOW_UP_NATS, RunRecord, read_run
 
 
@@ -339,6 +339,8 @@ def group_markdown(group: Group, out_dir: str, baseline: Optional[str] = None) -
   elif baseline:
     lines += [f'No variant `{baseline}` here: no paired differences.', '']
   lines += ranking_lines(group)
+  if stability.is_rate_sweep(group):
+    lines += stability.markdown(group, final_value, diverged_step)
   for title, path in plots.group_plots(group, out_dir, final_values, diverged_step):
     lines += [f'![{title}]({os.path.basename(path)})', '']
   return lines

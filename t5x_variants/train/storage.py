@@ -44,10 +44,21 @@ def join(p: PathLike, *names: str) -> str:
 
 
 def write_text(p: PathLike, text: str):
-  """Writes ``text`` to ``p`` (its parent made first), whole."""
+  """Writes ``text`` to ``p`` (its parent made first), whole: locally into a temporary file renamed
+  over ``p``, so a process killed mid-write leaves the old file, never half a file (an object
+  store writes an object whole already)."""
   p = path(p)
   p.parent.mkdir(parents=True, exist_ok=True)
-  p.write_text(text)
+  if scheme(p):
+    p.write_text(text)
+    return
+  tmp = p.with_name(f'.{p.name}.{os.getpid()}.tmp')
+  try:
+    tmp.write_text(text)
+    os.replace(tmp, p)
+  finally:
+    if tmp.exists():
+      tmp.unlink()
 
 
 def copy(src: PathLike, dst: PathLike):
@@ -83,6 +94,11 @@ class AppendedFile:
       self._text, self._dirty = io.StringIO(), False
     else:
       self._file = self.path.open('a')
+      if self._file.tell():
+        with self.path.open('rb') as f:
+          f.seek(-1, os.SEEK_END)
+          if f.read(1) != b'\n':  # the last line was cut mid-write (a full disk): a new line
+            self._file.write('\n')
 
   def write(self, line: str):
     if self.remote:

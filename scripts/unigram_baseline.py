@@ -1,0 +1,42 @@
+"""The held-out cross-entropy of a unigram model of a task's targets: the loss a language model
+reaches by learning the token frequencies alone (a floor that a plateau of the stability curves
+can be compared with). Frequencies from one epoch of the train split (add-one smoothed), the loss
+on the first BATCHES x BATCH_SIZE validation examples, in the order and padding the trainer's
+evaluation uses.
+
+  python scripts/unigram_baseline.py --task=embedded_lm --length=64 --batch_size=16 --batches=16
+"""
+import argparse
+
+import numpy as np
+
+from t5x_variants.data import pipeline
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument('--task', default='embedded_lm')
+  p.add_argument('--length', type=int, default=64)
+  p.add_argument('--batch_size', type=int, default=16)
+  p.add_argument('--batches', type=int, default=16)
+  p.add_argument('--vocab_size', type=int, default=4224)
+  args = p.parse_args()
+  lengths = {'targets': args.length}
+  counts = np.ones(args.vocab_size)
+  train = pipeline.get_dataset(args.task, lengths, 'decoder_only', 'train', shuffle=False,
+                               num_epochs=1, pack=False)
+  for ex in train.as_numpy_iterator():
+    np.add.at(counts, ex['decoder_target_tokens'][ex['decoder_loss_weights'] > 0], 1)
+  log_p = np.log(counts / counts.sum())
+  loss = tokens = 0.0
+  batches = pipeline.eval_batches(args.task, lengths, 'decoder_only', args.batch_size)
+  for _, batch in zip(range(args.batches), batches):
+    weights = batch['decoder_loss_weights'] > 0
+    loss -= log_p[batch['decoder_target_tokens'][weights]].sum()
+    tokens += weights.sum()
+  print(f'{args.task}: unigram held-out cross-entropy {loss / tokens:.4f} nats over '
+        f'{int(tokens)} tokens (train tokens counted: {int(counts.sum() - args.vocab_size)})')
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,306 @@
+"""The fault matrix: a run killed or corrupted at one phase, then rerun with the same command,
+ends with exactly the losses of an uninterrupted run, or stops with one clear line; no completed
+checkpoint or metric record is lost. Each test is one row of the README's reliability table.
+
+Every run sees the same batches (``StepBatches``: batch i at step i) and logs every step, so each
+is compared with one straight 6-step reference run (checkpoints at steps 2, 4 and 6)."""
+import errno
+import functools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import tiny
+from t5x_variants.cli import eval as eval_cli
+from t5x_variants.sweeps import grid
+from t5x_variants.sweeps.runs import read_run
+from t5x_variants.train import checkpoints
+from train_helpers import StepBatches, eval_batches, run_train, saved_state, train_losses
+from test_trainer import SCRIPT, finish, subprocess_train, wait_for_steps  # noqa: F401 (fixture)
+
+STEPS = 6
+
+
+@pytest.fixture(scope='module')
+def reference(tmp_path_factory):
+  """(model_dir, {step: loss}) of 6 straight steps on one device, with evals every 2 steps."""
+  model_dir = tmp_path_factory.mktemp('reference')
+  run_train(model_dir, STEPS, eval_data=eval_batches, eval_period=2)
+  return model_dir, train_losses(model_dir)
+
+
+def complete_records(model_dir):
+  """The metric records of ``model_dir`` whose line was written whole (not a line cut short)."""
+  records = []
+  for line in (model_dir / 'metrics.jsonl').read_text().splitlines(keepends=True):
+    try:
+      records.append(json.loads(line) if line.endswith('\n') else None)
+    except json.JSONDecodeError:
+      pass
+  return [r for r in records if r is not None]
+
+
+def committed(model_dir):
+  return [p.name for p in checkpoints.list_checkpoints(str(model_dir))]
+
+
+def assert_nothing_lost(model_dir, before_checkpoints, before_records, ref):
+  """The rerun's losses are the reference's, step for step (the latest record of each step), and
+  every checkpoint and whole metric record there before the rerun is still there."""
+  assert read_run(str(model_dir)).step == STEPS
+  assert {r['step']: r['loss'] for r in read_run(str(model_dir)).train} == ref
+  assert set(before_checkpoints) <= set(committed(model_dir))
+  after = complete_records(model_dir)
+  assert all(r in after for r in before_records)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('phase, at, resumes_from', [
+    ('step', 3, (0, 2)),        # step 3 dispatched; checkpoint_2's asynchronous save may be unfinished
+    ('save', 4, (2,)),          # checkpoint_4 written to its temporary directory, not committed
+    ('committed', 4, (4,)),     # just after checkpoint_4's commit
+    ('eval', 4, (2, 4)),        # mid-eval at step 4, checkpoint_4's save started before the eval
+])
+def test_sigkill_then_rerun_resumes_exactly(phase, at, resumes_from, reference, tmp_path,
+                                            subprocess_train):
+  _, ref = reference
+  proc = subprocess_train('kill', tmp_path, STEPS, phase, at)
+  out, _ = proc.communicate(timeout=240)
+  assert proc.returncode == -signal.SIGKILL and f'KILL {phase} {at}' in out, out[-3000:]
+  before_checkpoints, before_records = committed(tmp_path), complete_records(tmp_path)
+  resumed = max([int(n.split('_')[1]) for n in before_checkpoints] or [0])
+  assert resumed in resumes_from
+  if phase == 'save':  # the half-written save is on disk, but no listing or restore reads it
+    assert list(tmp_path.glob(f'checkpoint_{at}.orbax-checkpoint-tmp*'))
+    assert before_checkpoints == ['checkpoint_2']
+  run_train(tmp_path, STEPS, eval_data=eval_batches, eval_period=2)
+  assert_nothing_lost(tmp_path, before_checkpoints, before_records, ref)
+  steps = [r['step'] for r in complete_records(tmp_path) if r['kind'] == 'train']
+  assert steps[len(steps) - (STEPS - resumed):] == list(range(resumed + 1, STEPS + 1))
+  evals = {r['step'] for r in complete_records(tmp_path) if r['kind'] == 'eval'}
+  assert evals == {2, 4, 6}
+
+
+@pytest.mark.slow
+def test_a_metrics_line_cut_mid_write_is_left_and_the_next_record_starts_a_new_line(
+    reference, tmp_path, subprocess_train):
+  """Killed after checkpoint_4's commit, with the last line of metrics.jsonl then cut in half (a
+  write that hit a full disk): the rerun appends on a new line, so only the cut record is
+  unreadable, kept as it was; every whole record and the reference losses are there."""
+  _, ref = reference
+  proc = subprocess_train('kill', tmp_path, STEPS, 'committed', 4)
+  proc.communicate(timeout=240)
+  metrics = tmp_path / 'metrics.jsonl'
+  text = metrics.read_text()
+  cut = text[:len(text) - len(text.splitlines()[-1]) // 2 - 1]
+  metrics.write_text(cut)
+  before = complete_records(tmp_path)
+  run_train(tmp_path, STEPS, eval_data=eval_batches, eval_period=2)
+  lines = metrics.read_text().splitlines()
+  assert metrics.read_text().startswith(cut)
+  unreadable = []
+  for line in lines:
+    try:
+      json.loads(line)
+    except json.JSONDecodeError:
+      unreadable.append(line)
+  assert unreadable == [cut.splitlines()[-1]]
+  assert_nothing_lost(tmp_path, ['checkpoint_2', 'checkpoint_4'], before, ref)
+
+
+@pytest.mark.parametrize('damage', ['truncated', 'deleted'])
+def test_a_damaged_file_in_the_newest_checkpoint_falls_back_and_keeps_it(
+    damage, reference, tmp_path, caplog):
+  """The largest array file of checkpoint_6 truncated to half or deleted: the rerun says which
+  checkpoint it cannot read and why, moves it aside as ``checkpoint_6.unreadable`` with every file
+  it had (nothing deleted), resumes from checkpoint_4 and logs the reference losses of steps 5-6."""
+  ref_dir, ref = reference
+  model_dir = tmp_path / 'run'
+  shutil.copytree(ref_dir, model_dir)
+  files = [p for p in (model_dir / 'checkpoint_6' / 'state').rglob('*') if p.is_file()]
+  largest = max(files, key=lambda p: p.stat().st_size)
+  if damage == 'truncated':
+    largest.write_bytes(largest.read_bytes()[:largest.stat().st_size // 2])
+  else:
+    largest.unlink()
+  kept = sorted(str(p.relative_to(model_dir / 'checkpoint_6'))
+                for p in (model_dir / 'checkpoint_6').rglob('*'))
+  run_train(model_dir, STEPS)
+  assert f'checkpoint {model_dir / "checkpoint_6"} cannot be read' in caplog.text
+  assert 'falling back to the previous one' in caplog.text
+  aside = model_dir / 'checkpoint_6.unreadable'
+  assert sorted(str(p.relative_to(aside)) for p in aside.rglob('*')) == kept
+  assert [r['step'] for r in read_run(str(model_dir)).train] == list(range(1, STEPS + 1))
+  assert train_losses(model_dir) == ref
+  assert committed(model_dir) == ['checkpoint_2', 'checkpoint_4', 'checkpoint_6']
+
+
+class FullDisk(StepBatches):
+  """Batches whose position cannot be written at step 4's checkpoint: the disk is full."""
+
+  def save(self, prefix):
+    if self.position == 4:
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), prefix)
+    super().save(prefix)
+
+
+def test_a_full_disk_at_save_stops_with_one_line_and_keeps_the_previous_checkpoint(
+    reference, tmp_path):
+  _, ref = reference
+  with pytest.raises(checkpoints.CheckpointError) as error:
+    run_train(tmp_path, STEPS, batches=FullDisk)
+  message = str(error.value).split('\n  In call to configurable')[0]  # gin's note, as the CLI
+  assert '\n' not in message
+  assert message.startswith(f'saving a checkpoint in {tmp_path} failed: No space left on device')
+  assert 'checkpoint_2 (and those before it) is intact' in message
+  assert 'rerun the same command to resume from step 2' in message
+  assert committed(tmp_path) == ['checkpoint_2']
+  before = complete_records(tmp_path)
+  run_train(tmp_path, STEPS)
+  assert_nothing_lost(tmp_path, ['checkpoint_2'], before, ref)
+
+
+@pytest.mark.slow
+def test_a_checkpoint_of_one_device_resumes_on_8(reference, tmp_path, subprocess_train):
+  """checkpoint_2 of the single-device reference, resumed on 8 host devices (data=4 x model=2,
+  fsdp) in a subprocess, continues with the reference losses (the reverse of
+  test_trainer's 8 -> 1)."""
+  ref_dir, ref = reference
+  shutil.copytree(ref_dir / 'checkpoint_2', tmp_path / 'checkpoint_2')
+  shutil.copy(ref_dir / 'metrics.jsonl', tmp_path / 'metrics.jsonl')
+  assert finish(subprocess_train('mesh', tmp_path, STEPS))['step'] == STEPS
+  losses = train_losses(tmp_path)
+  np.testing.assert_allclose([losses[s] for s in range(1, STEPS + 1)],
+                             [ref[s] for s in range(1, STEPS + 1)], rtol=1e-5)
+  sharding = json.loads((tmp_path / f'checkpoint_{STEPS}' / 'state' / '_sharding').read_text())
+  assert {tuple(json.loads(s)['shape']) for s in sharding.values()} == {(4, 2)}
+
+
+@pytest.mark.slow
+def test_eval_all_beside_a_training_run_never_reads_a_half_written_checkpoint(
+    reference, tmp_path, monkeypatch, subprocess_train, capsys):
+  """t5xv-eval --gin.EVAL_ALL=True in a loop beside a run that saves every step and keeps 2 (so
+  its saves and deletions race the evaluation's listing and reads), the run then SIGKILLed (most
+  likely mid-save): no evaluation fails (a half-written checkpoint would fail to read and stop
+  it), each reads a whole checkpoint or skips one that vanished, and after the kill the newest
+  committed checkpoint is evaluated."""
+  ref_dir, _ = reference
+  one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one),
+                                    saved_state(ref_dir / 'checkpoint_2')['params'])
+
+  class Params:
+    def __init__(self, config, **kwargs):
+      del config, kwargs
+
+    def load(self, path):
+      self.params = checkpoints.restore_params(path, abstract)
+      return self
+
+  monkeypatch.setattr(eval_cli, 'Predictor', Params)
+  monkeypatch.setattr(eval_cli, 'teacher_forced', lambda predictor, *a, **k: {
+      'loss': float(np.abs(np.asarray(jax.tree_util.tree_leaves(predictor.params)[0])).sum())})
+  from t5x_variants.cli import common
+  common.import_data_layer()
+  evaluate = lambda: eval_cli.evaluate_checkpoints(
+      tiny(vocab_size=4224), checkpoint_path=str(tmp_path), all_checkpoints=True,
+      mixture_or_task_name='embedded_span_corruption',
+      task_feature_lengths={'inputs': 64, 'targets': 16}, inference=False)
+  proc = subprocess_train('churn', tmp_path, 10000)
+  wait_for_steps(tmp_path, 3, [proc])
+  evaluated = {}
+  deadline = time.time() + 20
+  while time.time() < deadline:
+    evaluated.update(evaluate())
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  assert len(evaluated) >= 3
+  evaluate()
+  newest = committed(tmp_path)[-1].split('_')[1]
+  assert newest in eval_cli.read_results(tmp_path / eval_cli.RESULTS)['validation']
+
+
+SWEEP_SCRIPT = '''
+import os, signal, sys
+from t5x_variants.sweeps import grid
+sweep_dir, base, variants, trainer, kill_between = sys.argv[1:]
+sweep = grid.Sweep.build(sweep_dir, [base], [variants], 1)
+sweep.merge_previous()
+def say(line):
+  print(line, flush=True)
+  if kill_between == 'yes' and ': done in' in line:  # the first run done, the second not started
+    os.kill(os.getpid(), signal.SIGKILL)
+print(grid.run_sweep(sweep, [sys.executable, trainer], say=say))
+'''
+
+# t5xv-train's stand-in: the tiny run of run_train (0.2 s per batch) in the sweep's MODEL_DIR.
+TRAINER_SCRIPT = '''
+import functools, os, sys
+sys.path.insert(0, {tests!r})
+from train_helpers import StepBatches, run_train
+model_dir = next(a.split('=', 1)[1].strip("'") for a in sys.argv if a.startswith('--gin.MODEL_DIR='))
+open(os.path.join(model_dir, 'pid'), 'w').write(str(os.getpid()))
+run_train(model_dir, {steps}, batches=functools.partial(StepBatches, delay=0.2))
+with open(os.path.join(model_dir, 'config.gin'), 'a') as f:
+  f.write('TRAIN_STEPS = {steps}\\n')  # as t5xv-train's config.gin says it: the run's length
+'''
+
+
+def exited(pid):
+  try:
+    with open(f'/proc/{pid}/stat') as f:
+      return f.read().split(') ')[1][0] in 'ZX'
+  except FileNotFoundError:
+    return True
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith('linux'), reason='the sweep uses PR_SET_PDEATHSIG')
+@pytest.mark.parametrize('when', ['between runs', 'mid-run'])
+def test_a_sweep_killed_then_rerun_trains_every_run_once_to_the_reference(
+    when, reference, tmp_path):
+  """t5xv-sweep SIGKILLed between its two runs or in the middle of the first: its trainer gets
+  SIGTERM (a child of a dead sweep saves a checkpoint and stops, instead of training on beside the
+  rerun's), and the rerun sweep resumes the interrupted run and trains the other: both end with
+  the reference losses, every record and checkpoint of before kept."""
+  _, ref = reference
+  tests = os.path.dirname(__file__)
+  (tmp_path / 'trainer.py').write_text(TRAINER_SCRIPT.format(tests=tests, steps=STEPS))
+  (tmp_path / 'sweep.py').write_text(SWEEP_SCRIPT)
+  for name in ('base', 'a', 'b'):
+    (tmp_path / f'{name}.gin').write_text('')
+  sweep_dir = tmp_path / 'sweep'
+  command = [sys.executable, str(tmp_path / 'sweep.py'), str(sweep_dir), str(tmp_path / 'base.gin'),
+             f'{tmp_path / "a.gin"},{tmp_path / "b.gin"}', str(tmp_path / 'trainer.py')]
+  first = sweep_dir / 'a-seed0'
+  proc = subprocess.Popen([*command, 'yes' if when == 'between runs' else 'no'], text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+  if when == 'mid-run':
+    wait_for_steps(first, 3, [proc])
+    proc.send_signal(signal.SIGKILL)
+  out, _ = proc.communicate(timeout=240)
+  assert proc.returncode == -signal.SIGKILL, out[-3000:]
+  pid = int((first / 'pid').read_text())
+  deadline = time.time() + 60
+  while not exited(pid):
+    assert time.time() < deadline, 'the trainer of a killed sweep went on'
+    time.sleep(0.1)
+  logged = read_run(str(first)).step
+  assert logged < STEPS if when == 'mid-run' else logged == STEPS
+  assert committed(first)[-1] == f'checkpoint_{logged}'  # SIGTERM's save of the step it reached
+  before = {d: (committed(d), complete_records(d)) for d in (first,)}
+  out = subprocess.run([*command, 'no'], text=True, capture_output=True, timeout=240)
+  assert out.returncode == 0 and "{'done': 2}" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
+  for run in ('a-seed0', 'b-seed0'):
+    checkpoints_before, records_before = before.get(sweep_dir / run, ([], []))
+    assert_nothing_lost(sweep_dir / run, checkpoints_before, records_before, ref)
+  assert {r['name']: r['status'] for r in json.loads((sweep_dir / 'sweep.json').read_text())['runs']} \
+      == {'a-seed0': 'done', 'b-seed0': 'done'}
