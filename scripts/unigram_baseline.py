@@ -10,7 +10,7 @@ import argparse
 
 import numpy as np
 
-from t5x_variants.data import pipeline
+from t5x_variants.data import pipeline, tasks
 
 
 def main():
@@ -19,10 +19,10 @@ def main():
   p.add_argument('--length', type=int, default=64)
   p.add_argument('--batch_size', type=int, default=16)
   p.add_argument('--batches', type=int, default=16)
-  p.add_argument('--vocab_size', type=int, default=4224)
   args = p.parse_args()
   lengths = {'targets': args.length}
-  counts = np.ones(args.vocab_size)
+  vocab_size = tasks.get_task_or_mixture(args.task).output_features['targets'].vocabulary.vocab_size
+  counts = np.ones(vocab_size)
   train = pipeline.get_dataset(args.task, lengths, 'decoder_only', 'train', shuffle=False,
                                num_epochs=1, pack=False)
   for ex in train.as_numpy_iterator():
@@ -35,7 +35,7 @@ def main():
     loss -= log_p[batch['decoder_target_tokens'][weights]].sum()
     tokens += weights.sum()
   print(f'{args.task}: unigram held-out cross-entropy {loss / tokens:.4f} nats over '
-        f'{int(tokens)} tokens (train tokens counted: {int(counts.sum() - args.vocab_size)})')
+        f'{int(tokens)} tokens (train tokens counted: {int(counts.sum() - vocab_size)})')
 
 
 if __name__ == '__main__':

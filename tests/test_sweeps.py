@@ -323,7 +323,7 @@ def test_no_variants_is_one_run_and_one_sweep_per_directory(tmp_path):
   sweep = grid.Sweep.build(str(tmp_path / 's'), [base], [], 2)
   assert [r.name for r in sweep.runs] == ['base-seed0', 'base-seed1']
   holder = grid._lock(str(tmp_path / 's'))  # pylint: disable=protected-access
-  with pytest.raises(grid.SweepError, match='another t5xv-sweep is running'):
+  with pytest.raises(grid.SweepError, match=r'another t5xv-sweep \(or a trainer it started\) is running'):
     grid.run_sweep(sweep, ['true'], say=lambda _: None)
   holder.close()
 
@@ -738,4 +738,22 @@ def test_lr_sensitivity_waits_for_every_rate_and_for_the_initial_loss(tmp_path):
   group = report.run_dirs_group(sorted(str(p) for p in tmp_path.iterdir()), name='lr')
   curves = {c.label: c for c in stability.curves(group, report.final_value, report.diverged_step)}
   assert curves['a'].sensitivity() is None and curves['b'].sensitivity() is None
-  assert stability.table(list(curves.values()))[2] == '| a | 8.000 | 6.000 | not run | 0.001 | — |'
+  assert stability.table(list(curves.values()))[2] == '| a | 8.000 | 6.000 | not finished | 0.001 | — |'
+  assert 'no step-0 eval' in '\n'.join(stability.markdown(list(curves.values())))
+
+
+def test_lr_sensitivity_over_seeds_counts_a_diverged_seed_as_its_initial_loss(tmp_path):
+  """Two seeds per rate, each with its own l_0: at 1e-2 one seed diverges, so l(1e-2) = (5.0 +
+  9.0) / 2 = 7.0 is worse than l(1e-3) = 6.0, which is the best rate although 1e-2's surviving
+  seed is lower; min(l, l_0) is taken per run."""
+  from t5x_variants.sweeps import stability
+  rate_run(tmp_path / 'c+base=1e-3-seed0', 8.0, final=6.5)
+  rate_run(tmp_path / 'c+base=1e-3-seed1', 9.0, final=5.5)
+  rate_run(tmp_path / 'c+base=1e-2-seed0', 8.0, final=5.0)
+  rate_run(tmp_path / 'c+base=1e-2-seed1', 9.0, diverged_at=3)
+  group = report.run_dirs_group(sorted(str(p) for p in tmp_path.iterdir()), name='lr')
+  curve, = stability.curves(group, report.final_value, report.diverged_step)
+  assert [p.loss() for p in curve.points] == [6.0, 7.0]
+  assert curve.best().rate == 1e-3 and curve.initial == 8.5
+  assert curve.sensitivity() == pytest.approx((6.0 + 7.0) / 2 - 6.0)
+  assert stability.table([curve])[2] == '| c | 8.500 | 6.000 | 5.000 (1 diverged) | 0.001 | 0.500 |'

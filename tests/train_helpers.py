@@ -89,10 +89,12 @@ def eval_batches():
   return {'synthetic': [step_batch(1000), step_batch(1001)]}
 
 
-def kill_at(phase, at):
+def kill_at(phase, at, model_dir):
   """Makes this process SIGKILL itself at step ``at`` in ``phase`` (tests/trainer_subprocess.py
   ``kill``), printing ``KILL phase at`` first. The save phases wrap the finalisation of orbax's
-  atomic-rename temporary directory (the local file system's), the commit of a checkpoint."""
+  atomic-rename temporary directory (the local file system's), the commit of a checkpoint; the
+  eval phase waits for ``model_dir``/checkpoint_``at``'s commit (the step's save starts before
+  its eval), so the eval is the only thing lost."""
   import signal
   from orbax.checkpoint._src.path import atomicity
   from t5x_variants.train import evaluation, trainer
@@ -123,6 +125,8 @@ def kill_at(phase, at):
     def evaluate_then_kill(eval_step, params, batches, *args):
       def first_then_kill():
         yield from batches[:1]
+        while not os.path.isdir(os.path.join(model_dir, f'checkpoint_{at}')):
+          time.sleep(0.05)
         kill()
       return evaluate(eval_step, params, first_then_kill(), *args)
     def call_and_kill(self, step, params):

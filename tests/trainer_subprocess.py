@@ -10,7 +10,7 @@
       1 device, checkpoints every 2 steps, an eval of 2 batches every 2 steps; SIGKILLs itself at
       step AT in PHASE: 'step' (the step dispatched, not finished), 'save' (checkpoint_AT written
       to its temporary directory, not committed), 'committed' (just after its commit) or 'eval'
-      (after the first eval batch), printing ``KILL PHASE AT`` first
+      (after the first eval batch and checkpoint_AT's commit), printing ``KILL PHASE AT`` first
   python trainer_subprocess.py churn MODEL_DIR STEPS
       1 device, 0.05 s per batch, a checkpoint every step, keep 2 (t5xv-eval beside a training run)
 
@@ -43,7 +43,7 @@ elif mode == 'slow':
   result = run_train(model_dir, steps, period=1000,
                      batches=functools.partial(StepBatches, delay=0.1))
 elif mode == 'kill':
-  kill_at(sys.argv[4], int(sys.argv[5]))
+  kill_at(sys.argv[4], int(sys.argv[5]), model_dir)
   result = run_train(model_dir, steps, eval_data=eval_batches, eval_period=2)
 elif mode == 'churn':
   result = run_train(model_dir, steps, period=1, keep=2,

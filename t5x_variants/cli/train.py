@@ -14,6 +14,7 @@ import gin
 import jax
 
 from t5x_variants.cli import common, ranges
+from t5x_variants.sweeps import grid
 from t5x_variants.train import storage
 
 
@@ -144,6 +145,7 @@ def main(argv=None):
     _, config = common.setup(common.parser('t5xv-train', __doc__), argv)
     from t5x_variants.data import classification, pipeline, tasks  # pylint: disable=g-import-not-at-top
     from t5x_variants.train import trainer  # pylint: disable=g-import-not-at-top
+    grid.stop_with_sweep()
     if _init_checkpoint():  # fine-tuning tokenizes as the pretrained run did
       common.use_run_vocabulary(_init_checkpoint())
     with gin.config_scope('train'):

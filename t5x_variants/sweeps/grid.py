@@ -35,11 +35,13 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from t5x_variants.sweeps import runs as run_records
+from t5x_variants.train import storage
 from t5x_variants.train.metrics import format_duration
 
 SWEEP_FILE = 'sweep.json'
 FINISHED = ('done', 'diverged')
 DEFAULT_BINDINGS = ("train.on_nonfinite = 'stop'",)
+SWEEP_PID_ENV = 'T5XV_SWEEP_PID'  # tells a trainer which sweep process started it
 # Set per run by the sweep itself: a --grid over them would contradict the run's name or seed.
 PER_RUN_KEYS = ('MODEL_DIR', 'train.seed', 'train/DatasetConfig.seed')
 
@@ -185,11 +187,8 @@ class Sweep:
     return d
 
   def save(self):
-    os.makedirs(self.sweep_dir, exist_ok=True)
-    path = os.path.join(self.sweep_dir, SWEEP_FILE)
-    with open(f'{path}.{os.getpid()}.tmp', 'w') as f:
-      json.dump(self.to_json(), f, indent=1)
-    os.replace(f'{path}.{os.getpid()}.tmp', path)  # a reader never sees half a file
+    """sweep.json, replaced whole: a reader never sees half a file."""
+    storage.write_text(os.path.join(self.sweep_dir, SWEEP_FILE), json.dumps(self.to_json(), indent=1))
 
   @classmethod
   def load(cls, sweep_dir: str) -> 'Sweep':
@@ -256,23 +255,29 @@ def trainer_executable() -> List[str]:
   return [script] if os.path.isfile(script) else [sys.executable, '-m', 't5x_variants.cli.train']
 
 
-def _terminated_with_parent():
-  """In a trainer started by the sweep (Linux): SIGTERM when the sweep process dies, even by
-  SIGKILL, so the trainer saves a checkpoint and exits instead of training on unrecorded beside the
-  rerun sweep's trainer of the same run."""
-  if sys.platform.startswith('linux'):
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+def stop_with_sweep():
+  """Called by a trainer at its start: if ``t5xv-sweep`` started it (``SWEEP_PID_ENV`` set;
+  Linux), the kernel sends it SIGTERM when the sweep process dies, even by SIGKILL
+  (``PR_SET_PDEATHSIG``; at once if the sweep is gone already), so it saves a checkpoint and stops
+  instead of training on unrecorded beside a rerun sweep's trainer of the same run."""
+  sweep = os.environ.get(SWEEP_PID_ENV)
+  if not sweep or not sys.platform.startswith('linux'):
+    return
+  ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+  if os.getppid() != int(sweep):
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _lock(sweep_dir: str):
-  """An exclusive lock on the sweep directory for this process's lifetime (two sweeps on one
-  directory would train the same runs)."""
+  """An exclusive lock on the sweep directory for this process's lifetime and its trainers' (two
+  sweeps on one directory would train the same runs)."""
   os.makedirs(sweep_dir, exist_ok=True)
   handle = open(os.path.join(sweep_dir, '.lock'), 'w')
   try:
     fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
   except BlockingIOError:
-    raise SweepError(f'another t5xv-sweep is running in {sweep_dir}; wait for it or stop it') from None
+    raise SweepError(f'another t5xv-sweep (or a trainer it started) is running in {sweep_dir}; '
+                     'wait for it or stop it') from None
   return handle
 
 
@@ -297,8 +302,10 @@ def run_sweep(sweep: Sweep, executable: Sequence[str], say: Callable[[str], None
       start = time.time()
       with open(log_file, 'a') as log:
         log_start = log.tell()
+        # The trainer holds the sweep's lock too (pass_fds): a rerun sweep waits until it is gone.
         proc = subprocess.Popen(sweep.command(run, executable), stdout=log, stderr=subprocess.STDOUT,
-                                preexec_fn=_terminated_with_parent)
+                                env=dict(os.environ, **{SWEEP_PID_ENV: str(os.getpid())}),
+                                pass_fds=(lock.fileno(),))
         try:
           returncode, interrupted = proc.wait(), False
         except KeyboardInterrupt:

@@ -19,8 +19,6 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from t5x_variants.sweeps import stability
-
 DPI = 100
 LAYER_KEY = re.compile(r'(grad_norm|activation_norm)/(\w+)/(\d+)$')
 
@@ -288,38 +286,40 @@ def diagnostics_plot(group, out_dir: str) -> str:
 
 
 def stability_figure(curves, title: str) -> Figure:
-  """Final loss against peak learning rate (log), one line per curve (``stability.Curve``): the
-  mean over seeds of min(final, initial loss), as in the LR sensitivity; a rate where a run
-  diverged is an x at the initial loss, a stalled one a hollow marker; the initial loss dotted."""
+  """Final loss against learning rate (log), one line per curve (``stability.Curve``): the mean
+  over seeds of min(l(eta), l_0), as in the LR sensitivity; an x where a run diverged (a point
+  where all did sits at l_0), a hollow marker where the runs stalled; each curve's l_0 dotted."""
   fig = Figure(figsize=(7, 3.8), layout='constrained')
   ax = fig.subplots()
   for i, curve in enumerate(curves):
     colour, marker = style(i)
     points = [(p, p.clipped()) for p in curve.points if p.clipped() is not None]
+    s = curve.sensitivity()
     ax.plot([p.rate for p, _ in points], [y for _, y in points], color=colour, marker=marker,
-            markersize=6, lw=1.3, label=f'{curve.label} (S={curve.sensitivity():.2f})'
-            if curve.sensitivity() is not None else curve.label)
+            markersize=6, lw=1.3, label=curve.label + ('' if s is None else f' (S={s:.2f})'))
     for p, y in points:
       if p.diverged:
         ax.plot([p.rate], [y], 'x', color=colour, ms=10, mew=2)
       elif p.stalled:
         ax.plot([p.rate], [y], marker=marker, ms=9, mfc='white', mec=colour, mew=1.5)
-    initial = next((p.initial for p in curve.points if p.initial is not None), None)
-    if initial is not None:
-      ax.axhline(initial, color=colour, lw=0.8, ls=':')
-  ax.set(xscale='log', xlabel='peak learning rate', ylabel='final held-out loss')
+    if curve.initial is not None:
+      ax.axhline(curve.initial, color=colour, lw=0.8, ls=':')
+  ax.set(xscale='log', xlabel='learning_rate_schedule.base (peak learning rate)',
+         ylabel='final held-out loss')
   ax.set_title(title, fontsize=9)
   _legend_right(fig, [ax], 'curve (LR sensitivity)', extra=[
       Line2D([], [], color='#555555', marker='x', markersize=7, markeredgewidth=2,
-             linestyle='none', label='diverged (at initial loss)'),
+             linestyle='none', label='diverged'),
       Line2D([], [], color='#555555', marker='o', markerfacecolor='white', linestyle='none',
              label='stalled'),
       Line2D([], [], color='#555555', lw=0.8, ls=':', label='initial loss')])
   return fig
 
 
-def group_plots(group, out_dir: str, final_values, diverged_step) -> List[Tuple[str, str]]:
-  """(title, path) of every plot that has data in this group."""
+def group_plots(group, out_dir: str, final_values, diverged_step,
+                rate_curves=None) -> List[Tuple[str, str]]:
+  """(title, path) of every plot that has data in this group; ``rate_curves``: the
+  ``stability.curves`` of a learning-rate sweep."""
   out = [('loss curves', curves(group, out_dir))]
   if any(final_values(group.of(v)) for v in group.variants()):
     out.append(('final log-perplexity', final_bars(group, out_dir, final_values)))
@@ -327,9 +327,7 @@ def group_plots(group, out_dir: str, final_values, diverged_step) -> List[Tuple[
     out.append(('log-perplexity by depth', depth_plot(group, out_dir, final_values, diverged_step)))
   if any(t.record.diagnostics for t in group.trials):
     out.append(('per-layer diagnostics', diagnostics_plot(group, out_dir)))
-  if stability.is_rate_sweep(group):
-    final = lambda t: next(iter(final_values([t])), None)
-    fig = stability_figure(stability.curves(group, final, diverged_step),
-                           f'{group.name}: final held-out loss against peak learning rate')
+  if rate_curves:
+    fig = stability_figure(rate_curves, f'{group.name}: final held-out loss against learning rate')
     out.append(('loss against learning rate', _save(fig, out_dir, f'{group.name}_lr.png')))
   return out

@@ -339,9 +339,11 @@ def group_markdown(group: Group, out_dir: str, baseline: Optional[str] = None) -
   elif baseline:
     lines += [f'No variant `{baseline}` here: no paired differences.', '']
   lines += ranking_lines(group)
-  if stability.is_rate_sweep(group):
-    lines += stability.markdown(group, final_value, diverged_step)
-  for title, path in plots.group_plots(group, out_dir, final_values, diverged_step):
+  rate_curves = (stability.curves(group, final_value, diverged_step)
+                 if stability.is_rate_sweep(group) else None)
+  if rate_curves:
+    lines += stability.markdown(rate_curves)
+  for title, path in plots.group_plots(group, out_dir, final_values, diverged_step, rate_curves):
     lines += [f'![{title}]({os.path.basename(path)})', '']
   return lines
 

@@ -1,12 +1,12 @@
 """What a run directory says about its run: ``metrics.jsonl`` (train, eval and diagnostics
 records), ``config.gin`` (total steps) and ``model-info.txt`` (parameter count)."""
 import dataclasses
-import json
 import math
 import re
 from typing import Dict, List, Optional
 
 from t5x_variants.train import storage
+from t5x_variants.train.metrics import read_records
 
 # A run counts as diverged at the first logged step whose training loss was not finite (or whose
 # update was skipped as non-finite), or, if its last logged loss is more than this many nats above
@@ -72,23 +72,13 @@ def _read(model_dir: str, name: str) -> str:
   return path.read_text() if path.exists() else ''
 
 
-def _read_jsonl(text: str) -> List[dict]:
-  records = []
-  for line in text.splitlines():
-    try:
-      records.append(json.loads(line))
-    except json.JSONDecodeError:  # a line being written as we read
-      pass
-  return records
-
-
 def _last_by_step(records: List[dict]) -> List[dict]:
   """One record per step (a resumed run logs some steps again: the latest wins), by step."""
   return sorted({r['step']: r for r in records}.values(), key=lambda r: r['step'])
 
 
 def read_run(model_dir: str) -> RunRecord:
-  records = _read_jsonl(storage.read_appended(storage.join(model_dir, 'metrics.jsonl')))
+  records = read_records(model_dir)
   evals = {}
   for r in records:
     if r.get('kind') == 'eval' and r.get('split', 'validation') == 'validation':

@@ -11,33 +11,38 @@ initial parameters (``train.eval_at_start``). A curve is the sweep's variant wit
 fell by less than ``STALL_FRACTION`` of the largest fall of any run in the sweep is *stalled*:
 finite, not converged."""
 import dataclasses
+import math
 import re
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-RATE_PART = re.compile(r'base=(.+)')  # a --grid over learning_rate_schedule.base names runs so
+RATE_PART = re.compile(r'base=(.+)')  # how --grid=learning_rate_schedule.base=... names runs
 STALL_FRACTION = 0.1
 
 
 @dataclasses.dataclass
 class Point:
-  """One rate of a curve, over its seeds: ``finals`` of the runs that finished without diverging,
-  ``diverged`` of the runs that diverged, ``unfinished`` the rest."""
+  """One rate of a curve over its seeds. ``runs``: (l_0, l(eta), converged) of each finished run
+  with a step-0 eval, l(eta) its final loss or, if it diverged, its l_0; ``finals``: the final
+  losses of the runs that did not diverge; ``missing``: runs unfinished or without a step-0
+  eval."""
   rate: float
-  initial: Optional[float]
+  runs: List[Tuple[float, float, bool]]
   finals: List[float]
   diverged: int
-  unfinished: int
+  missing: int
   stalled: bool = False
 
+  def loss(self) -> Optional[float]:
+    """l(eta): the mean over seeds; None while a run is missing."""
+    return None if self.missing or not self.runs else float(np.mean([l for _, l, _ in self.runs]))
+
   def clipped(self) -> Optional[float]:
-    """The mean over seeds of min(final, l_0), a diverged run counting as l_0; None while a run is
-    unfinished or without l_0."""
-    if self.unfinished or self.initial is None or not (self.finals or self.diverged):
+    """The mean over seeds of min(l(eta), l_0), each run with its own l_0."""
+    if self.loss() is None:
       return None
-    values = [min(f, self.initial) for f in self.finals] + [self.initial] * self.diverged
-    return float(np.mean(values))
+    return float(np.mean([min(loss, initial) for initial, loss, _ in self.runs]))
 
 
 @dataclasses.dataclass
@@ -45,17 +50,20 @@ class Curve:
   label: str
   points: List[Point]
 
+  @property
+  def initial(self) -> Optional[float]:
+    initials = [i for p in self.points for i, _, _ in p.runs]
+    return float(np.mean(initials)) if initials else None
+
   def best(self) -> Optional[Point]:
-    done = [p for p in self.points if p.finals]
-    return min(done, key=lambda p: np.mean(p.finals)) if done else None
+    done = [p for p in self.points if p.loss() is not None]
+    return min(done, key=lambda p: p.loss()) if done else None
 
   def sensitivity(self) -> Optional[float]:
     """Wortsman et al.'s LR sensitivity; None until every rate's runs finished."""
-    clipped = [p.clipped() for p in self.points]
-    best = self.best()
-    if any(c is None for c in clipped) or best is None:
+    if any(p.loss() is None for p in self.points):
       return None
-    return float(np.mean(clipped) - np.mean(best.finals))
+    return float(np.mean([p.clipped() for p in self.points]) - self.best().loss())
 
 
 def rate_of(variant: str):
@@ -86,25 +94,37 @@ def initial_loss(trial) -> Optional[float]:
   return next((v for s, v in trial.record.eval_curve() if s == 0), None)
 
 
+def _point(rate: float, trials, final_value, diverged_step) -> Point:
+  point = Point(rate, [], [], 0, 0)
+  for t in trials:
+    initial, final = initial_loss(t), final_value(t)
+    converged = diverged_step(t) is None and t.status != 'diverged'
+    if not converged:
+      point.diverged += 1
+    elif final is not None and math.isfinite(final):
+      point.finals.append(final)
+    else:
+      point.missing += 1
+      continue
+    if initial is None:
+      point.missing += 1
+    else:
+      point.runs.append((initial, final if converged else initial, converged))
+  return point
+
+
 def curves(group, final_value, diverged_step) -> List[Curve]:
-  """The group's curves, rates ascending; stalled points marked against the sweep's largest fall
-  from l_0."""
+  """The group's curves, rates ascending; a point is stalled if its runs fell from l_0 by less
+  than ``STALL_FRACTION`` of the largest fall of any run of the group."""
   by_label: Dict[str, List[Point]] = {}
   for v in group.variants():
     label, rate = rate_of(v)
-    trials = group.of(v)
-    finals = [final_value(t) for t in trials]
-    diverged = sum(1 for t in trials if diverged_step(t) is not None)
-    initials = [x for x in map(initial_loss, trials) if x is not None]
-    by_label.setdefault(label, []).append(Point(
-        rate, float(np.mean(initials)) if initials else None, [f for f in finals if f is not None],
-        diverged, len(trials) - diverged - sum(f is not None for f in finals)))
+    by_label.setdefault(label, []).append(_point(rate, group.of(v), final_value, diverged_step))
   points = [p for ps in by_label.values() for p in ps]
-  falls = [p.initial - f for p in points if p.initial is not None for f in p.finals]
-  largest = max(falls, default=0.0)
+  largest = max([i - l for p in points for i, l, ok in p.runs if ok], default=0.0)
   for p in points:
-    p.stalled = bool(p.finals and p.initial is not None and largest > 0
-                     and p.initial - np.mean(p.finals) < STALL_FRACTION * largest)
+    fell = [i - l for i, l, ok in p.runs if ok]
+    p.stalled = bool(fell) and largest > 0 and float(np.mean(fell)) < STALL_FRACTION * largest
   return [Curve(label, sorted(ps, key=lambda p: p.rate)) for label, ps in by_label.items()]
 
 
@@ -114,7 +134,7 @@ def _cell(p: Point) -> str:
     return text + (f' ({p.diverged} diverged)' if p.diverged else '')
   if p.diverged:
     return 'diverged'
-  return 'not run' if p.unfinished else '—'
+  return 'not finished' if p.missing else '—'
 
 
 def table(curves_: Sequence[Curve]) -> List[str]:
@@ -125,21 +145,23 @@ def table(curves_: Sequence[Curve]) -> List[str]:
   lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
   for c in curves_:
     at = {p.rate: p for p in c.points}
-    initial = next((p.initial for p in c.points if p.initial is not None), None)
     best, s = c.best(), c.sensitivity()
-    row = [c.label, '—' if initial is None else f'{initial:.3f}']
+    row = [c.label, '—' if c.initial is None else f'{c.initial:.3f}']
     row += [_cell(at[r]) if r in at else '—' for r in rates]
     row += ['—' if best is None else f'{best.rate:g}', '—' if s is None else f'{s:.3f}']
     lines.append('| ' + ' | '.join(row) + ' |')
   return lines
 
 
-def markdown(group, final_value, diverged_step) -> List[str]:
-  found = curves(group, final_value, diverged_step)
-  return (['Learning-rate stability: final held-out loss at each peak learning rate (columns). '
-           'LR sensitivity (Wortsman et al. 2023): the mean over the rates of min(final, initial '
-           'loss), a diverged run counting as the initial loss, minus the best final loss of the '
-           'curve; lower is more stable. Initial loss: the held-out loss of the initial '
-           f'parameters. Stalled: finite, but fell by less than {STALL_FRACTION:g} of the largest '
-           'fall from the initial loss of any run here.', '']
-          + table(found) + [''])
+def markdown(curves_: Sequence[Curve]) -> List[str]:
+  lines = ['Learning-rate stability: final held-out loss at each learning rate '
+           '(`learning_rate_schedule.base`, the columns). LR sensitivity (Wortsman et al. 2023): '
+           'the mean over the rates of min(final, initial loss), a diverged run counting as its '
+           'initial loss, minus the curve\'s lowest final loss; lower is more stable. Initial '
+           'loss: the held-out loss of the initial parameters (step 0). Stalled: finite, but fell '
+           f'from the initial loss by less than {STALL_FRACTION:g} of the largest fall of any run '
+           'here.', '']
+  if any(c.initial is None for c in curves_):
+    lines += ['Some runs have no step-0 eval, so no LR sensitivity: run them with '
+              '`--gin.train.eval_at_start=True`.', '']
+  return lines + table(curves_) + ['']

@@ -108,25 +108,27 @@ class Checkpointer:
       items['data'] = DataIteratorSave(data_iterator)
     try:
       return self.manager.save(step, args=ocp.args.Composite(**items), force=force)
-    except OSError as e:  # this save's own writes, or the previous asynchronous save's
+    except Exception as e:  # pylint: disable=broad-except  (this save's, or the previous one's)
       raise self._failed(e) from e
 
   def close(self):
     try:
       self.manager.wait_until_finished()
-    except OSError as e:
+    except Exception as e:  # pylint: disable=broad-except  (the last asynchronous save's)
       raise self._failed(e) from e
     self.manager.close()
 
-  def _failed(self, e: OSError) -> CheckpointError:
-    """A save that could not write (a full disk, a lost mount): one line saying what is intact.
-    The half-written save stays in its temporary directory, which no listing or restore reads."""
+  def _failed(self, e: Exception) -> CheckpointError:
+    """A save that could not be written (a full disk, a lost mount: an OSError from our writes, a
+    ValueError from tensorstore's), as one line saying what is intact. The unfinished save stays
+    in its temporary directory, which no listing or restore reads."""
     steps = self.steps()
     intact = (f'checkpoint_{steps[-1]} (and those before it) is intact: fix the cause (free space, '
               f'the mount) and rerun the same command to resume from step {steps[-1]}' if steps
               else 'there is no earlier checkpoint: fix the cause and rerun to start again')
-    return CheckpointError(f'saving a checkpoint in {self.model_dir} failed: {e.strerror or e} '
-                           f'({e.filename}). {intact}')
+    reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return CheckpointError(f'saving a checkpoint in {self.model_dir} failed ({reason}). {intact}; '
+                           f'the unfinished save is in {PREFIX}_*.orbax-checkpoint-tmp*')
 
   def restore_latest(self, abstract_state, data_iterator=None):
     """(state, step) of the newest readable checkpoint, laid out as ``abstract_state`` says (its

@@ -23,12 +23,25 @@ def format_duration(seconds: float) -> str:
   return f'{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}'
 
 
+def read_records(model_dir: str):
+  """The records of a run directory's ``metrics.jsonl`` (every writer session's, in order), without
+  a line that is not whole JSON (being written as we read, or cut by a full disk)."""
+  records = []
+  for line in storage.read_appended(storage.join(model_dir, 'metrics.jsonl')).splitlines():
+    try:
+      records.append(json.loads(line))
+    except json.JSONDecodeError:
+      pass
+  return records
+
+
 class MetricsLogger:
   """``train(step, metrics)`` and ``eval(step, name, metrics)`` append to ``metrics.jsonl``,
   TensorBoard (tags ``train/<metric>``, ``eval/<name>/<metric>``) and the console;
   ``diagnostics(step, values)`` to the first two (``diagnostics/<key>``)."""
 
   def __init__(self, model_dir: str, total_steps: Optional[int] = None, console: bool = True):
+    self.model_dir = model_dir
     self.enabled = jax.process_index() == 0
     self.total_steps = total_steps
     self.console = console
@@ -78,6 +91,11 @@ class MetricsLogger:
     if self.console:
       print(f'eval {tag} step {step}: ' + ' '.join(f'{k} {v:.4f}' for k, v in metrics.items()),
             flush=True)
+
+  def logged(self, kind: str, step: int) -> bool:
+    """Whether the run directory already holds a ``kind`` record of ``step``."""
+    return any(r.get('kind') == kind and r.get('step') == step
+               for r in read_records(self.model_dir))
 
   def diagnostics(self, step: int, values: Mapping[str, float]):
     """Logs the per-layer diagnostics of ``train/diagnostics.py``."""

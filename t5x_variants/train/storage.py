@@ -44,21 +44,22 @@ def join(p: PathLike, *names: str) -> str:
 
 
 def write_text(p: PathLike, text: str):
-  """Writes ``text`` to ``p`` (its parent made first), whole: locally into a temporary file renamed
-  over ``p``, so a process killed mid-write leaves the old file, never half a file (an object
-  store writes an object whole already)."""
+  """Writes ``text`` to ``p`` (its parent made first), whole: a local file through a temporary
+  file renamed over it (through a symlink, over its target), so a process killed mid-write leaves
+  the old file, never half a file; an object is written whole by the store, and a device or pipe
+  (``/dev/stdout``) is written directly."""
   p = path(p)
   p.parent.mkdir(parents=True, exist_ok=True)
-  if scheme(p):
+  if scheme(p) or (p.exists() and not p.is_file()):
     p.write_text(text)
     return
-  tmp = p.with_name(f'.{p.name}.{os.getpid()}.tmp')
+  target = path(os.path.realpath(p))
+  tmp = target.with_name(f'.{target.name}.{os.getpid()}.tmp')
   try:
     tmp.write_text(text)
-    os.replace(tmp, p)
+    os.replace(tmp, target)
   finally:
-    if tmp.exists():
-      tmp.unlink()
+    tmp.unlink(missing_ok=True)
 
 
 def copy(src: PathLike, dst: PathLike):

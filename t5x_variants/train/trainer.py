@@ -24,6 +24,8 @@ from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence
 import flax.linen as nn
 import gin
 import jax
+from jax.experimental import multihost_utils
+import numpy as np
 
 from t5x_variants.models import build_model, fresh_head_params, init_inputs
 from t5x_variants.models.config import TransformerConfig
@@ -194,8 +196,10 @@ class _Run:
       self.meter.resume()
 
   def close(self):
-    self.ckpt.close()
-    self.logger.close()
+    try:
+      self.ckpt.close()
+    finally:
+      self.logger.close()
 
 
 class Evaluator:
@@ -280,6 +284,19 @@ def _train_steps(run: _Run, preempt: preemption.Preemption, evaluator: Evaluator
   return False
 
 
+def _eval_due_at_start(start: int, eval_period: int, eval_at_start: bool,
+                       logger: MetricsLogger) -> bool:
+  """Whether to evaluate the parameters before the first step: a fresh run with
+  ``eval_at_start``, or a run resumed at an eval step whose eval is not in metrics.jsonl (a stop
+  between the step's checkpoint, saved first, and its eval). Process 0's answer, for all."""
+  if start == 0:
+    return eval_at_start
+  if not eval_period or start % eval_period:
+    return False
+  missing = jax.process_index() == 0 and not logger.logged('eval', start)
+  return bool(multihost_utils.broadcast_one_to_all(np.asarray(missing)))
+
+
 def _stop(run: _Run, stop: _NonFiniteStop, model_dir: str):
   """Logs the steps since the last log, closes the run's files and raises NonFiniteLossError."""
   run.meter.flush(stop.step)
@@ -326,7 +343,8 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
   ``make_optimizer`` and ``learning_rate_schedule``. ``diagnostics_period`` > 0 logs the
   per-layer diagnostics of ``train/diagnostics.py`` at step 0 and every that many steps.
   ``eval_at_start``: a fresh run also evaluates its initial parameters, at step 0 (the initial
-  loss of a learning-rate sensitivity, ``sweeps/stability.py``).
+  loss of a learning-rate sensitivity, ``sweeps/stability.py``); a run resumed at an eval step
+  whose eval was lost to a stop evaluates it first.
   Raises NonFiniteLossError at the first non-finite step (``on_nonfinite='stop'``), after
   ``max_skipped_in_a_row`` skipped ones in a row, or at the end if no step's update was applied.
   """
@@ -344,9 +362,10 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
           if diagnostics_period else None)
   run = _Run(state, start, data, sharded.make_train_step(num_microbatches, **loss), sharded.mesh,
              sharded.rng, ckpt, logger, TrainMeter(logger, start, log_period, total_steps), guard)
-  if eval_at_start and start == 0:
-    evaluator(0, state.params)
   try:
+    if eval_data and _eval_due_at_start(start, eval_period, eval_at_start, logger):
+      evaluator(start, state.params)
+      run.meter.resume()
     with preemption.Preemption(ckpt) as preempt:
       preempted = _train_steps(run, preempt, evaluator, diag, total_steps, eval_period,
                                num_microbatches)
@@ -355,4 +374,7 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
       guard.check_run(start, run.step)
   except _NonFiniteStop as stop:
     _stop(run, stop, model_dir)
+  except BaseException:
+    logger.close()  # the records so far reach the run directory (a store holds them in memory)
+    raise
   return _finish(run, evaluator, total_steps, eval_period)
