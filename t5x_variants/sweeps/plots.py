@@ -288,7 +288,7 @@ def diagnostics_plot(group, out_dir: str) -> str:
 def stability_figure(curves, title: str) -> Figure:
   """Final loss against learning rate (log), one line per curve (``stability.Curve``): the mean
   over seeds of min(l(eta), l_0), as in the LR sensitivity; an x where a run diverged (a point
-  where all did sits at l_0), a hollow marker where the runs stalled; each curve's l_0 dotted."""
+  where all did sits at l_0, dotted), a hollow marker where the runs stalled."""
   fig = Figure(figsize=(7, 3.8), layout='constrained')
   ax = fig.subplots()
   for i, curve in enumerate(curves):
@@ -302,7 +302,7 @@ def stability_figure(curves, title: str) -> Figure:
         ax.plot([p.rate], [y], 'x', color=colour, ms=10, mew=2)
       elif p.stalled:
         ax.plot([p.rate], [y], marker=marker, ms=9, mfc='white', mec=colour, mew=1.5)
-    if curve.initial is not None:
+    if curve.initial is not None and any(p.diverged for p in curve.points):
       ax.axhline(curve.initial, color=colour, lw=0.8, ls=':')
   ax.set(xscale='log', xlabel='learning_rate_schedule.base (peak learning rate)',
          ylabel='final held-out loss')
@@ -312,7 +312,7 @@ def stability_figure(curves, title: str) -> Figure:
              linestyle='none', label='diverged'),
       Line2D([], [], color='#555555', marker='o', markerfacecolor='white', linestyle='none',
              label='stalled'),
-      Line2D([], [], color='#555555', lw=0.8, ls=':', label='initial loss')])
+      Line2D([], [], color='#555555', lw=0.8, ls=':', label='initial loss (if one diverged)')])
   return fig
 
 
