@@ -446,15 +446,24 @@ def test_bootstrap_interval_of_spearman_over_seeds():
 
 
 def test_ranking_lines_carry_the_bootstrap_interval_and_its_n():
-  values = {'relu': [5.0, 5.1], 'geglu': [4.8, 4.85], 'swiglu': [4.7, 4.9], 'bilinear': [4.9]}
+  values = {'relu': [5.0, 5.1], 'geglu': [4.8, 4.85], 'swiglu': [4.7, 4.9], 'bilinear': [4.9, 4.95]}
   trials = [trial(v, s, x) for v, xs in values.items() for s, x in enumerate(xs)]
   text = report.ranking_lines(report.Group('glu', trials, papers.GLU))[0]
   assert text.startswith('Ranking against the paper\'s "65,536 steps" column: Spearman rho = ')
   assert 'Bootstrap 95% interval of rho over seeds: [' in text
-  assert '(n = 1-2 seeds per variant; 1000 resamples of each variant\'s seeds with replacement' in text
-  one_seed = [trial(v, 0, xs[0]) for v, xs in values.items()]
-  assert 'No bootstrap interval for rho (n = 1 seeds per variant: nothing to resample).' in (
+  assert '(n = 2 seeds finished in every variant, resampled with replacement 1000 times' in text
+  one_seed = [t for t in trials if t.variant != 'bilinear' or t.seed == 0]  # bilinear: seed 0 only
+  assert 'No bootstrap interval for rho (n = 1 seeds finished in every variant' in (
       report.ranking_lines(report.Group('glu', one_seed, papers.GLU))[0])
+
+
+def test_the_bootstrap_draws_the_same_seeds_for_every_variant():
+  """Seed 1 is worse than seed 0 by the same 0.5 for every variant (a hard data order): drawn
+  jointly, the ordering never changes and rho's interval is a point; drawn per variant it would
+  not be."""
+  paper = [1.0, 2.0, 3.0]
+  values = [[4.0, 4.5], [4.1, 4.6], [4.2, 4.7]]
+  assert report.bootstrap_spearman(values, paper) == (pytest.approx(1.0), pytest.approx(1.0), 0)
 
 
 # --- --grid: an axis of one gin binding's values ----------------------------------------------

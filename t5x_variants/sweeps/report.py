@@ -194,21 +194,31 @@ def paired_table(group: Group, baseline: str) -> List[str]:
 def bootstrap_spearman(values: Sequence[Sequence[float]], reference: Sequence[float],
                        resamples: int = 1000, seed: int = 0) -> Optional[Tuple[float, float, int]]:
   """(2.5th, 97.5th percentile, undefined) of Spearman's rho between the per-variant means and
-  ``reference`` when each variant's seeds are resampled with replacement (``resamples`` times,
-  RNG seed ``seed``); ``undefined``: resamples whose means were all equal (no rho), left out.
-  None if no variant has two seeds or no resample has a rho."""
-  if all(len(v) < 2 for v in values):
+  ``reference`` when the seeds are resampled with replacement (``resamples`` times, RNG seed
+  ``seed``), the same draw for every variant: ``values[variant][k]`` is seed k's value, the same
+  seeds in the same order for every variant, whose runs share their data order (a paired
+  bootstrap). ``undefined``: resamples whose means were all equal (no rho), left out. None with
+  fewer than 2 seeds or no resample with a rho."""
+  x = np.asarray(values, float)
+  if x.ndim != 2 or x.shape[1] < 2:
     return None
-  rng = np.random.default_rng(seed)
-  arrays = [np.asarray(v, float) for v in values]
+  draws = np.random.default_rng(seed).integers(0, x.shape[1], (resamples, x.shape[1]))
   with np.errstate(invalid='ignore', divide='ignore'):  # all means equal: rho is NaN
-    rhos = np.array([spearman([rng.choice(a, len(a)).mean() for a in arrays], reference)
-                     for _ in range(resamples)])
+    rhos = np.array([spearman(x[:, d].mean(axis=1), reference) for d in draws])
   finite = rhos[np.isfinite(rhos)]
   if not len(finite):
     return None
   low, high = np.percentile(finite, [2.5, 97.5])
   return float(low), float(high), int(len(rhos) - len(finite))
+
+
+def common_seeds(group: Group, names: Sequence[str]) -> List[List[float]]:
+  """[variant][k]: the final log-perplexity of each of ``names`` at the k-th seed that finished
+  without diverging in all of them."""
+  by_seed = [{t.seed: final_value(t) for t in group.of(v) if final_value(t) is not None}
+             for v in names]
+  seeds = sorted(set.intersection(*(set(b) for b in by_seed))) if by_seed else []
+  return [[b[s] for s in seeds] for b in by_seed]
 
 
 def spearman(a: Sequence[float], b: Sequence[float]) -> float:
@@ -288,24 +298,24 @@ def ranking_lines(group: Group, resamples: int = 1000) -> List[str]:
   if not found:
     return []
   rho, flips, n = found
-  _, values, theirs = ranked(group)
+  names, _, theirs = ranked(group)
   lines = [f'Ranking against the paper\'s "{group.paper.columns[group.paper.rank_column]}" '
            f'column: Spearman rho = '
            f'{"undefined (all our values are equal)" if np.isnan(rho) else f"{rho:.2f}"} over {n} '
            'variants; pairs ordered differently from the paper: '
            + (', '.join(f'{a}/{b}' for a, b in flips) if flips else 'none') + '.']
-  seeds = sorted({len(v) for v in values})
-  seeds_text = (f'n = {seeds[0]}' + (f'-{seeds[-1]}' if len(seeds) > 1 else '')
-                + ' seeds per variant')
-  interval = bootstrap_spearman(values, theirs, resamples)
+  paired = common_seeds(group, names)
+  seeds = len(paired[0]) if paired else 0
+  interval = bootstrap_spearman(paired, theirs, resamples)
   if interval is None:
-    lines.append(f'No bootstrap interval for rho ({seeds_text}: nothing to resample).')
+    lines.append(f'No bootstrap interval for rho (n = {seeds} seeds finished in every variant: '
+                 'nothing to resample).')
   else:
     low, high, undefined = interval
     lines.append(f'Bootstrap 95% interval of rho over seeds: [{low:.2f}, {high:.2f}] '
-                 f'({seeds_text}; '
-                 f'{resamples} resamples of each variant\'s seeds with replacement, RNG seed 0, '
-                 '2.5th-97.5th percentiles'
+                 f'(n = {seeds} seeds finished in every variant, resampled with replacement '
+                 f'{resamples} times, the same draw for every variant (a seed\'s runs share their '
+                 'data order), RNG seed 0, 2.5th-97.5th percentiles'
                  + (f'; {undefined} resamples with all means equal left out' if undefined else '')
                  + ').')
   return [' '.join(lines), '']
