@@ -731,8 +731,8 @@ def test_lr_sensitivity_is_wortsman_et_al_s_formula(tmp_path):
   assert [p.stalled for p in post.points] == [False, False, False]
   os.makedirs(tmp_path / 'out')
   text = '\n'.join(report.group_markdown(group, str(tmp_path / 'out')))
-  assert '| post | 8.000 | 6.000 | 5.000 | diverged | 0.01 | 1.333 |' in text
-  assert '| pre | 8.000 | 7.900 stalled | 5.500 | 8.500 stalled | 0.01 | 1.633 |' in text
+  assert '| post | 8.000 | 6.000 | 5.000 | diverged | 0.01 | 5.000 | 1.333 |' in text
+  assert '| pre | 8.000 | 7.900 stalled | 5.500 | 8.500 stalled | 0.01 | 5.500 | 1.633 |' in text
   assert (tmp_path / 'out' / 'lr_lr.png').stat().st_size < 150_000
   other = report.run_dirs_group([str(tmp_path / 'post+base=1e-3-seed0')], name='one')
   assert not stability.is_rate_sweep(other)  # one rate: no curve
@@ -747,7 +747,7 @@ def test_lr_sensitivity_waits_for_every_rate_and_for_the_initial_loss(tmp_path):
   group = report.run_dirs_group(sorted(str(p) for p in tmp_path.iterdir()), name='lr')
   curves = {c.label: c for c in stability.curves(group, report.final_value, report.diverged_step)}
   assert curves['a'].sensitivity() is None and curves['b'].sensitivity() is None
-  assert stability.table(list(curves.values()))[2] == '| a | 8.000 | 6.000 | not finished | 0.001 | — |'
+  assert stability.table(list(curves.values()))[2] == '| a | 8.000 | 6.000 | not finished | 0.001 | 6.000 | — |'
   assert 'no step-0 eval' in '\n'.join(stability.markdown(list(curves.values())))
 
 
@@ -765,4 +765,4 @@ def test_lr_sensitivity_over_seeds_counts_a_diverged_seed_as_its_initial_loss(tm
   assert [p.loss() for p in curve.points] == [6.0, 7.0]
   assert curve.best().rate == 1e-3 and curve.initial == 8.5
   assert curve.sensitivity() == pytest.approx((6.0 + 7.0) / 2 - 6.0)
-  assert stability.table([curve])[2] == '| c | 8.500 | 6.000 | 5.000 (1 diverged) | 0.001 | 0.500 |'
+  assert stability.table([curve])[2] == '| c | 8.500 | 6.000 | 5.000 (1 diverged) | 0.001 | 6.000 | 0.500 |'

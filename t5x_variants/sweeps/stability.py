@@ -138,17 +138,20 @@ def _cell(p: Point) -> str:
 
 
 def table(curves_: Sequence[Curve]) -> List[str]:
-  """Markdown: per curve the initial loss, the final loss at each rate, the best rate and the LR
-  sensitivity."""
+  """Markdown: per curve the initial loss, the final loss at each rate, the best rate, its loss
+  and the LR sensitivity (which is small both for a curve that trains well at every rate and for
+  one that trains at none: read it beside the best loss)."""
   rates = sorted({p.rate for c in curves_ for p in c.points})
-  head = ['curve', 'initial loss'] + [f'{r:g}' for r in rates] + ['best rate', 'LR sensitivity']
+  head = ['curve', 'initial loss'] + [f'{r:g}' for r in rates] + ['best rate', 'best loss',
+                                                                   'LR sensitivity']
   lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
   for c in curves_:
     at = {p.rate: p for p in c.points}
     best, s = c.best(), c.sensitivity()
     row = [c.label, '—' if c.initial is None else f'{c.initial:.3f}']
     row += [_cell(at[r]) if r in at else '—' for r in rates]
-    row += ['—' if best is None else f'{best.rate:g}', '—' if s is None else f'{s:.3f}']
+    row += ['—' if best is None else f'{best.rate:g}', '—' if best is None else f'{best.loss():.3f}',
+            '—' if s is None else f'{s:.3f}']
     lines.append('| ' + ' | '.join(row) + ' |')
   return lines
 
@@ -157,7 +160,8 @@ def markdown(curves_: Sequence[Curve]) -> List[str]:
   lines = ['Learning-rate stability: final held-out loss at each learning rate '
            '(`learning_rate_schedule.base`, the columns). LR sensitivity (Wortsman et al. 2023): '
            'the mean over the rates of min(final, initial loss), a diverged run counting as its '
-           'initial loss, minus the curve\'s lowest final loss; lower is more stable. Initial '
+           'initial loss, minus the curve\'s lowest final loss (best loss); lower is more '
+           'stable, read beside the best loss: a curve that trains at no rate scores low too. Initial '
            'loss: the held-out loss of the initial parameters (step 0). Stalled: finite, but fell '
            f'from the initial loss by less than {STALL_FRACTION:g} of the largest fall of any run '
            'here.', '']
