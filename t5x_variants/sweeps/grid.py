@@ -188,7 +188,8 @@ class Sweep:
 
   def save(self):
     """sweep.json, replaced whole: a reader never sees half a file."""
-    storage.write_text(os.path.join(self.sweep_dir, SWEEP_FILE), json.dumps(self.to_json(), indent=1))
+    storage.write_text(os.path.join(self.sweep_dir, SWEEP_FILE),
+                       json.dumps(self.to_json(), indent=1))
 
   @classmethod
   def load(cls, sweep_dir: str) -> 'Sweep':

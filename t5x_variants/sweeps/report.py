@@ -354,8 +354,28 @@ def group_markdown(group: Group, out_dir: str, baseline: Optional[str] = None) -
   if rate_curves:
     lines += stability.markdown(rate_curves)
   for title, path in plots.group_plots(group, out_dir, final_values, diverged_step, rate_curves):
-    lines += [f'![{title}]({os.path.basename(path)})', '']
+    lines += [f'![{title}]({os.path.basename(path)})', '', f'*{CAPTIONS[title]}*', '']
   return lines
+
+
+CAPTIONS = {
+    'loss curves': 'Training loss and held-out log-perplexity by step: the mean over the seeds '
+                   'that reached the step; the band is its 95% Student t interval (none where '
+                   'one seed).',
+    'final log-perplexity': 'Final held-out log-perplexity: the mean over finished, '
+                            'non-diverged seeds with its 95% Student t interval as the error bar '
+                            '(n under each name); hollow diamonds: the paper\'s numbers, on a '
+                            'secondary axis of the same scale.',
+    'log-perplexity by depth': 'Final held-out log-perplexity against layers per stack, per '
+                               'placement: mean and 95% t interval over seeds; x at the top: a '
+                               'run diverged at that depth.',
+    'per-layer diagnostics': 'DeepNet\'s model update ||F(x; θ_t) - F(x; θ_0)|| by step, and the '
+                             'gradient and residual-activation norms per layer at the last record '
+                             '(the first seed with diagnostics).',
+    'loss against learning rate': 'Final held-out loss against the learning rate, one line per '
+                                  'curve: the mean over seeds of min(final, initial loss); x: a '
+                                  'run diverged (counted at its initial loss); hollow: stalled.',
+}
 
 
 def write_report(groups: Sequence[Group], out_dir: str, title: str = 'Sweep report',

@@ -150,8 +150,8 @@ def table(curves_: Sequence[Curve]) -> List[str]:
     best, s = c.best(), c.sensitivity()
     row = [c.label, '—' if c.initial is None else f'{c.initial:.3f}']
     row += [_cell(at[r]) if r in at else '—' for r in rates]
-    row += ['—' if best is None else f'{best.rate:g}', '—' if best is None else f'{best.loss():.3f}',
-            '—' if s is None else f'{s:.3f}']
+    row += ['—', '—'] if best is None else [f'{best.rate:g}', f'{best.loss():.3f}']
+    row += ['—' if s is None else f'{s:.3f}']
     lines.append('| ' + ' | '.join(row) + ' |')
   return lines
 
