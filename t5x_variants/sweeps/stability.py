@@ -1,5 +1,5 @@
 """Learning-rate stability curves (Wortsman et al. 2023, "Small-scale proxies for large-scale
-Transformer training instabilities", Sec. 2): the final held-out loss of each configuration
+Transformer training instabilities"): the final held-out loss of each configuration
 against the peak learning rate of a ``t5xv-sweep --grid=learning_rate_schedule.base=...`` sweep,
 and its LR sensitivity,
 
