@@ -33,7 +33,8 @@ def _run_settings(args, with_data: bool):
       dataset = pipeline.DatasetConfig()
     batch, lengths = dataset.batch_size, dict(dataset.task_feature_lengths or {})
   else:
-    batch, lengths = common.gin_macro('BATCH_SIZE'), dict(common.gin_macro('TASK_FEATURE_LENGTHS') or {})
+    batch = common.gin_macro('BATCH_SIZE')
+    lengths = dict(common.gin_macro('TASK_FEATURE_LENGTHS') or {})
   batch = args.batch or batch
   for feature in ('inputs', 'targets'):
     lengths[feature] = getattr(args, f'{feature}_length') or lengths.get(feature)

@@ -264,7 +264,7 @@ def stop_with_sweep():
   sweep = os.environ.get(SWEEP_PID_ENV)
   if not sweep or not sys.platform.startswith('linux'):
     return
-  ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+  ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
   if os.getppid() != int(sweep):
     os.kill(os.getpid(), signal.SIGTERM)
 

@@ -343,8 +343,8 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
   ``make_optimizer`` and ``learning_rate_schedule``. ``diagnostics_period`` > 0 logs the
   per-layer diagnostics of ``train/diagnostics.py`` at step 0 and every that many steps.
   ``eval_at_start``: a fresh run also evaluates its initial parameters, at step 0 (the initial
-  loss of a learning-rate sensitivity, ``sweeps/stability.py``); a run resumed at an eval step
-  whose eval was lost to a stop evaluates it first.
+  loss of a learning-rate sensitivity, ``sweeps/stability.py``). Whatever it is, a run resumed at
+  an eval step whose eval was lost to a stop evaluates that step first.
   Raises NonFiniteLossError at the first non-finite step (``on_nonfinite='stop'``), after
   ``max_skipped_in_a_row`` skipped ones in a row, or at the end if no step's update was applied.
   """
