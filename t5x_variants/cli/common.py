@@ -23,7 +23,7 @@ import os
 import pkgutil
 import re
 import sys
-from typing import Callable, List, Mapping, Optional, Sequence
+from typing import Callable, List, Mapping, Optional, Sequence, Union
 
 import gin
 
@@ -272,8 +272,9 @@ def import_data_layer():
       os.close(saved)
 
 
-# The data layer's configurables: without it (no TensorFlow) their bindings are skipped.
-DATA_CONFIGURABLES = ('DatasetConfig', 'vocabulary', 'local_corpus_files', 'register_tasks')
+# The data layer's configurables: without it (no TensorFlow) their bindings are skipped
+# (``DatasetConfig`` needs no TensorFlow and is always read).
+DATA_CONFIGURABLES = ('vocabulary', 'local_corpus_files', 'register_tasks')
 # Run-file macros that only the trainer reads: bound to a placeholder by the tools that need only
 # the model and its step, so that run files and recipes parse without them.
 RUN_MACROS = ('MODEL_DIR', 'INITIAL_CHECKPOINT_PATH')
@@ -282,32 +283,37 @@ RUN_MACROS = ('MODEL_DIR', 'INITIAL_CHECKPOINT_PATH')
 def library_configurables(with_data: bool = True) -> Mapping[str, Callable]:
   """The training library's configurables (and the data layer's), for error messages. Importing
   the data layer imports TensorFlow, which must not take the accelerators from JAX."""
+  from t5x_variants.data.config import DatasetConfig  # pylint: disable=g-import-not-at-top
   from t5x_variants.train import checkpoints, optimizer, partitioning, predictor, trainer  # pylint: disable=g-import-not-at-top
-  known = {'train': trainer.train, 'Checkpointer': checkpoints.Checkpointer,
+  known = {'train': trainer.train, 'DatasetConfig': DatasetConfig, 'Checkpointer': checkpoints.Checkpointer,
            'MeshConfig': partitioning.MeshConfig, 'make_optimizer': optimizer.make_optimizer,
            'adafactor': optimizer.adafactor, 'adam': optimizer.adam, 'adamw': optimizer.adamw,
            'learning_rate_schedule': optimizer.learning_rate_schedule,
            'DecodeOptions': predictor.DecodeOptions}
   if with_data:
     import_data_layer()
-    from t5x_variants.data import corpus, pipeline, tasks, vocab  # pylint: disable=g-import-not-at-top
-    known.update(zip(DATA_CONFIGURABLES, (pipeline.DatasetConfig, vocab.vocabulary,
-                                          corpus.local_corpus_files, tasks.register_tasks)))
+    from t5x_variants.data import corpus, tasks, vocab  # pylint: disable=g-import-not-at-top
+    known.update(zip(DATA_CONFIGURABLES, (vocab.vocabulary, corpus.local_corpus_files,
+                                          tasks.register_tasks)))
   return known
 
 
 def setup(p: argparse.ArgumentParser, argv: Optional[Sequence[str]],
-          configurables: Optional[Mapping[str, Callable]] = None, with_data: bool = True):
+          configurables: Optional[Mapping[str, Callable]] = None,
+          with_data: Union[bool, Callable[[argparse.Namespace], bool]] = True):
   """(args, TransformerConfig): processes joined, gin applied. ``configurables``: the tool's own
   (named in error messages). ``with_data=False`` (tools that need only the model and its step:
   t5xv-info, t5xv-bench): no data layer, no TensorFlow; the same files as t5xv-train still parse,
-  the data layer's bindings skipped and ``RUN_MACROS`` bound to a placeholder."""
+  the data layer's bindings skipped and ``RUN_MACROS`` bound to a placeholder. A function of the
+  parsed flags decides it per call (t5xv-train reading pre-built batches: no data layer, and its
+  run macros kept)."""
   args = parse_args(p, argv)
   initialize_processes(args)
-  known = {**library_configurables(with_data), **(configurables or {})}
-  if not with_data:  # after the flags, whose line numbers gin's messages keep
+  data = with_data(args) if callable(with_data) else with_data
+  known = {**library_configurables(data), **(configurables or {})}
+  if with_data is False:  # after the flags, whose line numbers gin's messages keep
     args.gin_bindings += [f"{m} = 'unused by {p.prog}'" for m in RUN_MACROS]
-  return args, config_from_flags(args, known, False if with_data else list(DATA_CONFIGURABLES))
+  return args, config_from_flags(args, known, False if data else list(DATA_CONFIGURABLES))
 
 
 # --- errors ------------------------------------------------------------------------------------
@@ -341,13 +347,20 @@ def clear_errors(prog: str):
     raise SystemExit(2) from None
 
 
+def vocabulary_size(task_or_vocabulary) -> int:
+  """The number of ids of a seqio task or mixture (all its features) or of one vocabulary."""
+  features = getattr(task_or_vocabulary, 'output_features', None)
+  vocabularies = [f.vocabulary for f in features.values()] if features else [task_or_vocabulary]
+  return max(v.vocab_size for v in vocabularies)
+
+
 def check_vocabulary_size(config, task_or_vocabulary, source: str):
   """A model whose embedding has fewer rows than the data's vocabulary has ids is refused at
   start: out-of-range ids would read NaN embeddings, and every step would be skipped.
-  ``task_or_vocabulary``: a seqio task or mixture (all its features) or one vocabulary."""
-  features = getattr(task_or_vocabulary, 'output_features', None)
-  vocabularies = [f.vocabulary for f in features.values()] if features else [task_or_vocabulary]
-  data_size = max(v.vocab_size for v in vocabularies)
+  ``task_or_vocabulary``: a seqio task or mixture (all its features), one vocabulary, or the
+  number of ids (pre-built batches)."""
+  data_size = (task_or_vocabulary if isinstance(task_or_vocabulary, int)
+               else vocabulary_size(task_or_vocabulary))
   if data_size > config.vocab_size:
     raise ValueError(f'the model vocab_size {config.vocab_size} is smaller than the vocabulary of '
                      f'{source} ({data_size} ids); set TransformerConfig.vocab_size >= {data_size} '

@@ -9,15 +9,37 @@
 globs. ``--grid=BINDING=V1,V2,...`` (repeatable: each is one more axis, after the variants)
 gives each run ``--gin.BINDING=V`` for one of the values and names the run by the binding's last
 component and the value (``pre_ln+base=3e-4-seed0``): learning-rate or depth sweeps need no gin
-file per value. Runs go one after another here; ``--print_commands`` prints one ``t5xv-train``
+file per value. Runs go one after another here (``--parallel=N``: N at a time, e.g. several
+small runs sharing one GPU); ``--print_commands`` prints one ``t5xv-train``
 command per unfinished run instead (for a cluster or TPU scheduler) and records the grid in
 sweep.json, so ``t5xv-report`` reads those runs as they finish. Running the same command again
 skips finished runs and resumes interrupted ones. ``--gin.KEY=VALUE`` applies to every run.
+
+An accelerator host without TensorFlow trains from pre-built batches: ``--batches_dir=ROOT
+--write_batches`` on a host with the data layer writes the batches of every run (runs reading the
+same data share them), then the same sweep command with ``--batches_dir=ROOT`` (copied over)
+trains them there (``train/prebuilt.py``).
 """
+import os
 import sys
 
 from t5x_variants.cli import common
 from t5x_variants.sweeps import grid, papers
+
+
+def write_batches(sweep: grid.Sweep, batches_dir: str, verbosity: int) -> int:
+  """Writes every run's pre-built batches under ``batches_dir`` in this one process (runs that
+  read the same data share them); sweep.json and the runs are left as they are."""
+  if not batches_dir:
+    raise common.UsageError('--write_batches needs --batches_dir=ROOT (where to write them)')
+  import gin  # pylint: disable=g-import-not-at-top
+  from t5x_variants.cli import train  # pylint: disable=g-import-not-at-top
+  for i, run in enumerate(sweep.runs, 1):
+    print(f'[{i}/{len(sweep.runs)}] {run.name}: ', end='', flush=True)
+    gin.clear_config()
+    train.main([*sweep.command(run, ()), f'--batches_dir={batches_dir}', '--write_batches',
+                f'--verbosity={verbosity}'])
+  return 0
 
 
 def main(argv=None):
@@ -32,10 +54,21 @@ def main(argv=None):
                  help='the published table t5xv-report compares with')
   p.add_argument('--print_commands', action='store_true',
                  help='print the t5xv-train commands of unfinished runs instead of running them')
+  p.add_argument('--parallel', type=int, default=1,
+                 help='how many runs train at once on this host (default 1)')
+  p.add_argument('--batches_dir', default=None, metavar='ROOT',
+                 help='every run trains from pre-built batches under ROOT (no TensorFlow)')
+  p.add_argument('--write_batches', action='store_true',
+                 help='with --batches_dir: write the batches of every run of the grid and stop')
   with common.clear_errors('t5xv-sweep'):
     args = common.parse_args(p, argv)
     sweep = grid.Sweep.build(args.sweep_dir, args.gin_file, args.variants, args.seeds,
                              args.gin_bindings, args.paper, args.grid)
+    if args.parallel < 1:
+      raise common.UsageError(f'--parallel must be at least 1, got {args.parallel}')
+    if args.write_batches:
+      return write_batches(sweep, args.batches_dir, args.verbosity)
+    sweep.batches_dir = args.batches_dir and os.path.abspath(args.batches_dir)
     sweep.merge_previous()
     sweep.update_from_run_dirs()
     sweep.save()
@@ -45,7 +78,7 @@ def main(argv=None):
           print(grid.shell_line(sweep.command(run)))
       return 0
     try:
-      counts = grid.run_sweep(sweep, grid.trainer_executable())
+      counts = grid.run_sweep(sweep, grid.trainer_executable(), parallel=args.parallel)
     except KeyboardInterrupt:
       print('t5xv-sweep: interrupted; run the same command to resume', file=sys.stderr)
       return 130

@@ -140,39 +140,90 @@ def check_inputs(config, train_cfg, eval_cfg):
     check_model_dir(bindings['model_dir'], config)
 
 
+def _data_description(config, train_cfg, eval_cfg):
+  """What decides this run's batches (``train/prebuilt.py``)."""
+  from t5x_variants.train import prebuilt  # pylint: disable=g-import-not-at-top
+  bindings = gin.get_bindings('train')
+  return prebuilt.description(train_cfg, eval_cfg, config.architecture,
+                              bindings.get('total_steps'), bindings.get('eval_batches'))
+
+
+def _train_prebuilt(args, config, desc):
+  """Trains from the pre-built batches under ``args.batches_dir``: no data layer."""
+  from t5x_variants.train import prebuilt, trainer  # pylint: disable=g-import-not-at-top
+  if jax.process_count() > 1:
+    raise common.UsageError('--batches_dir serves one process; a multi-host run reads its data '
+                            'through the data layer (leave --batches_dir out)')
+  data = prebuilt.Prebuilt(args.batches_dir, desc)
+  if data.meta['vocabulary_size']:
+    common.check_vocabulary_size(config, data.meta['vocabulary_size'], data.directory)
+  return trainer.train(config, data.train, eval_data=data.evals if data.meta['eval_tasks'] else None,
+                       files=data.files())
+
+
 def main(argv=None):
   with common.clear_errors('t5xv-train'):
-    _, config = common.setup(common.parser('t5xv-train', __doc__), argv)
-    from t5x_variants.data import classification, pipeline, tasks  # pylint: disable=g-import-not-at-top
-    from t5x_variants.train import trainer  # pylint: disable=g-import-not-at-top
+    p = common.parser('t5xv-train', __doc__)
+    p.add_argument('--batches_dir', default=None, metavar='ROOT',
+                   help='pre-built batches: train from those under ROOT, without TensorFlow')
+    p.add_argument('--write_batches', action='store_true',
+                   help='with --batches_dir: write the run\'s batches under ROOT and stop')
+    args, config = common.setup(p, argv, with_data=lambda a: not a.batches_dir or a.write_batches)
+    if args.write_batches and not args.batches_dir:
+      raise common.UsageError('--write_batches needs --batches_dir=ROOT (where to write them)')
+    from t5x_variants.data.config import DatasetConfig  # pylint: disable=g-import-not-at-top
     grid.stop_with_sweep()
-    if _init_checkpoint():  # fine-tuning tokenizes as the pretrained run did
-      common.use_run_vocabulary(_init_checkpoint())
     with gin.config_scope('train'):
-      train_cfg = pipeline.DatasetConfig()
+      train_cfg = DatasetConfig()
     with gin.config_scope('train_eval'):
-      eval_cfg = pipeline.DatasetConfig()
+      eval_cfg = DatasetConfig()
     check_inputs(config, train_cfg, eval_cfg)
-    if train_cfg.mixture_or_task_name:  # a model that does not fit the data: one clear error
-      train_task = tasks.get_task_or_mixture(train_cfg.mixture_or_task_name)
-      classification.check_model(train_task, config)
-      common.check_vocabulary_size(config, train_task, train_cfg.mixture_or_task_name)
-    host = (jax.process_index(), jax.process_count())
-    train_data = lambda: pipeline.config_batches(train_cfg, config.architecture, *host)
-    eval_data = eval_metric_fns = None
-    if eval_cfg.mixture_or_task_name:
-      eval_task = tasks.get_task_or_mixture(eval_cfg.mixture_or_task_name)
-      subtasks = getattr(eval_task, 'tasks', None) or [eval_task]
-      names = [t.name for t in subtasks]
-      if classification.check_model(eval_task, config):  # GLUE metrics at eval
-        eval_metric_fns = classification.metric_fns(subtasks)
-      eval_data = lambda: {n: pipeline.eval_batches(n, eval_cfg.task_feature_lengths,
-                                                    config.architecture, eval_cfg.batch_size,
-                                                    eval_cfg.split) for n in names}
-    result = trainer.train(config, train_data, eval_data=eval_data, eval_metric_fns=eval_metric_fns,
-                           files=vocabulary_files(train_cfg.mixture_or_task_name))
+    if args.batches_dir and not args.write_batches:
+      result = _train_prebuilt(args, config, _data_description(config, train_cfg, eval_cfg))
+    else:
+      result = _train_from_data_layer(args, config, train_cfg, eval_cfg)
+    if result is None:
+      return 0
   print(f'done: step {result["step"]}' + (f', loss {result["loss"]:.4f}' if 'loss' in result else ''))
   return 0
+
+
+def _train_from_data_layer(args, config, train_cfg, eval_cfg):
+  """Trains from the data layer's batches; with ``--write_batches`` writes them instead (and
+  returns None)."""
+  from t5x_variants.data import classification, pipeline, tasks  # pylint: disable=g-import-not-at-top
+  from t5x_variants.train import prebuilt, trainer  # pylint: disable=g-import-not-at-top
+  if _init_checkpoint():  # fine-tuning tokenizes as the pretrained run did
+    common.use_run_vocabulary(_init_checkpoint())
+  vocabulary_size = None
+  if train_cfg.mixture_or_task_name:  # a model that does not fit the data: one clear error
+    train_task = tasks.get_task_or_mixture(train_cfg.mixture_or_task_name)
+    classification.check_model(train_task, config)
+    common.check_vocabulary_size(config, train_task, train_cfg.mixture_or_task_name)
+    vocabulary_size = common.vocabulary_size(train_task)
+  host = (jax.process_index(), jax.process_count())
+  train_data = lambda: pipeline.config_batches(train_cfg, config.architecture, *host)
+  eval_data = eval_metric_fns = None
+  if eval_cfg.mixture_or_task_name:
+    eval_task = tasks.get_task_or_mixture(eval_cfg.mixture_or_task_name)
+    subtasks = getattr(eval_task, 'tasks', None) or [eval_task]
+    names = [t.name for t in subtasks]
+    if classification.check_model(eval_task, config):  # GLUE metrics at eval
+      eval_metric_fns = classification.metric_fns(subtasks)
+    eval_data = lambda: {n: pipeline.eval_batches(n, eval_cfg.task_feature_lengths,
+                                                  config.architecture, eval_cfg.batch_size,
+                                                  eval_cfg.split) for n in names}
+  files = vocabulary_files(train_cfg.mixture_or_task_name)
+  if args.write_batches:
+    if eval_metric_fns or jax.process_count() > 1:
+      raise common.UsageError('--write_batches serves one-process pretraining runs (no '
+                              'classification metrics, which need the data layer at eval)')
+    directory = prebuilt.write(args.batches_dir, _data_description(config, train_cfg, eval_cfg),
+                               train_data, eval_data or dict, files, vocabulary_size)
+    print(f'batches: {directory}')
+    return None
+  return trainer.train(config, train_data, eval_data=eval_data, eval_metric_fns=eval_metric_fns,
+                       files=files)
 
 
 if __name__ == '__main__':

@@ -10,15 +10,14 @@ classification task (data/classification.py, encoder-only only) has its own
 ``BatchIterator`` saves and restores its exact position with tf.data iterator checkpointing, so
 a resumed run sees the same batches as an uninterrupted one.
 """
-import dataclasses
 from typing import Dict, Iterator, Mapping, Optional
 
-import gin
 import numpy as np
 import seqio
 import tensorflow as tf
 
 from t5x_variants.data import classification, tasks
+from t5x_variants.data.config import DatasetConfig
 from t5x_variants.features import ARCHITECTURES
 
 
@@ -171,21 +170,6 @@ def batches(name: str, task_feature_lengths: Mapping[str, int], architecture: st
   ds = get_dataset(name, task_feature_lengths, architecture, split, shuffle, seed, num_epochs, pack,
                    host_index, num_hosts)
   return BatchIterator(ds, global_batch_size, num_hosts)
-
-
-@gin.configurable
-@dataclasses.dataclass(frozen=True)
-class DatasetConfig:
-  """A run's data, bound in gin under a scope: ``train/DatasetConfig`` (what the model trains on)
-  and ``train_eval/DatasetConfig`` (teacher-forced eval during training), as in T5X."""
-  mixture_or_task_name: Optional[str] = None
-  task_feature_lengths: Optional[Mapping[str, int]] = None
-  batch_size: int = 128
-  split: str = 'train'
-  shuffle: bool = True
-  seed: int = 0
-  pack: bool = True
-  num_epochs: Optional[int] = None  # None: repeat forever
 
 
 def config_batches(config: DatasetConfig, architecture: str, host_index: int = 0,

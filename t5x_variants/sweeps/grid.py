@@ -121,6 +121,7 @@ class Sweep:
   paper: Optional[str] = None
   grid: List[str] = dataclasses.field(default_factory=list)  # the --grid flags, BINDING=V1,V2
   runs: List[Run] = dataclasses.field(default_factory=list)
+  batches_dir: Optional[str] = None  # every run reads pre-built batches from there
   kept: List[Run] = dataclasses.field(default_factory=list)  # recorded earlier, not in this grid
 
   @classmethod
@@ -165,12 +166,13 @@ class Sweep:
 
   def command(self, run: Run, executable: Sequence[str] = ('t5xv-train',)) -> List[str]:
     """The ``t5xv-train`` command line of ``run``: its gin files, then its bindings (the run's
-    directory and seed, its grid values, the sweep's own)."""
+    directory and seed, its grid values, the sweep's own), and the sweep's ``--batches_dir``."""
     bindings = [*DEFAULT_BINDINGS, f"MODEL_DIR = '{self.model_dir(run)}'",
                 f'train.seed = {run.seed}', f'train/DatasetConfig.seed = {run.seed}',
                 *run.bindings, *self.bindings]
     return [*executable, *[f'--gin_file={f}' for f in [*self.base, *run.variant_files]],
-            *[f'--gin.{k.strip()}={v.strip()}' for k, _, v in (b.partition('=') for b in bindings)]]
+            *[f'--gin.{k.strip()}={v.strip()}' for k, _, v in (b.partition('=') for b in bindings)],
+            *([f'--batches_dir={self.batches_dir}'] if self.batches_dir else [])]
 
   # --- sweep.json --------------------------------------------------------------------------------
 
@@ -282,49 +284,94 @@ def _lock(sweep_dir: str):
   return handle
 
 
-def run_sweep(sweep: Sweep, executable: Sequence[str], say: Callable[[str], None] = print) -> Dict:
-  """Trains every unfinished run of the grid in order, one at a time, saving sweep.json around
-  each; a failed or diverged run does not stop the others. SIGINT and SIGTERM are passed on to the
-  trainer as SIGTERM (it saves a checkpoint), and then raise KeyboardInterrupt. Returns {status: count}."""
+@dataclasses.dataclass
+class _Attempt:
+  """One run's trainer process."""
+  run: Run
+  proc: subprocess.Popen
+  log_file: str
+  log_start: int
+  start: float
+
+
+def _start(sweep: Sweep, run: Run, executable: Sequence[str], lock, shared: bool) -> _Attempt:
+  """Starts ``run``'s trainer; ``shared``: beside others, so JAX takes device memory as needed
+  instead of most of it at start (unless the environment says otherwise)."""
+  env = dict(os.environ, **{SWEEP_PID_ENV: str(os.getpid())})
+  if shared:
+    env.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
+  os.makedirs(sweep.model_dir(run), exist_ok=True)
+  log_file = os.path.join(sweep.model_dir(run), 'train.log')
+  run.status = 'running'
+  sweep.save()
+  with open(log_file, 'a') as log:
+    log_start = log.tell()
+    # The trainer holds the sweep's lock too (pass_fds): a rerun sweep waits until it is gone.
+    proc = subprocess.Popen(sweep.command(run, executable), stdout=log, stderr=subprocess.STDOUT,
+                            env=env, pass_fds=(lock.fileno(),))
+  return _Attempt(run, proc, log_file, log_start, time.time())
+
+
+def _end(sweep: Sweep, attempt: _Attempt, returncode: int, interrupted: bool) -> float:
+  """Records the run's outcome in sweep.json; returns its seconds."""
+  run, seconds = attempt.run, time.time() - attempt.start
+  run.seconds = (run.seconds or 0) + seconds
+  finished = run_records.read_run(sweep.model_dir(run)).finished()
+  _outcome(run, returncode, finished, attempt.log_file, attempt.log_start)
+  if interrupted and not finished:
+    run.status, run.reason = 'interrupted', None
+  sweep.save()
+  return seconds
+
+
+def run_sweep(sweep: Sweep, executable: Sequence[str], say: Callable[[str], None] = print,
+              parallel: int = 1) -> Dict:
+  """Trains every unfinished run of the grid in order, ``parallel`` at a time (each its own
+  trainer process), saving sweep.json around each; a failed or diverged run does not stop the
+  others. SIGINT and SIGTERM are passed on to the trainers as SIGTERM (they save a checkpoint),
+  and then raise KeyboardInterrupt. Returns {status: count}."""
   lock = _lock(sweep.sweep_dir)
   sweep.update_from_run_dirs()
   todo = [r for r in sweep.runs if r.status not in FINISHED]
-  durations = []
+  durations, running, started = [], [], 0
   previous_sigterm = signal.signal(signal.SIGTERM, signal.default_int_handler)
   try:
-    for i, run in enumerate(todo, 1):
-      os.makedirs(sweep.model_dir(run), exist_ok=True)
-      log_file = os.path.join(sweep.model_dir(run), 'train.log')
-      run.status = 'running'
-      sweep.save()
-      eta = (f'sweep eta {format_duration(sum(durations) / len(durations) * (len(todo) - i + 1))}'
-             if durations else 'sweep eta: after the first run')
-      say(f'[{i}/{len(todo)}] {run.variant} seed {run.seed}: training in {sweep.model_dir(run)} ({eta})')
-      start = time.time()
-      with open(log_file, 'a') as log:
-        log_start = log.tell()
-        # The trainer holds the sweep's lock too (pass_fds): a rerun sweep waits until it is gone.
-        proc = subprocess.Popen(sweep.command(run, executable), stdout=log, stderr=subprocess.STDOUT,
-                                env=dict(os.environ, **{SWEEP_PID_ENV: str(os.getpid())}),
-                                pass_fds=(lock.fileno(),))
-        try:
-          returncode, interrupted = proc.wait(), False
-        except KeyboardInterrupt:
-          # SIGTERM: a background job's SIGINT is ignored until the trainer sets its handler
-          proc.send_signal(signal.SIGTERM)
-          returncode, interrupted = proc.wait(), True
-      run.seconds = (run.seconds or 0) + time.time() - start
-      durations.append(time.time() - start)
-      finished = run_records.read_run(sweep.model_dir(run)).finished()
-      _outcome(run, returncode, finished, log_file, log_start)
-      if interrupted and not finished:
-        run.status, run.reason = 'interrupted', None
-      sweep.save()
-      if interrupted:
-        raise KeyboardInterrupt
-      say(f'[{i}/{len(todo)}] {run.variant} seed {run.seed}: {run.status} in '
+    while todo[started:] or running:
+      while todo[started:] and len(running) < parallel:
+        run = todo[started]
+        started += 1
+        left = len(todo) - started + 1
+        eta = (f'sweep eta {format_duration(sum(durations) / len(durations) * left / parallel)}'
+               if durations else 'sweep eta: after the first run')
+        say(f'[{started}/{len(todo)}] {run.variant} seed {run.seed}: training in '
+            f'{sweep.model_dir(run)} ({eta})')
+        running.append(_start(sweep, run, executable, lock, parallel > 1))
+      try:
+        done = _wait_any(running)
+      except KeyboardInterrupt:
+        for attempt in running:  # SIGTERM: a background job's SIGINT is ignored until the
+          attempt.proc.send_signal(signal.SIGTERM)  # trainer sets its handler
+        for attempt in running:
+          _end(sweep, attempt, attempt.proc.wait(), interrupted=True)
+        raise
+      running.remove(done)
+      durations.append(_end(sweep, done, done.proc.returncode, interrupted=False))
+      run = done.run
+      say(f'[{todo.index(run) + 1}/{len(todo)}] {run.variant} seed {run.seed}: {run.status} in '
           f'{format_duration(durations[-1])}' + (f': {run.reason}' if run.reason else ''))
   finally:
     signal.signal(signal.SIGTERM, previous_sigterm)
     lock.close()
   return dict(collections.Counter(r.status for r in sweep.runs))
+
+
+def _wait_any(running: List[_Attempt]) -> _Attempt:
+  """The first of ``running`` whose process has ended."""
+  if len(running) == 1:
+    running[0].proc.wait()
+    return running[0]
+  while True:
+    for attempt in running:
+      if attempt.proc.poll() is not None:
+        return attempt
+    time.sleep(0.2)

@@ -1,0 +1,21 @@
+"""A run's data as gin binds it; no TensorFlow, so a host without the data layer still reads it
+(``t5xv-train --batches_dir``, ``train/prebuilt.py``)."""
+import dataclasses
+from typing import Mapping, Optional
+
+import gin
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class DatasetConfig:
+  """A run's data, bound in gin under a scope: ``train/DatasetConfig`` (what the model trains on)
+  and ``train_eval/DatasetConfig`` (teacher-forced eval during training), as in T5X."""
+  mixture_or_task_name: Optional[str] = None
+  task_feature_lengths: Optional[Mapping[str, int]] = None
+  batch_size: int = 128
+  split: str = 'train'
+  shuffle: bool = True
+  seed: int = 0
+  pack: bool = True
+  num_epochs: Optional[int] = None  # None: repeat forever

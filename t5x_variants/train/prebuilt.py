@@ -1,0 +1,162 @@
+"""Pre-built batches: a run's data written once on a host with the data layer (TensorFlow, seqio)
+and read back, batch for batch, on an accelerator host without it.
+
+``t5xv-train --batches_dir=ROOT --write_batches`` writes the batches the run would read (its
+``train.total_steps`` training batches and every evaluation batch) to ``ROOT/<key>``;
+``t5xv-train --batches_dir=ROOT`` trains from them and imports no TensorFlow. The key is a hash
+of everything that decides the batches (the train and eval ``DatasetConfig``, the architecture,
+the number of steps and eval batches), so runs that read the same data (the rates of a learning
+rate sweep, the variants of one seed) share one directory, and a run whose data differs finds
+none. Each feature is one ``.npy`` file of shape (batches, batch size, length), read memory
+mapped. One process only: a multi-host run reads its data through the data layer.
+"""
+import dataclasses
+import hashlib
+import itertools
+import json
+import os
+import shutil
+import tempfile
+from typing import Callable, Dict, Iterable, Iterator, Mapping, Optional
+
+import numpy as np
+
+META = 'data.json'
+
+
+def key(description: Mapping) -> str:
+  """The directory name of the batches that ``description`` (JSON-able) decides."""
+  text = json.dumps(description, sort_keys=True, default=str)
+  return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def description(train_cfg, eval_cfg, architecture: str, total_steps: int,
+                eval_batches: Optional[int]) -> dict:
+  """What decides a run's batches: its train/eval ``DatasetConfig`` (dataclasses), architecture,
+  number of training batches and the most eval batches read per task."""
+  return {'train': dataclasses.asdict(train_cfg),
+          'eval': dataclasses.asdict(eval_cfg) if eval_cfg.mixture_or_task_name else None,
+          'architecture': architecture, 'total_steps': total_steps, 'eval_batches': eval_batches}
+
+
+def _write_split(directory: str, batches: Iterable[Mapping[str, np.ndarray]],
+                 count: Optional[int]) -> int:
+  """The first ``count`` batches as one .npy per feature, written straight into memory-mapped
+  files (training); ``count=None``: all of them, stacked at the end (an eval split). Returns how
+  many were written."""
+  arrays, n = {}, 0
+  for n, batch in enumerate(itertools.islice(batches, count), 1):
+    for name, value in batch.items():
+      if name not in arrays:
+        if count is None:  # an eval split: its length is known at the end
+          arrays[name] = []
+        else:
+          arrays[name] = np.lib.format.open_memmap(os.path.join(directory, f'{name}.npy'), 'w+',
+                                                   value.dtype, (count,) + value.shape)
+      if count is None:
+        arrays[name].append(value)
+      else:
+        arrays[name][n - 1] = value
+  if count is not None and n < count:
+    raise ValueError(f'the data ended after {n} of the {count} training batches the run needs; '
+                     'let the training data repeat (num_epochs = None) or train fewer steps')
+  for name, value in arrays.items():
+    if count is None:
+      np.save(os.path.join(directory, f'{name}.npy'), np.stack(value))
+    else:
+      value.flush()
+  return n
+
+
+def write(root: str, desc: Mapping, train: Callable[[], Iterator],
+          evals: Callable[[], Mapping[str, Iterable]], files: Mapping[str, str],
+          vocabulary_size: Optional[int]) -> str:
+  """Writes the first ``desc['total_steps']`` batches of ``train()``, each of ``evals()``' tasks'
+  batches (at most ``desc['eval_batches']``) and ``files`` ({name: path}, e.g. the vocabulary;
+  with the data's number of token ids, which a reader's model must cover) under
+  ``root/key(desc)``, through a temporary directory renamed at the end (a stopped write leaves
+  nothing); returns the directory. Batches already there are kept (the data is not built)."""
+  target = os.path.join(root, key(desc))
+  if os.path.exists(os.path.join(target, META)):
+    return target
+  os.makedirs(root, exist_ok=True)
+  tmp = tempfile.mkdtemp(dir=root, prefix='.tmp-')
+  try:
+    os.makedirs(os.path.join(tmp, 'train'))
+    _write_split(os.path.join(tmp, 'train'), train(), desc['total_steps'])
+    counts = {}
+    eval_sets = evals()
+    for i, (name, batches) in enumerate(eval_sets.items()):
+      os.makedirs(os.path.join(tmp, f'eval{i}'))
+      counts[name] = _write_split(os.path.join(tmp, f'eval{i}'),
+                                  itertools.islice(batches, desc['eval_batches']), None)
+    for name, path in files.items():
+      shutil.copyfile(path, os.path.join(tmp, name))
+    meta = dict(desc, eval_tasks=list(eval_sets), eval_counts=counts, files=sorted(files),
+                vocabulary_size=vocabulary_size)
+    with open(os.path.join(tmp, META), 'w') as f:
+      json.dump(meta, f, indent=1, sort_keys=True, default=str)
+    os.chmod(tmp, 0o755)  # mkdtemp's 0o700 would hide it from other users
+    try:
+      os.replace(tmp, target)
+    except OSError:
+      if not os.path.exists(os.path.join(target, META)):  # else another writer was first
+        raise
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+  return target
+
+
+def _load(directory: str) -> Dict[str, np.ndarray]:
+  return {name[:-len('.npy')]: np.load(os.path.join(directory, name), mmap_mode='r')
+          for name in sorted(os.listdir(directory)) if name.endswith('.npy')}
+
+
+class PrebuiltBatches(Iterator[Dict[str, np.ndarray]]):
+  """The training batches of a pre-built directory, in order; ``save``/``restore`` the position
+  (a checkpoint holds it, as it holds a tf.data iterator's)."""
+
+  def __init__(self, directory: str):
+    self.arrays, self.position = _load(directory), 0
+    self.length = len(next(iter(self.arrays.values())))
+
+  def __next__(self) -> Dict[str, np.ndarray]:
+    if self.position >= self.length:
+      raise StopIteration
+    self.position += 1
+    return {name: np.asarray(a[self.position - 1]) for name, a in self.arrays.items()}
+
+  def save(self, prefix: str) -> str:
+    from t5x_variants.train import storage  # pylint: disable=g-import-not-at-top
+    storage.write_text(f'{prefix}.json', json.dumps({'position': self.position}))
+    return f'{prefix}.json'
+
+  def restore(self, prefix: str):
+    from t5x_variants.train import storage  # pylint: disable=g-import-not-at-top
+    self.position = json.loads(storage.path(f'{prefix}.json').read_text())['position']
+
+
+class Prebuilt:
+  """A run's pre-built batches, found under ``root`` by the run's description."""
+
+  def __init__(self, root: str, desc: Mapping):
+    self.directory = os.path.join(root, key(desc))
+    meta_path = os.path.join(self.directory, META)
+    if not os.path.exists(meta_path):
+      raise FileNotFoundError(
+          f'no pre-built batches for this run\'s data in {root} (expected {self.directory}); '
+          'write them on a host with the data layer (TensorFlow, seqio): the same t5xv-train '
+          'command with --write_batches')
+    with open(meta_path) as f:
+      self.meta = json.load(f)
+
+  def train(self) -> PrebuiltBatches:
+    return PrebuiltBatches(os.path.join(self.directory, 'train'))
+
+  def evals(self) -> Dict[str, Iterable[Dict[str, np.ndarray]]]:
+    """{task: its eval batches}, read anew at each call."""
+    return {name: PrebuiltBatches(os.path.join(self.directory, f'eval{i}'))
+            for i, name in enumerate(self.meta['eval_tasks'])}
+
+  def files(self) -> Dict[str, str]:
+    return {name: os.path.join(self.directory, name) for name in self.meta['files']}
