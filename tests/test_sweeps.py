@@ -766,3 +766,57 @@ def test_lr_sensitivity_over_seeds_counts_a_diverged_seed_as_its_initial_loss(tm
   assert curve.best().rate == 1e-3 and curve.initial == 8.5
   assert curve.sensitivity() == pytest.approx((6.0 + 7.0) / 2 - 6.0)
   assert stability.table([curve])[2] == '| c | 8.500 | 6.000 | 5.000 (1 diverged) | 0.001 | 6.000 | 0.500 |'
+
+
+# A stand-in trainer that waits (at most 20 s) until another run of the sweep is training beside
+# it, and records whether one was, and whether JAX was told not to preallocate device memory.
+OVERLAP_TRAINER = '''
+import json, os, sys, time
+args = sys.argv[1:]
+model_dir = next(a for a in args if a.startswith('--gin.MODEL_DIR=')).split('=', 1)[1].strip("'")
+sweep_dir = os.path.dirname(model_dir)
+open(os.path.join(model_dir, 'started'), 'w').close()
+deadline = time.time() + 20
+while time.time() < deadline:
+  started = [d for d in os.listdir(sweep_dir) if os.path.exists(os.path.join(sweep_dir, d, 'started'))]
+  if len(started) > 1:
+    break
+  time.sleep(0.05)
+with open(os.path.join(model_dir, 'beside.txt'), 'w') as f:
+  f.write(f"{len(started)} {os.environ.get('XLA_PYTHON_CLIENT_PREALLOCATE')}")
+with open(os.path.join(model_dir, 'metrics.jsonl'), 'w') as f:
+  f.write(json.dumps({'step': 4, 'kind': 'train', 'loss': 4.0, 'skipped': 0.0}) + '\\n')
+  f.write(json.dumps({'step': 4, 'kind': 'eval', 'task': 't', 'log_perplexity': 4.0}) + '\\n')
+with open(os.path.join(model_dir, 'config.gin'), 'w') as f:
+  f.write('TRAIN_STEPS = 4\\ntrain.total_steps = %TRAIN_STEPS\\n')
+if any(a.endswith('bad.gin') for a in args):
+  print('t5xv-train: error: the loss or gradients at step 7 are not finite (loss nan); ...')
+  sys.exit(2)
+'''
+
+
+def test_a_parallel_sweep_trains_runs_side_by_side_and_records_each(tmp_path):
+  trainer = tmp_path / 'overlap_trainer.py'
+  trainer.write_text(OVERLAP_TRAINER)
+  base, a, b, bad = gin_files(tmp_path, 'base.gin', 'a.gin', 'b.gin', 'bad.gin')
+  sweep = grid.Sweep.build(str(tmp_path / 'sweep'), [base], [f'{a},{b},{bad}'], 2)
+  lines = []
+  counts = grid.run_sweep(sweep, [sys.executable, str(trainer)], say=lines.append, parallel=2)
+  assert counts == {'done': 4, 'diverged': 2}
+  for run in sweep.runs:
+    beside, preallocate = (tmp_path / 'sweep' / run.name / 'beside.txt').read_text().split()
+    assert int(beside) > 1 and preallocate == 'false'
+  saved = {r['name']: r for r in json.loads((tmp_path / 'sweep' / 'sweep.json').read_text())['runs']}
+  assert saved['bad-seed1']['status'] == 'diverged' and saved['bad-seed1']['diverged_step'] == 7
+  assert lines[0].startswith('[1/6] a seed 0: training') and lines[1].startswith('[2/6] b seed 0')
+  assert sum(': done in ' in l for l in lines) == 4
+
+
+def test_a_run_killed_by_sigterm_while_it_starts_is_interrupted_not_failed(tmp_path):
+  log = tmp_path / 'train.log'
+  log.write_text('')
+  run = grid.Run('a-seed0', 'a', [], 0)
+  grid._outcome(run, -15, False, str(log), 0)
+  assert run.status == 'interrupted' and run.reason is None
+  grid._outcome(run, -9, False, str(log), 0)
+  assert run.status == 'failed' and 'exit status -9' in run.reason

@@ -329,10 +329,11 @@ def clear_errors(prog: str):
     yield
   except Exception as e:  # pylint: disable=broad-except
     known = [ValueError, FileNotFoundError, checkpoints.CheckpointError, trainer.NonFiniteLossError]
-    if 't5x_variants.data.tasks' in sys.modules:  # only when the command used the data layer
-      known.append(sys.modules['t5x_variants.data.tasks'].DataNotFoundError)
-    if 'tensorflow' in sys.modules:
-      known.append(sys.modules['tensorflow'].errors.OpError)
+    tasks, tf = sys.modules.get('t5x_variants.data.tasks'), sys.modules.get('tensorflow')
+    if tasks:  # only when the command used the data layer
+      known.append(tasks.DataNotFoundError)
+    if tf:
+      known.append(tf.errors.OpError)
     if not isinstance(e, tuple(known)):
       raise
     logging.getLogger(LOGGER).debug('traceback', exc_info=True)
