@@ -411,7 +411,7 @@ def test_report_with_a_baseline(tmp_path):
   assert '| pre_ln | 3 done | 4/4 | — | — | 3.050 ± 0.050 | 3.050 [2.926, 3.174] (n=3) |' in text
   assert '| rmsnorm | 1 done | 4/4 | — | — | 2.900 | 2.900 (n=1, no interval) |' in text
   assert 'Paired differences' not in report.write_report([paired_group()], str(tmp_path))
-  with pytest.raises(ValueError, match="'nope' is no variant here; the variants: pre_ln, subln"):
+  with pytest.raises(ValueError, match=r"'nope' is no variant \(or learning-rate curve\) here; they are: pre_ln, subln"):
     report.write_report([paired_group()], str(tmp_path), baseline='nope')
 
 
@@ -429,7 +429,7 @@ def test_report_cli_baseline_flag(tmp_path, capsys):
   assert '| b | 0, 1 | 2 | -0.1000 | [-0.1000, -0.1000] | better |' in (out / 'report.md').read_text()
   with pytest.raises(SystemExit) as exit_info:
     report_cli.main([f'--run_dirs={",".join(dirs)}', f'--output_dir={out}', '--baseline=c'])
-  assert exit_info.value.code == 2 and "--baseline 'c' is no variant here" in capsys.readouterr().err
+  assert exit_info.value.code == 2 and "--baseline 'c' is no variant (or learning-rate curve) here" in capsys.readouterr().err
 
 
 def test_bootstrap_interval_of_spearman_over_seeds():
@@ -820,3 +820,30 @@ def test_a_run_killed_by_sigterm_while_it_starts_is_interrupted_not_failed(tmp_p
   assert run.status == 'interrupted' and run.reason is None
   grid._outcome(run, -9, False, str(log), 0)
   assert run.status == 'failed' and 'exit status -9' in run.reason
+
+
+def test_lr_sensitivity_per_seed_and_paired_against_a_baseline_curve(tmp_path):
+  """Per seed, S_s = mean over rates of min(l, l_0) - min over rates of l from that seed's runs
+  alone; curves are compared by the paired differences S_s(curve) - S_s(baseline)."""
+  from t5x_variants.sweeps import stability
+  finals = {'a': {0: (6.0, 5.0), 1: (6.2, 5.0), 2: (6.1, 5.3)},  # (at 1e-3, at 1e-2) per seed
+            'b': {0: (5.5, 5.0), 1: (5.4, 5.2), 2: (9.5, 5.0)}}  # 9.5 > l_0: clipped to 8
+  for curve, seeds in finals.items():
+    for seed, losses in seeds.items():
+      for rate, final in zip(('1e-3', '1e-2'), losses):
+        rate_run(tmp_path / f'{curve}+base={rate}-seed{seed}', 8.0, final=final)
+  group = report.run_dirs_group(sorted(str(p) for p in tmp_path.iterdir()), name='lr')
+  curves = {c.label: c for c in stability.curves(group, report.final_value, report.diverged_step)}
+  by_hand = {c: {s: (min(x, 8.0) + min(y, 8.0)) / 2 - min(x, y) for s, (x, y) in seeds.items()}
+             for c, seeds in finals.items()}
+  assert curves['a'].seed_sensitivities() == pytest.approx(by_hand['a'])
+  assert curves['b'].seed_sensitivities() == pytest.approx(by_hand['b'])
+  diffs = [by_hand['b'][s] - by_hand['a'][s] for s in range(3)]
+  interval = report.t_interval(diffs)
+  assert report.sensitivity_table(list(curves.values()), 'a')[2] == (
+      f'| b | 0, 1, 2 | 3 | {np.mean(diffs):+.4f} | [{interval.low:.4f}, {interval.high:.4f}] | '
+      f'{report.verdict(interval)} |')
+  text = report.write_report([group], str(tmp_path / 'out'), baseline='a')
+  assert 'mean difference of LR sensitivity (curve - a)' in text
+  with pytest.raises(ValueError, match=r"no variant \(or learning-rate curve\) here.*: a\+base=1e-2"):
+    report.write_report([group], str(tmp_path / 'out'), baseline='c')

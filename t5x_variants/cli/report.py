@@ -10,7 +10,9 @@ sweep is still running (its unfinished runs are marked as such). Per variant: th
 held-out log-perplexity with its 95% Student t interval over seeds; with ``--baseline``, every
 other variant's difference from the baseline paired by seed, its 95% interval and a verdict
 (better / worse / not distinguishable); against a paper's numbers, Spearman's rho with a bootstrap
-interval over seeds.
+interval over seeds. A learning-rate sweep (``--grid=learning_rate_schedule.base=...``) also gets
+its stability table; there ``--baseline`` may name a curve (``pre_ln+xavier``, the variant without
+its rate): every other curve's LR sensitivity against it, paired by seed.
 """
 import sys
 
@@ -28,8 +30,9 @@ def main(argv=None):
                  help='where report.md and the plots go (default: the one --sweep_dir)')
   p.add_argument('--title', default='Sweep report')
   p.add_argument('--baseline', default=None, metavar='VARIANT',
-                 help='a variant name as in the table (e.g. pre_ln+xavier): a second table of '
-                      'the others\' differences from it, paired by seed, with 95%% intervals')
+                 help='a variant name as in the table (e.g. pre_ln+xavier), or a learning-rate '
+                      'curve: a second table of the others\' differences from it, paired by '
+                      'seed, with 95%% intervals')
   args = p.parse_args(argv)
   run_dirs = [d for d in args.run_dirs.split(',') if d]
   if not args.sweep_dir and not run_dirs:

@@ -173,22 +173,36 @@ def verdict(interval: Optional[Interval]) -> str:
   return f'not distinguishable at n={interval.n} seeds'
 
 
-def paired_table(group: Group, baseline: str) -> List[str]:
-  """Markdown: every other variant against ``baseline``, paired by seed: the seeds, n, the mean
-  difference, its 95% t interval over the paired differences and the verdict."""
-  head = ['variant', 'paired seeds', 'n', f'mean difference (variant - {baseline})', '95% CI',
-          'verdict']
+def _paired_lines(kind: str, difference: str,
+                  pairs: Sequence[Tuple[str, List[Tuple[int, float]]]]) -> List[str]:
+  """Markdown: per name its (seed, difference from the baseline) pairs: the seeds, n, the mean
+  ``difference``, its 95% t interval over the pairs and the verdict."""
+  head = [kind, 'paired seeds', 'n', difference, '95% CI', 'verdict']
   lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
-  for v in group.variants():
-    if v == baseline:
-      continue
-    pairs = paired_differences(group.of(v), group.of(baseline))
-    interval = t_interval([d for _, d in pairs])
-    row = [v, ', '.join(str(s) for s, _ in pairs) or '—', str(len(pairs)),
+  for name, named in pairs:
+    interval = t_interval([d for _, d in named])
+    row = [name, ', '.join(str(s) for s, _ in named) or '—', str(len(named)),
            '—' if interval is None else f'{interval.mean:+.4f}',
            format_interval(interval, 4, mean=False), verdict(interval)]
     lines.append('| ' + ' | '.join(row) + ' |')
   return lines
+
+
+def paired_table(group: Group, baseline: str) -> List[str]:
+  """Every other variant's final held-out log-perplexity against ``baseline``'s, paired by seed."""
+  return _paired_lines('variant', f'mean difference (variant - {baseline})', [
+      (v, paired_differences(group.of(v), group.of(baseline)))
+      for v in group.variants() if v != baseline])
+
+
+def sensitivity_table(curves: Sequence[stability.Curve], baseline: str) -> List[str]:
+  """Every other curve's LR sensitivity against ``baseline``'s, paired by seed (each seed's
+  sensitivity from its own runs at every rate)."""
+  ours = {c.label: c.seed_sensitivities() for c in curves}
+  theirs = ours[baseline]
+  return _paired_lines('curve', f'mean difference of LR sensitivity (curve - {baseline})', [
+      (label, [(s, v[s] - theirs[s]) for s in sorted(set(v) & set(theirs))])
+      for label, v in ours.items() if label != baseline])
 
 
 def bootstrap_spearman(values: Sequence[Sequence[float]], reference: Sequence[float],
@@ -338,6 +352,8 @@ def group_markdown(group: Group, out_dir: str, baseline: Optional[str] = None) -
                'by the last log (the step where it first was).' if task else
                'No evaluation yet.')
   lines.append('')
+  rate_curves = (stability.curves(group, final_value, diverged_step)
+                 if stability.is_rate_sweep(group) else None)
   if baseline and baseline in group.variants():
     lines += [f'Paired differences against `{baseline}`: final held-out log-perplexity of each '
               f'variant minus `{baseline}`\'s, seed by seed (seed s of both saw the same data '
@@ -346,13 +362,18 @@ def group_markdown(group: Group, out_dir: str, baseline: Optional[str] = None) -
               'log-perplexity than the baseline. Verdict: better (or worse) if the interval lies '
               'entirely below (above) 0.', '']
     lines += paired_table(group, baseline) + ['']
-  elif baseline:
+  elif baseline and baseline not in _curve_labels(group):
     lines += [f'No variant `{baseline}` here: no paired differences.', '']
   lines += ranking_lines(group)
-  rate_curves = (stability.curves(group, final_value, diverged_step)
-                 if stability.is_rate_sweep(group) else None)
   if rate_curves:
     lines += stability.markdown(rate_curves)
+    if baseline in _curve_labels(group):
+      lines += [f'Paired differences against the curve `{baseline}`: each seed\'s LR sensitivity '
+                '(from that seed\'s runs at every rate) minus the baseline\'s of the same seed, '
+                'the mean over the seeds and its 95% Student t interval. Negative: less sensitive '
+                'to the learning rate. Verdict: better (or worse) if the interval lies entirely '
+                'below (above) 0.', '']
+      lines += sensitivity_table(rate_curves, baseline) + ['']
   for title, path in plots.group_plots(group, out_dir, final_values, diverged_step, rate_curves):
     lines += [f'![{title}]({os.path.basename(path)})', '', f'*{CAPTIONS[title]}*', '']
   return lines
@@ -378,13 +399,21 @@ CAPTIONS = {
 }
 
 
+def _curve_labels(group: Group) -> List[str]:
+  """The learning-rate curves of a rate sweep (``stability.rate_of``), else none."""
+  if not stability.is_rate_sweep(group):
+    return []
+  return list(dict.fromkeys(stability.rate_of(v)[0] for v in group.variants()))
+
+
 def write_report(groups: Sequence[Group], out_dir: str, title: str = 'Sweep report',
                  baseline: Optional[str] = None) -> str:
   """Writes ``out_dir/report.md`` and its PNG plots; returns the markdown. ``baseline``: a variant
   name (as in the table) that the others are compared with, seed by seed."""
-  if baseline and not any(baseline in g.variants() for g in groups):
-    raise ValueError(f'--baseline {baseline!r} is no variant here; the variants: '
-                     + ', '.join(dict.fromkeys(v for g in groups for v in g.variants())))
+  names = [n for g in groups for n in g.variants() + _curve_labels(g)]
+  if baseline and baseline not in names:
+    raise ValueError(f'--baseline {baseline!r} is no variant (or learning-rate curve) here; they '
+                     'are: ' + ', '.join(dict.fromkeys(names)))
   os.makedirs(out_dir, exist_ok=True)
   lines = [f'# {title}', '']
   for group in groups:

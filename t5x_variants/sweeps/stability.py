@@ -23,12 +23,12 @@ STALL_FRACTION = 0.1
 
 @dataclasses.dataclass
 class Point:
-  """One rate of a curve over its seeds. ``runs``: (l_0, l(eta), converged) of each finished run
-  with a step-0 eval, l(eta) its final loss or, if it diverged, its l_0; ``finals``: the final
+  """One rate of a curve over its seeds. ``runs``: (seed, l_0, l(eta), converged) of each finished
+  run with a step-0 eval, l(eta) its final loss or, if it diverged, its l_0; ``finals``: the final
   losses of the runs that did not diverge; ``missing``: runs unfinished or without a step-0
   eval."""
   rate: float
-  runs: List[Tuple[float, float, bool]]
+  runs: List[Tuple[int, float, float, bool]]
   finals: List[float]
   diverged: int
   missing: int
@@ -36,13 +36,13 @@ class Point:
 
   def loss(self) -> Optional[float]:
     """l(eta): the mean over seeds; None while a run is missing."""
-    return None if self.missing or not self.runs else float(np.mean([l for _, l, _ in self.runs]))
+    return None if self.missing or not self.runs else float(np.mean([l for _, _, l, _ in self.runs]))
 
   def clipped(self) -> Optional[float]:
     """The mean over seeds of min(l(eta), l_0), each run with its own l_0."""
     if self.loss() is None:
       return None
-    return float(np.mean([min(loss, initial) for initial, loss, _ in self.runs]))
+    return float(np.mean([min(loss, initial) for _, initial, loss, _ in self.runs]))
 
 
 @dataclasses.dataclass
@@ -52,7 +52,7 @@ class Curve:
 
   @property
   def initial(self) -> Optional[float]:
-    initials = [i for p in self.points for i, _, _ in p.runs]
+    initials = [i for p in self.points for _, i, _, _ in p.runs]
     return float(np.mean(initials)) if initials else None
 
   def best(self) -> Optional[Point]:
@@ -64,6 +64,16 @@ class Curve:
     if any(p.loss() is None for p in self.points):
       return None
     return float(np.mean([p.clipped() for p in self.points]) - self.best().loss())
+
+  def seed_sensitivities(self) -> Dict[int, float]:
+    """{seed: the LR sensitivity of that seed's runs alone}, for the seeds with a finished run at
+    every rate of the curve (the paired comparison of two curves, ``report``)."""
+    by_seed: Dict[int, List[Tuple[float, float]]] = {}
+    for p in self.points:
+      for seed, initial, loss, _ in p.runs:
+        by_seed.setdefault(seed, []).append((min(loss, initial), loss))
+    return {seed: float(np.mean([c for c, _ in runs]) - min(l for _, l in runs))
+            for seed, runs in sorted(by_seed.items()) if len(runs) == len(self.points)}
 
 
 def rate_of(variant: str):
@@ -109,7 +119,7 @@ def _point(rate: float, trials, final_value, diverged_step) -> Point:
     if initial is None:
       point.missing += 1
     else:
-      point.runs.append((initial, final if converged else initial, converged))
+      point.runs.append((t.seed, initial, final if converged else initial, converged))
   return point
 
 
@@ -121,9 +131,9 @@ def curves(group, final_value, diverged_step) -> List[Curve]:
     label, rate = rate_of(v)
     by_label.setdefault(label, []).append(_point(rate, group.of(v), final_value, diverged_step))
   points = [p for ps in by_label.values() for p in ps]
-  largest = max([i - l for p in points for i, l, ok in p.runs if ok], default=0.0)
+  largest = max([i - l for p in points for _, i, l, ok in p.runs if ok], default=0.0)
   for p in points:
-    fell = [i - l for i, l, ok in p.runs if ok]
+    fell = [i - l for _, i, l, ok in p.runs if ok]
     p.stalled = bool(fell) and largest > 0 and float(np.mean(fell)) < STALL_FRACTION * largest
   return [Curve(label, sorted(ps, key=lambda p: p.rate)) for label, ps in by_label.items()]
 
