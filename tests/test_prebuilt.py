@@ -24,10 +24,10 @@ def batches(n, seed=0):
            'weights': rng.random((2, 5)).astype(np.float32)}
 
 
-def describe(steps=4, eval_batches=None, **train):
+def describe(steps=4, eval_batches=None, init_checkpoint=None, **train):
   return prebuilt.description(DatasetConfig(mixture_or_task_name='t', **train),
                               DatasetConfig(mixture_or_task_name='t', split='validation'),
-                              'decoder_only', steps, eval_batches)
+                              'decoder_only', steps, eval_batches, init_checkpoint)
 
 
 def test_written_batches_read_back_in_order_and_resume_at_the_saved_position(tmp_path):
@@ -78,6 +78,7 @@ def test_the_key_follows_everything_that_decides_the_batches():
   assert prebuilt.key(base) == prebuilt.key(describe())
   for other in (describe(seed=1), describe(steps=5), describe(eval_batches=3),
                 describe(batch_size=64), describe(task_feature_lengths={'targets': 32}),
+                describe(init_checkpoint='/runs/pretrained/checkpoint_100'),
                 dict(base, architecture='encoder_decoder')):
     assert prebuilt.key(other) != prebuilt.key(base)
 

@@ -145,7 +145,8 @@ def _data_description(config, train_cfg, eval_cfg):
   from t5x_variants.train import prebuilt  # pylint: disable=g-import-not-at-top
   bindings = gin.get_bindings('train')
   return prebuilt.description(train_cfg, eval_cfg, config.architecture,
-                              bindings.get('total_steps'), bindings.get('eval_batches'))
+                              bindings.get('total_steps'), bindings.get('eval_batches'),
+                              _init_checkpoint())
 
 
 def _train_prebuilt(args, config, desc):
@@ -159,33 +160,6 @@ def _train_prebuilt(args, config, desc):
     common.check_vocabulary_size(config, data.meta['vocabulary_size'], data.directory)
   return trainer.train(config, data.train, eval_data=data.evals if data.meta['eval_tasks'] else None,
                        files=data.files())
-
-
-def main(argv=None):
-  with common.clear_errors('t5xv-train'):
-    p = common.parser('t5xv-train', __doc__)
-    p.add_argument('--batches_dir', default=None, metavar='ROOT',
-                   help='pre-built batches: train from those under ROOT, without TensorFlow')
-    p.add_argument('--write_batches', action='store_true',
-                   help='with --batches_dir: write the run\'s batches under ROOT and stop')
-    args, config = common.setup(p, argv, with_data=lambda a: not a.batches_dir or a.write_batches)
-    if args.write_batches and not args.batches_dir:
-      raise common.UsageError('--write_batches needs --batches_dir=ROOT (where to write them)')
-    from t5x_variants.data.config import DatasetConfig  # pylint: disable=g-import-not-at-top
-    grid.stop_with_sweep()
-    with gin.config_scope('train'):
-      train_cfg = DatasetConfig()
-    with gin.config_scope('train_eval'):
-      eval_cfg = DatasetConfig()
-    check_inputs(config, train_cfg, eval_cfg)
-    if args.batches_dir and not args.write_batches:
-      result = _train_prebuilt(args, config, _data_description(config, train_cfg, eval_cfg))
-    else:
-      result = _train_from_data_layer(args, config, train_cfg, eval_cfg)
-    if result is None:
-      return 0
-  print(f'done: step {result["step"]}' + (f', loss {result["loss"]:.4f}' if 'loss' in result else ''))
-  return 0
 
 
 def _train_from_data_layer(args, config, train_cfg, eval_cfg):
@@ -224,6 +198,33 @@ def _train_from_data_layer(args, config, train_cfg, eval_cfg):
     return None
   return trainer.train(config, train_data, eval_data=eval_data, eval_metric_fns=eval_metric_fns,
                        files=files)
+
+
+def main(argv=None):
+  with common.clear_errors('t5xv-train'):
+    p = common.parser('t5xv-train', __doc__)
+    p.add_argument('--batches_dir', default=None, metavar='ROOT',
+                   help='pre-built batches: train from those under ROOT, without TensorFlow')
+    p.add_argument('--write_batches', action='store_true',
+                   help='with --batches_dir: write the run\'s batches under ROOT and stop')
+    args, config = common.setup(p, argv, with_data=lambda a: not a.batches_dir or a.write_batches)
+    if args.write_batches and not args.batches_dir:
+      raise common.UsageError('--write_batches needs --batches_dir=ROOT (where to write them)')
+    from t5x_variants.data.config import DatasetConfig  # pylint: disable=g-import-not-at-top
+    grid.stop_with_sweep()
+    with gin.config_scope('train'):
+      train_cfg = DatasetConfig()
+    with gin.config_scope('train_eval'):
+      eval_cfg = DatasetConfig()
+    check_inputs(config, train_cfg, eval_cfg)
+    if args.batches_dir and not args.write_batches:
+      result = _train_prebuilt(args, config, _data_description(config, train_cfg, eval_cfg))
+    else:
+      result = _train_from_data_layer(args, config, train_cfg, eval_cfg)
+    if result is None:
+      return 0
+  print(f'done: step {result["step"]}' + (f', loss {result["loss"]:.4f}' if 'loss' in result else ''))
+  return 0
 
 
 if __name__ == '__main__':

@@ -5,7 +5,7 @@ and read back, batch for batch, on an accelerator host without it.
 ``train.total_steps`` training batches and every evaluation batch) to ``ROOT/<key>``;
 ``t5xv-train --batches_dir=ROOT`` trains from them and imports no TensorFlow. The key is a hash
 of everything that decides the batches (the train and eval ``DatasetConfig``, the architecture,
-the number of steps and eval batches), so runs that read the same data (the rates of a learning
+the number of steps and eval batches, the initial checkpoint), so runs that read the same data (the rates of a learning
 rate sweep, the variants of one seed) share one directory, and a run whose data differs finds
 none. Each feature is one ``.npy`` file of shape (batches, batch size, length), read memory
 mapped. One process only: a multi-host run reads its data through the data layer.
@@ -21,6 +21,8 @@ from typing import Callable, Dict, Iterable, Iterator, Mapping, Optional
 
 import numpy as np
 
+from t5x_variants.train import storage
+
 META = 'data.json'
 
 
@@ -31,12 +33,15 @@ def key(description: Mapping) -> str:
 
 
 def description(train_cfg, eval_cfg, architecture: str, total_steps: int,
-                eval_batches: Optional[int]) -> dict:
+                eval_batches: Optional[int], init_checkpoint: Optional[str] = None) -> dict:
   """What decides a run's batches: its train/eval ``DatasetConfig`` (dataclasses), architecture,
-  number of training batches and the most eval batches read per task."""
+  number of training batches, the most eval batches read per task and the initial checkpoint (a
+  fine-tuning run tokenizes with its pretrained run's vocabulary). A ``vocabulary`` binding is
+  not part of it: the reader cannot see the data layer's bindings."""
   return {'train': dataclasses.asdict(train_cfg),
           'eval': dataclasses.asdict(eval_cfg) if eval_cfg.mixture_or_task_name else None,
-          'architecture': architecture, 'total_steps': total_steps, 'eval_batches': eval_batches}
+          'architecture': architecture, 'total_steps': total_steps, 'eval_batches': eval_batches,
+          'init_checkpoint': init_checkpoint}
 
 
 def _write_split(directory: str, batches: Iterable[Mapping[str, np.ndarray]],
@@ -127,12 +132,10 @@ class PrebuiltBatches(Iterator[Dict[str, np.ndarray]]):
     return {name: np.asarray(a[self.position - 1]) for name, a in self.arrays.items()}
 
   def save(self, prefix: str) -> str:
-    from t5x_variants.train import storage  # pylint: disable=g-import-not-at-top
     storage.write_text(f'{prefix}.json', json.dumps({'position': self.position}))
     return f'{prefix}.json'
 
   def restore(self, prefix: str):
-    from t5x_variants.train import storage  # pylint: disable=g-import-not-at-top
     self.position = json.loads(storage.path(f'{prefix}.json').read_text())['position']
 
 
