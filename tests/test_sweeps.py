@@ -847,3 +847,40 @@ def test_lr_sensitivity_per_seed_and_paired_against_a_baseline_curve(tmp_path):
   assert 'mean difference of LR sensitivity (curve - a)' in text
   with pytest.raises(ValueError, match=r"no variant \(or learning-rate curve\) here.*: a\+base=1e-2"):
     report.write_report([group], str(tmp_path / 'out'), baseline='c')
+
+
+def test_batches_dir_reaches_every_run_command_and_write_batches_needs_it(tmp_path, capsys):
+  from t5x_variants.cli import sweep as sweep_cli  # pylint: disable=g-import-not-at-top
+  base, a = gin_files(tmp_path, 'base.gin', 'a.gin')
+  flags = [f'--sweep_dir={tmp_path}/s', f'--gin_file={base}', f'--variants={a}', '--seeds=2']
+  assert sweep_cli.main(flags + [f'--batches_dir={tmp_path}/b', '--print_commands']) == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert len(lines) == 2 and all(l.endswith(f'--batches_dir={tmp_path}/b') for l in lines)
+  assert grid.Sweep.load(str(tmp_path / 's')).batches_dir == f'{tmp_path}/b'
+  with pytest.raises(SystemExit) as exit_info:
+    sweep_cli.main(flags + ['--write_batches'])
+  assert exit_info.value.code == 2 and '--write_batches needs --batches_dir' in capsys.readouterr().err
+  with pytest.raises(SystemExit):
+    sweep_cli.main(flags + ['--parallel=0'])
+  assert '--parallel must be at least 1' in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_sweep_writes_its_batches_once_per_data_and_trains_from_them(tmp_path):
+  """2 variants x 2 seeds: --write_batches writes one directory per seed (the variants share
+  it) in one process, then the sweep trains all four runs from them, two at a time."""
+  bin_dir = os.path.dirname(sys.executable)
+  flags = [f'--sweep_dir={tmp_path / "s"}', '--gin_file=gin/experiments/stability/lm_small.gin',
+           '--variants=gin/variants/norm/pre_ln.gin,gin/variants/norm/subln.gin', '--seeds=2',
+           '--gin.TRAIN_STEPS=3', '--gin.train.eval_batches=1', '--gin.train.log_period=3',
+           '--gin.TransformerConfig.num_decoder_layers=1', f'--batches_dir={tmp_path / "b"}']
+  sweep = lambda *more: subprocess.run([os.path.join(bin_dir, 't5xv-sweep'), *flags, *more],
+                                       cwd=REPO, capture_output=True, text=True)
+  out = sweep('--write_batches')
+  assert out.returncode == 0, out.stderr
+  assert len(os.listdir(tmp_path / 'b')) == 2 and not (tmp_path / 's' / 'sweep.json').exists()
+  out = sweep('--parallel=2')
+  assert out.returncode == 0, out.stderr
+  saved = json.loads((tmp_path / 's' / 'sweep.json').read_text())
+  assert [r['status'] for r in saved['runs']] == ['done'] * 4
+  assert all(f'--batches_dir={tmp_path / "b"}' in r['command'] for r in saved['runs'])
