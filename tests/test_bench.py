@@ -7,7 +7,7 @@ import jax
 import pytest
 
 from conftest import init_params, tiny, tokens
-from t5x_variants.cli import bench, common
+from t5x_variants.cli import bench, common, launch
 from t5x_variants.models import flops
 
 
@@ -56,7 +56,7 @@ def test_bench_runs_end_to_end_on_cpu(tmp_path, capsys):
   assert result['train_flops_per_step'] == 3 * result['flops_breakdown_forward']['total']
   assert 0 < result['mfu'] < 1 and result['compile_seconds'] > 0 and result['peak_memory_bytes'] > 0
   assert 'measured' in result['peak_source'] and 'MFU' in capsys.readouterr().out
-  assert result['host_huge_pages'] == common.huge_pages_on()
+  assert result['host_huge_pages'] == launch.huge_pages_on()
   ops = result['profile_top_ops']  # (ms, op, shape, op_name), largest first
   assert len(ops) == 15 and ops[0][0] >= ops[-1][0]
   assert any('train_step' in op[3] for op in ops)  # named after the HLO of the timed step

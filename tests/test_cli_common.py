@@ -6,33 +6,33 @@ import sys
 
 import pytest
 
-from t5x_variants.cli import common, info
+from t5x_variants.cli import common, info, launch
 
 
 def test_reexec_is_skipped_when_set_or_turned_off():
-  assert not common.wants_reexec({'GLIBC_TUNABLES': f'glibc.malloc.arena_max=2:{common.TUNABLE}'})
-  assert not common.wants_reexec({'T5XV_HUGEPAGES': '0'})
+  assert not launch.wants_reexec({'GLIBC_TUNABLES': f'glibc.malloc.arena_max=2:{launch.TUNABLE}'})
+  assert not launch.wants_reexec({'T5XV_HUGEPAGES': '0'})
 
 
 def test_huge_pages_only_where_jax_runs_on_the_cpu():
   """JAX_PLATFORMS decides when set; else an installed accelerator plugin or device node means
   a GPU/TPU host, where the CPU tuning is never applied."""
-  assert common.backend_is_cpu({'JAX_PLATFORMS': 'cpu'}, plugins=['jax_cuda12_plugin'])
-  assert not common.backend_is_cpu({'JAX_PLATFORMS': 'cuda,cpu'}, plugins=[], devices=[])
-  assert not common.backend_is_cpu({'JAX_PLATFORMS': 'tpu'}, plugins=[], devices=[])
-  assert not common.backend_is_cpu({}, plugins=['jax_cuda13_plugin'], devices=[])
-  assert common.backend_is_cpu({}, plugins=['libtpu'], devices=[])  # t5xv-compile's libtpu on a CPU host
-  assert not common.backend_is_cpu({}, plugins=['libtpu'], devices=['/dev/accel0'])
-  assert not common.backend_is_cpu({}, plugins=[], devices=['/dev/nvidia0'])
-  assert common.backend_is_cpu({}, plugins=[], devices=[])
-  assert not common.wants_reexec({}, plugins=['jax_cuda12_plugin'], devices=[])
+  assert launch.backend_is_cpu({'JAX_PLATFORMS': 'cpu'}, plugins=['jax_cuda12_plugin'])
+  assert not launch.backend_is_cpu({'JAX_PLATFORMS': 'cuda,cpu'}, plugins=[], devices=[])
+  assert not launch.backend_is_cpu({'JAX_PLATFORMS': 'tpu'}, plugins=[], devices=[])
+  assert not launch.backend_is_cpu({}, plugins=['jax_cuda13_plugin'], devices=[])
+  assert launch.backend_is_cpu({}, plugins=['libtpu'], devices=[])  # t5xv-compile's libtpu on a CPU host
+  assert not launch.backend_is_cpu({}, plugins=['libtpu'], devices=['/dev/accel0'])
+  assert not launch.backend_is_cpu({}, plugins=[], devices=['/dev/nvidia0'])
+  assert launch.backend_is_cpu({}, plugins=[], devices=[])
+  assert not launch.wants_reexec({}, plugins=['jax_cuda12_plugin'], devices=[])
 
 
-@pytest.mark.skipif(not common.wants_reexec({}), reason='no glibc, no transparent huge pages, or '
+@pytest.mark.skipif(not launch.wants_reexec({}), reason='no glibc, no transparent huge pages, or '
                     'an accelerator here')
 def test_reexec_runs_the_same_command_once_with_the_tunable():
-  code = ('import os; from t5x_variants.cli import common; print("start", os.getpid(), flush=True); '
-          'common.reexec_with_hugepages(); print("tunables", os.getpid(), os.environ["GLIBC_TUNABLES"])')
+  code = ('import os; from t5x_variants.cli import launch; print("start", os.getpid(), flush=True); '
+          'launch.reexec_with_hugepages(); print("tunables", os.getpid(), os.environ["GLIBC_TUNABLES"])')
   env = {k: v for k, v in os.environ.items() if k not in ('GLIBC_TUNABLES', 'T5XV_HUGEPAGES')}
   env['GLIBC_TUNABLES'] = 'glibc.malloc.arena_max=4'
   out = subprocess.run([sys.executable, '-c', code], env=env, capture_output=True, text=True, check=True)
@@ -40,7 +40,7 @@ def test_reexec_runs_the_same_command_once_with_the_tunable():
   assert lines.count('start') == 2 and lines.count('tunables') == 1, out.stdout
   starts = [lines[i + 1] for i, w in enumerate(lines) if w == 'start']
   assert starts[0] == starts[1] == lines[lines.index('tunables') + 1]  # same process, replaced
-  assert lines[-1] == f'glibc.malloc.arena_max=4:{common.TUNABLE}'
+  assert lines[-1] == f'glibc.malloc.arena_max=4:{launch.TUNABLE}'
 
 
 def test_console_script_runs_through_the_launcher():

@@ -30,7 +30,7 @@ import time
 import jax
 import numpy as np
 
-from t5x_variants.cli import common
+from t5x_variants.cli import common, launch
 from t5x_variants.models import build_model, flops, init_inputs
 from t5x_variants.train import optimizer, partitioning, train_step
 
@@ -145,7 +145,7 @@ def bench(config, batch: int, lengths, steps: int = 10, warmup: int = 2,
       'tflops_per_second': flop / median / 1e12, 'peak_tflops': peak_value,
       'peak_source': peak_source, 'mfu': flop / median / 1e12 / peak_value,
       'peak_memory_bytes': memory, 'memory_source': memory_source,
-      'host_huge_pages': common.huge_pages_on(),
+      'host_huge_pages': launch.huge_pages_on(),
       'compile_seconds': compile_seconds, 'final_loss': float(metrics['loss']),
       'flop_formula': flops.__doc__.strip(), 'profile_top_ops': top_ops,
   }

@@ -15,7 +15,7 @@ import dataclasses
 import json
 import sys
 
-from t5x_variants.cli import common
+from t5x_variants.cli import common, launch
 from t5x_variants.train import aot, partitioning, storage, targets
 
 INPUTS = {'encoder': 'inputs', 'decoder': 'targets'}  # the feature length each stack reads
@@ -119,7 +119,7 @@ def main(argv=None):
     if missing:
       raise common.UsageError(f'no sequence lengths: give {" and ".join(missing)} or a run file')
     target = (targets.tpu_target(args.topology) if args.topology else
-              targets.host_target(args.devices, accelerators=not common.backend_is_cpu()))
+              targets.host_target(args.devices, accelerators=not launch.backend_is_cpu()))
     if args.device_memory_gib:
       target.memory_bytes = int(args.device_memory_gib * targets.GIB)
       target.memory_source = 'given with --device_memory_gib'
