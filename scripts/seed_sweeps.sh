@@ -6,7 +6,8 @@
 #   scripts/seed_sweeps.sh train ROOT PARALLEL NAME... # the accelerator host: ROOT/<NAME> sweeps
 #
 # NAME: synthesizer_span, synthesizer_lm, magneto_mlm, magneto_span, deepnet_6, deepnet_18,
-# lr_depth2, lr_depth8. Both steps are resumable (written batches and finished runs are kept).
+# lr_depth2, lr_depth8 (3 seeds each), glu5 (GLU Table 1, 5 seeds). Both steps are resumable
+# (written batches and finished runs are kept).
 set -u
 MODE=$1 ROOT=$2
 shift 2
@@ -45,6 +46,9 @@ for name in "$@"; do
         --variants="$ALL_NORMS" --variants="$INIT" \
         --grid=learning_rate_schedule.base=3e-4,1e-3,3e-3,1e-2,3e-2 \
         --gin.TransformerConfig.num_decoder_layers="${name#lr_depth}" --seeds=3 ;;
+    glu5)
+      sweep "$name" --gin_file=gin/experiments/glu_variants/small.gin \
+        --variants='gin/variants/ffn/*.gin' --seeds=5 --paper=glu ;;
     *) echo "seed_sweeps.sh: unknown sweep $name" >&2; exit 2 ;;
   esac
 done
