@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from t5x_variants.sweeps import grid, papers, report, runs
+from t5x_variants.sweeps import grid, papers, report, runs, statistics
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
@@ -180,7 +180,7 @@ def test_spearman_matches_scipy_with_ties():
   rng = np.random.default_rng(0)
   for _ in range(20):
     a, b = rng.integers(0, 5, 8).astype(float), rng.normal(size=8)
-    assert report.spearman(a, b) == pytest.approx(stats.spearmanr(a, b).statistic)
+    assert statistics.spearman(a, b) == pytest.approx(stats.spearmanr(a, b).statistic)
 
 
 def test_ranking_names_the_flipped_pairs(tmp_path):
@@ -342,24 +342,24 @@ def trial(variant, seed, value, status='done', diverged=False):
 def test_t_interval_against_a_hand_computed_one():
   # 1, 2, 3, 4: mean 2.5, s = sqrt(5/3) = 1.29099, s/sqrt(4) = 0.645497, t(0.975, 3) = 3.182446:
   # 2.5 ± 2.054270.
-  interval = report.t_interval([1.0, 2.0, 3.0, 4.0])
+  interval = statistics.t_interval([1.0, 2.0, 3.0, 4.0])
   assert (interval.mean, interval.n) == (2.5, 4)
   assert interval.low == pytest.approx(0.445730, abs=1e-5)
   assert interval.high == pytest.approx(4.554270, abs=1e-5)
-  assert report.format_interval(interval) == '2.500 [0.446, 4.554] (n=4)'
-  assert report.format_interval(interval, 4, mean=False) == '[0.4457, 4.5543]'
-  single = report.t_interval([3.0])
+  assert statistics.format_interval(interval) == '2.500 [0.446, 4.554] (n=4)'
+  assert statistics.format_interval(interval, 4, mean=False) == '[0.4457, 4.5543]'
+  single = statistics.t_interval([3.0])
   assert (single.mean, single.n, single.low, single.high) == (3.0, 1, None, None)
-  assert report.format_interval(single) == '3.000 (n=1, no interval)'
-  assert report.format_interval(single, mean=False) == 'n=1, no interval'
-  assert report.t_interval([]) is None and report.format_interval(None) == '—'
+  assert statistics.format_interval(single) == '3.000 (n=1, no interval)'
+  assert statistics.format_interval(single, mean=False) == 'n=1, no interval'
+  assert statistics.t_interval([]) is None and statistics.format_interval(None) == '—'
 
 
 def test_t_quantile_matches_scipy():
   for dof in range(1, 400):
-    assert report.t975(dof) == pytest.approx(stats.t.ppf(0.975, dof), abs=2e-6)
+    assert statistics.t975(dof) == pytest.approx(stats.t.ppf(0.975, dof), abs=2e-6)
   with pytest.raises(ValueError):
-    report.t975(0)
+    statistics.t975(0)
 
 
 def test_pairing_by_seed_drops_seeds_missing_unfinished_or_diverged_in_either():
@@ -374,13 +374,13 @@ def test_pairing_by_seed_drops_seeds_missing_unfinished_or_diverged_in_either():
 
 
 def test_verdicts():
-  Interval = report.Interval
-  assert report.verdict(Interval(-0.05, 3, -0.07, -0.03)) == 'better'
-  assert report.verdict(Interval(0.05, 3, 0.01, 0.09)) == 'worse'
-  assert report.verdict(Interval(-0.05, 3, -0.07, 0.01)) == 'not distinguishable at n=3 seeds'
-  assert report.verdict(Interval(0.0, 3, 0.0, 0.1)) == 'not distinguishable at n=3 seeds'
-  assert report.verdict(Interval(-0.1, 1)) == 'not distinguishable at n=1 seeds'
-  assert report.verdict(None) == 'no seed finished in both'
+  Interval = statistics.Interval
+  assert statistics.verdict(Interval(-0.05, 3, -0.07, -0.03)) == 'better'
+  assert statistics.verdict(Interval(0.05, 3, 0.01, 0.09)) == 'worse'
+  assert statistics.verdict(Interval(-0.05, 3, -0.07, 0.01)) == 'not distinguishable at n=3 seeds'
+  assert statistics.verdict(Interval(0.0, 3, 0.0, 0.1)) == 'not distinguishable at n=3 seeds'
+  assert statistics.verdict(Interval(-0.1, 1)) == 'not distinguishable at n=1 seeds'
+  assert statistics.verdict(None) == 'no seed finished in both'
 
 
 def paired_group():
@@ -435,13 +435,13 @@ def test_report_cli_baseline_flag(tmp_path, capsys):
 def test_bootstrap_interval_of_spearman_over_seeds():
   paper = [1.997, 1.942, 1.944, 1.960]  # relu, geglu, swiglu, bilinear
   values = [[5.0, 5.1], [4.8, 4.85], [4.7, 4.9], [4.9, 4.95]]
-  low, high, undefined = report.bootstrap_spearman(values, paper, resamples=1000, seed=0)
-  assert (low, high, undefined) == report.bootstrap_spearman(values, paper, resamples=1000, seed=0)
-  rho = report.spearman([np.mean(v) for v in values], paper)
+  low, high, undefined = statistics.bootstrap_spearman(values, paper, resamples=1000, seed=0)
+  assert (low, high, undefined) == statistics.bootstrap_spearman(values, paper, resamples=1000, seed=0)
+  rho = statistics.spearman([np.mean(v) for v in values], paper)
   assert -1 <= low <= rho <= high <= 1 and low < high
-  assert report.bootstrap_spearman([[5.0], [4.8], [4.7]], paper[:3]) is None  # n=1: nothing to resample
+  assert statistics.bootstrap_spearman([[5.0], [4.8], [4.7]], paper[:3]) is None  # n=1: nothing to resample
   # all seeds equal: every resample gives the same means, so the interval is the point
-  assert report.bootstrap_spearman([[5.0, 5.0], [4.8, 4.8], [4.7, 4.7]], paper[:3]) == (
+  assert statistics.bootstrap_spearman([[5.0, 5.0], [4.8, 4.8], [4.7, 4.7]], paper[:3]) == (
       pytest.approx(0.5), pytest.approx(0.5), 0)
 
 
@@ -463,7 +463,7 @@ def test_the_bootstrap_draws_the_same_seeds_for_every_variant():
   not be."""
   paper = [1.0, 2.0, 3.0]
   values = [[4.0, 4.5], [4.1, 4.6], [4.2, 4.7]]
-  assert report.bootstrap_spearman(values, paper) == (pytest.approx(1.0), pytest.approx(1.0), 0)
+  assert statistics.bootstrap_spearman(values, paper) == (pytest.approx(1.0), pytest.approx(1.0), 0)
 
 
 # --- --grid: an axis of one gin binding's values ----------------------------------------------
@@ -648,11 +648,11 @@ def test_plot_band_and_error_bar_are_the_report_t_interval():
   # half-width 4.302653 * 0.2 / sqrt(3) = 0.496828. At step 20 one seed has not got there.
   seeds = [[(10, 4.0), (20, 3.0)], [(10, 4.2), (20, 3.2)], [(10, 4.4)]]
   steps, mean, low, high, n = plots.seed_band(seeds)
-  interval = report.t_interval([4.0, 4.2, 4.4])
+  interval = statistics.t_interval([4.0, 4.2, 4.4])
   assert list(steps) == [10, 20] and list(n) == [3, 2]
   assert mean[0] == pytest.approx(4.2) and (high[0] - mean[0]) == pytest.approx(0.496828, abs=1e-6)
   assert (low[0], high[0]) == (pytest.approx(interval.low), pytest.approx(interval.high))
-  two = report.t_interval([3.0, 3.2])  # t(0.975, 1) = 12.706
+  two = statistics.t_interval([3.0, 3.2])  # t(0.975, 1) = 12.706
   assert (low[1], high[1]) == (pytest.approx(two.low), pytest.approx(two.high))
   # the band drawn is that interval
   trials = [report.Trial('a', s, 'done', runs.RunRecord(
@@ -667,7 +667,7 @@ def test_plot_band_and_error_bar_are_the_report_t_interval():
     assert (at_10.min(), at_10.max()) == (pytest.approx(interval.low), pytest.approx(interval.high))
   # the final chart's error bar: the same interval over the last evaluations (3.0, 3.2, 4.4)
   fig = plots.final_figure(report.Group('g', trials), report.final_values)
-  last = report.t_interval([3.0, 3.2, 4.4])
+  last = statistics.t_interval([3.0, 3.2, 4.4])
   ((_, y_low), (_, y_high)), = fig.axes[0].containers[0].lines[2][0].get_segments()
   assert (y_low, y_high) == (pytest.approx(last.low), pytest.approx(last.high))
   # 1 seed: the line alone, the point alone
@@ -839,10 +839,10 @@ def test_lr_sensitivity_per_seed_and_paired_against_a_baseline_curve(tmp_path):
   assert curves['a'].seed_sensitivities() == pytest.approx(by_hand['a'])
   assert curves['b'].seed_sensitivities() == pytest.approx(by_hand['b'])
   diffs = [by_hand['b'][s] - by_hand['a'][s] for s in range(3)]
-  interval = report.t_interval(diffs)
+  interval = statistics.t_interval(diffs)
   assert report.sensitivity_table(list(curves.values()), 'a')[2] == (
       f'| b | 0, 1, 2 | 3 | {np.mean(diffs):+.4f} | [{interval.low:.4f}, {interval.high:.4f}] | '
-      f'{report.verdict(interval)} |')
+      f'{statistics.verdict(interval)} |')
   text = report.write_report([group], str(tmp_path / 'out'), baseline='a')
   assert 'mean difference of LR sensitivity (curve - a)' in text
   with pytest.raises(ValueError, match=r"no variant \(or learning-rate curve\) here.*: a\+base=1e-2"):

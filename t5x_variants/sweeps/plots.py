@@ -19,6 +19,8 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from t5x_variants.sweeps.statistics import t_interval
+
 DPI = 100
 LAYER_KEY = re.compile(r'(grad_norm|activation_norm)/(\w+)/(\d+)$')
 
@@ -39,21 +41,16 @@ def style(index: int) -> Tuple[str, str]:
   return OKABE_ITO[index % len(OKABE_ITO)], MARKERS[index % len(MARKERS)]
 
 
-def _t_interval(values):
-  from t5x_variants.sweeps import report  # pylint: disable=g-import-not-at-top  (report imports us)
-  return report.t_interval(values)
-
-
 def seed_band(curves: Sequence[Sequence[Tuple[int, float]]]):
   """(steps, mean, low, high, n) arrays over the seeds' curves of (step, value): at each step the
   mean of the seeds that reached it (finite values only) and its 95% Student t interval
-  (``report.t_interval``: mean ± t(0.975, n-1) s/√n); low and high NaN where one seed has it."""
+  (``statistics.t_interval``: mean ± t(0.975, n-1) s/√n); low and high NaN where one seed has it."""
   curves = [{s: v for s, v in c if v is not None and math.isfinite(v)} for c in curves]
   curves = [c for c in curves if c]
   steps = sorted(set().union(*curves)) if curves else []
   mean, low, high, n = [], [], [], []
   for step in steps:
-    interval = _t_interval([c[step] for c in curves if step in c])
+    interval = t_interval([c[step] for c in curves if step in c])
     mean.append(interval.mean)
     low.append(np.nan if interval.low is None else interval.low)
     high.append(np.nan if interval.high is None else interval.high)
@@ -148,7 +145,7 @@ def final_figure(group, final_values) -> Figure:
   (shifted to centre them)."""
   rows = []  # (style index, variant, interval)
   for i, v in enumerate(group.variants()):
-    interval = _t_interval(final_values(group.of(v)))
+    interval = t_interval(final_values(group.of(v)))
     if interval is not None:
       rows.append((i, v, interval))
   names = [v for _, v, _ in rows]
@@ -213,7 +210,7 @@ def depth_figure(group, final_values, diverged_step) -> Figure:
     placement, depth = depth_axis(v)
     trials = group.of(v)
     lines.setdefault(placement, []).append(
-        (depth, _t_interval(final_values(trials)),
+        (depth, t_interval(final_values(trials)),
          any(diverged_step(t) is not None for t in trials)))
   for i, (placement, points) in enumerate(lines.items()):
     points.sort(key=lambda p: p[0])

@@ -60,10 +60,11 @@ class Curve:
     return min(done, key=lambda p: p.loss()) if done else None
 
   def sensitivity(self) -> Optional[float]:
-    """Wortsman et al.'s LR sensitivity; None until every rate's runs finished."""
+    """Wortsman et al.'s LR sensitivity of the seed-mean curve; None until every rate's runs
+    finished."""
     if any(p.loss() is None for p in self.points):
       return None
-    return float(np.mean([p.clipped() for p in self.points]) - self.best().loss())
+    return lr_sensitivity([p.clipped() for p in self.points], [p.loss() for p in self.points])
 
   def seed_sensitivities(self) -> Dict[int, float]:
     """{seed: the LR sensitivity of that seed's runs alone}, for the seeds with a finished run at
@@ -72,8 +73,13 @@ class Curve:
     for p in self.points:
       for seed, initial, loss, _ in p.runs:
         by_seed.setdefault(seed, []).append((min(loss, initial), loss))
-    return {seed: float(np.mean([c for c, _ in runs]) - min(l for _, l in runs))
+    return {seed: lr_sensitivity(*zip(*runs))
             for seed, runs in sorted(by_seed.items()) if len(runs) == len(self.points)}
+
+
+def lr_sensitivity(clipped: Sequence[float], losses: Sequence[float]) -> float:
+  """S = mean over the rates of min(l(eta), l_0) (``clipped``) - min over the rates of l(eta)."""
+  return float(np.mean(clipped) - min(losses))
 
 
 def rate_of(variant: str):
