@@ -10,6 +10,12 @@ os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.2')
 # The suite runs on the CPU; libtpu (extra 'tpu') serves only t5xv-compile's compile-only TPU
 # devices, and would otherwise be started first and warn.
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+if os.environ['JAX_PLATFORMS'].split(',')[0] in ('cuda', 'gpu'):
+  # On a GPU (JAX_PLATFORMS=cuda): float32 matmuls in float32, as on the CPU (JAX's default there
+  # is TF32 on Hopper, which the equivalence tests' tolerances do not assume; bfloat16 tests name
+  # their own), and memory taken as needed, so the processes the tests start find the GPU free.
+  os.environ.setdefault('JAX_DEFAULT_MATMUL_PRECISION', 'highest')
+  os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
 # A restore without target shardings (unsafe on another topology) is an error here and in the
 # processes the tests start; pyproject.toml's filterwarnings says the same to pytest.
 RESTORE_WITHOUT_SHARDINGS = 'error:Sharding info not provided when restoring:UserWarning'

@@ -57,9 +57,58 @@ def test_bench_runs_end_to_end_on_cpu(tmp_path, capsys):
   assert 0 < result['mfu'] < 1 and result['compile_seconds'] > 0 and result['peak_memory_bytes'] > 0
   assert 'measured' in result['peak_source'] and 'MFU' in capsys.readouterr().out
   assert result['host_huge_pages'] == launch.huge_pages_on()
-  ops = result['profile_top_ops']  # (ms, op, shape, op_name), largest first
-  assert len(ops) == 15 and ops[0][0] >= ops[-1][0]
-  assert any('train_step' in op[3] for op in ops)  # named after the HLO of the timed step
+  report = result['profile']
+  ops = report['top_ops']  # largest first
+  assert len(ops) == 15 and ops[0]['ms'] >= ops[-1]['ms']
+  assert any('train_step' in op['op_name'] for op in ops)  # named after the HLO of the timed step
+  # Every kernel in one category; the step's matmuls found (the CPU's dot fusions included).
+  assert sum(report['by_category'].values()) == pytest.approx(report['device_ms'])
+  assert report['by_category']['matmul'] > 0 and 0 < report['busy_ms'] <= report['wall_ms']
+  assert not any(op['op'].startswith('while') for op in ops)  # a loop's event encloses its body's
+
+
+HLO = """HloModule m
+
+%fused_dot (p: bf16[8,8]) -> bf16[8,8] {
+  %p = bf16[8,8]{1,0} parameter(0)
+  ROOT %d = bf16[8,8]{1,0} dot(%p, %p), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+ENTRY %main (a: bf16[8,8]) -> bf16[8,8] {
+  %a = bf16[8,8]{1,0} parameter(0)
+  %gemm_fusion = bf16[8,8]{1,0} fusion(%a), kind=kCustom, calls=%fused_dot
+  %custom-call.1 = (bf16[8,8]{1,0}, u8[0]{0}) custom-call(%a), custom_call_target="__cudnn$fmhaSoftmax"
+  %loop_convert_fusion = f32[8,8]{1,0} fusion(%copy.1), kind=kLoop, calls=%other
+  %input_reduce_fusion = f32[8]{0} fusion(%a), kind=kInput, calls=%r
+  %all-reduce.2 = f32[8]{0} all-reduce(%a), to_apply=%add
+  ROOT %copy.3 = bf16[8,8]{0,1} copy(%a), metadata={op_name="jit(f)/dot_general"}
+}
+"""
+
+
+def test_profile_categories():
+  from t5x_variants.cli import profile
+  found = {n: profile.category(i) for n, i in profile.hlo_instructions(HLO).items()}
+  assert found['gemm_fusion'] == 'matmul' and found['custom-call.1'] == 'fused attention'
+  assert found['loop_convert_fusion'] == 'conversions'  # not its operand's name 'copy.1'
+  assert found['input_reduce_fusion'] == 'reductions' and found['all-reduce.2'] == 'collectives'
+  assert found['copy.3'] == 'copies'  # not its metadata's 'dot_general'
+
+
+def test_bench_times_the_hf_peer_on_the_same_shape(tmp_path, capsys):
+  """--hf: the peer in its own process, same batch and lengths, the same optimizer kind."""
+  pytest.importorskip('transformers')
+  out = tmp_path / 'bench.json'
+  assert bench.main(['--gin_file=gin/models/t5_tiny.gin', '--gin.TransformerConfig.vocab_size=512',
+                     '--batch=2', '--inputs_length=16', '--targets_length=8', '--steps=2',
+                     '--warmup=1', '--hf', f'--output={out}']) == 0
+  result = json.loads(out.read_text())
+  hf = result['hf']
+  assert (hf['device'], hf['optimizer'], hf['compile']) == ('cpu', 'adafactor', False)
+  assert result['optimizer'] == 'adafactor'
+  assert hf['tokens_per_second'] == pytest.approx(2 * 24 / hf['median_step_seconds'])
+  assert result['speedup_vs_hf'] == pytest.approx(hf['median_step_seconds'] / result['median_step_seconds'])
+  assert 'its speed' in capsys.readouterr().out
 
 
 def test_bench_takes_a_recipe_its_model_batch_and_lengths(tmp_path):

@@ -13,24 +13,23 @@ optimizer (``make_optimizer``), schedule and dtype, all from gin) on synthetic b
 needs no TensorFlow. Reports tokens/s (input + target
 positions), sequences/s, the median step time, achieved TFLOP/s by ``models/flops.py`` (whose
 docstring says what is counted) and MFU against a named peak, peak memory, and compile time.
-``--hf`` also times Hugging Face PyTorch ``T5ForConditionalGeneration`` on the same shape (extra
-``hf``: torch, transformers) and prints the ratio.
+``--profile`` adds where the step's device time goes (cli/profile.py). ``--hf`` also times Hugging
+Face PyTorch ``T5ForConditionalGeneration`` on the same shape, device, dtype and optimizer
+(cli/bench_hf.py; extra ``hf``: torch, transformers), ``--hf_compile`` under ``torch.compile``,
+and prints the ratio of step times.
 """
-import collections
 import functools
-import glob
 import json
-import re
 import resource
 import statistics
-import tempfile
 import sys
 import time
 
+import gin
 import jax
 import numpy as np
 
-from t5x_variants.cli import common, launch
+from t5x_variants.cli import common, launch, profile
 from t5x_variants.models import build_model, flops, init_inputs
 from t5x_variants.train import optimizer, partitioning, train_step
 
@@ -75,31 +74,6 @@ def peak_memory():
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, 'process peak RSS (host)'
 
 
-def profile(step, state, data, rng, top: int = 15):
-  """[(milliseconds of device-thread time, op name, HLO shape, op_name)] of one step, largest
-  first, from a jax.profiler trace of the compiled step (``step`` is a jax Compiled)."""
-  with tempfile.TemporaryDirectory() as logdir:
-    with jax.profiler.trace(logdir):
-      state, metrics = step(state, data, rng)
-      jax.block_until_ready(metrics['loss'])
-    trace = jax.profiler.ProfileData.from_file(
-        sorted(glob.glob(f'{logdir}/**/*.xplane.pb', recursive=True))[-1])
-  totals = collections.Counter()
-  for plane in trace.planes:
-    if plane.name.startswith('/host:CPU') or plane.name.startswith('/device:'):
-      for line in plane.lines:
-        if line.name.startswith(('tf_XLAEigen', 'XLA Ops')):
-          for event in line.events:
-            if not event.name.startswith(('ThunkExecutor', 'SlinkyThreadPool')):
-              totals[event.name] += event.duration_ns
-  hlo = step.as_text()
-  rows = []
-  for name, ns in totals.most_common(top):
-    m = re.search(r'%' + re.escape(name) + r' = (\S+) .*?op_name="([^"]+)"', hlo)
-    rows.append((ns / 1e6, name, m.group(1) if m else '', m.group(2) if m else ''))
-  return rows, state
-
-
 def bench(config, batch: int, lengths, steps: int = 10, warmup: int = 2,
           mesh: partitioning.MeshConfig = None, num_microbatches: int = 1, peak=None,
           with_profile: bool = False) -> dict:
@@ -127,9 +101,9 @@ def bench(config, batch: int, lengths, steps: int = 10, warmup: int = 2,
     jax.block_until_ready(metrics['loss'])
     if i >= warmup:
       times.append(time.perf_counter() - start)
-  top_ops = None
+  report = None
   if with_profile:
-    top_ops, state = profile(step, state, data, rng)
+    report, state = profile.profile(step, state, data, rng)
   median = statistics.median(times)
   tokens = batch * sum(lengths[k] for k in ('inputs', 'targets') if k in lengths)
   flop = flops.train_flops(config, batch, lengths)
@@ -147,8 +121,17 @@ def bench(config, batch: int, lengths, steps: int = 10, warmup: int = 2,
       'peak_memory_bytes': memory, 'memory_source': memory_source,
       'host_huge_pages': launch.huge_pages_on(),
       'compile_seconds': compile_seconds, 'final_loss': float(metrics['loss']),
-      'flop_formula': flops.__doc__.strip(), 'profile_top_ops': top_ops,
+      'flop_formula': flops.__doc__.strip(), 'profile': report,
   }
+
+
+def optimizer_kind() -> str:
+  """'adafactor' or 'adamw' (or the bound optimizer's name): ``make_optimizer.optimizer``."""
+  try:
+    bound = gin.query_parameter('make_optimizer.optimizer')
+  except ValueError:
+    return 'adafactor'
+  return str(bound).strip('@').split('.')[-1]
 
 
 def main(argv=None):
@@ -160,7 +143,10 @@ def main(argv=None):
   parser.add_argument('--warmup', type=int, default=2)
   parser.add_argument('--peak_tflops', type=float, default=None)
   parser.add_argument('--hf', action='store_true', help='also time HF PyTorch T5 on the same shape')
-  parser.add_argument('--profile', action='store_true', help='print the ops that take the most time')
+  parser.add_argument('--hf_compile', action='store_true', help='the HF peer under torch.compile')
+  parser.add_argument('--hf_optimizer', default=None,
+                      help="the HF peer's: adafactor or adamw (fused); default: the run's own kind")
+  parser.add_argument('--profile', action='store_true', help='device time by category and top ops')
   parser.add_argument('--output', default=None, help='write the results as JSON here')
   with common.clear_errors('t5xv-bench'):
     args, config = common.setup(parser, argv, with_data=False)
@@ -169,23 +155,34 @@ def main(argv=None):
     lengths = {f: getattr(args, f'{f}_length') or run_lengths.get(f) or DEFAULT_LENGTHS[f]
                for f in (FEATURES[s] for s in config.stacks)}
     peak = (args.peak_tflops, 'given with --peak_tflops') if args.peak_tflops else None
+    ours = optimizer_kind()
+    hf = None
+    if args.hf:  # first: JAX's backend would take most of the accelerator's memory
+      from t5x_variants.cli import bench_hf  # pylint: disable=g-import-not-at-top
+      hf = bench_hf.run(config, batch, lengths, args.steps, args.warmup, args.hf_compile,
+                        args.hf_optimizer or ours)
     result = bench(config, batch, lengths, args.steps, args.warmup, peak=peak,
                    with_profile=args.profile)
+    result['optimizer'] = ours
   print(f'{result["device"]} x{result["devices"]}: {result["tokens_per_second"]:,.0f} tok/s, '
         f'{result["sequences_per_second"]:.2f} seq/s, median step {result["median_step_seconds"] * 1000:.1f} ms, '
         f'{result["tflops_per_second"]:.3f} TFLOP/s, MFU {result["mfu"]:.1%} of '
         f'{result["peak_tflops"]:.2f} ({result["peak_source"]}), peak memory '
         f'{result["peak_memory_bytes"] / 2**30:.2f} GiB ({result["memory_source"]}), compile '
         f'{result["compile_seconds"]:.1f} s, host huge pages {"on" if result["host_huge_pages"] else "off"}')
-  for ms, name, shape, op in result['profile_top_ops'] or []:
-    print(f'{ms:9.1f} ms  {name:30s} {shape:28s} {op[-100:]}')
-  if args.hf:
-    from t5x_variants.cli import bench_hf  # pylint: disable=g-import-not-at-top
-    result['hf'] = bench_hf.bench(config, batch, lengths, args.steps, args.warmup)
-    result['speedup_vs_hf'] = result['hf']['median_step_seconds'] / result['median_step_seconds']
-    print(f'HF PyTorch T5: median step {result["hf"]["median_step_seconds"] * 1000:.1f} ms, '
-          f'{result["hf"]["tokens_per_second"]:,.0f} tok/s; t5x_variants is '
-          f'{result["speedup_vs_hf"]:.2f}x its speed')
+  if result['profile']:
+    print(profile.format_report(result['profile']))
+  if hf:
+    result['hf'] = hf
+    result['speedup_vs_hf'] = hf['median_step_seconds'] / result['median_step_seconds']
+    memory = hf['peak_memory_bytes']
+    print(f'HF PyTorch T5 ({"torch.compile" if hf["compile"] else "eager"}, {hf["optimizer"]}, '
+          f'{hf["device"]}, torch {hf["torch"]}): median step {hf["median_step_seconds"] * 1000:.1f} ms, '
+          f'{hf["tokens_per_second"]:,.0f} tok/s'
+          + (f', peak memory {memory / 2**30:.2f} GiB' if memory else '')
+          + f'; t5x_variants ({ours}) is {result["speedup_vs_hf"]:.2f}x its speed'
+          + (f' in {result["peak_memory_bytes"] / memory:.2f}x its memory' if memory else '')
+          + ('' if hf['optimizer'] == ours else ' (different optimizers)'))
   if args.output:
     with open(args.output, 'w') as f:
       json.dump(result, f, indent=1)

@@ -6,6 +6,10 @@ projection; T5's relative position bias, when given, is added to the mixed logit
 runs in the compute dtype (float32 accumulation is the hardware's); logits, their mixture, bias
 and softmax are in float32, as in T5X.
 
+The dot-product path may instead run as one fused kernel (``kernel``: layers/fused_attention.py),
+which takes the mask as sequence ``lengths`` and the module's ``causal`` flag rather than the
+dense boolean ``mask``; both describe the same attention, and tests hold the two paths equal.
+
 Decoding: with ``decode=True`` keys and values live in the ``cache`` collection. The first call
 (during ``init``) creates the cache from the full-length input; every later call takes one token,
 writes its key and value at ``decode_position`` and attends over the cache under the given mask.
@@ -18,6 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from t5x_variants.layers import fused_attention
 from t5x_variants.layers import synthesizer as synth
 from t5x_variants.layers.dense import Dense
 from t5x_variants.layers.norms import Norm
@@ -127,6 +132,8 @@ class Attention(nn.Module):
   synthesizer_factor: Optional[int] = None
   synthesizer_rank: int = 16
   synthesizer_shared_projection: bool = True
+  kernel: str = 'xla'
+  causal: bool = False
   dtype: Any = jnp.float32
 
   def _cached(self, name, x, decode_position):
@@ -153,22 +160,33 @@ class Attention(nn.Module):
     }[name]()
 
   @nn.compact
-  def __call__(self, x_q, x_kv, q_positions, k_positions, mask=None, bias=None,
+  def __call__(self, x_q, x_kv, q_positions, k_positions, mask=None, bias=None, lengths=None,
                decode: bool = False, decode_position=None, deterministic: bool = True):
+    """``mask``: (batch|1, 1, q, k) booleans; ``lengths``: the same mask as (query lengths, key
+    lengths) with ``causal``, each (batch,) or None, or None where it is not a prefix (packed)."""
     dense = functools.partial(Dense, init_scheme=self.init_scheme, use_bias=self.use_bias, dtype=self.dtype)
-    project = lambda name, gain, x: dense((self.num_heads, self.head_dim), ('embed',),
-                                          ('heads', 'kv'), gain=gain, name=name)(x)
+    project = lambda name, gain, x: checkpoint_name(
+        dense((self.num_heads, self.head_dim), ('embed',), ('heads', 'kv'), gain=gain, name=name)(x),
+        f'{name}_proj')
     value = project('value', self.gain, x_kv)
     if decode:
       value = self._cached('cached_value', value, decode_position)
+    fused = fused_attention.choose(
+        self.kernel, '/'.join(self.scope.path), components=self.components, dtype=self.dtype,
+        head_dim=self.head_dim, lengths=lengths,
+        dropout=self.dropout_rate > 0 and not deterministic)
     logits = []
     for name in self.components:
       if name == 'dot_product':
-        # 1 / sqrt(d_h) on the queries: a pass over (batch, q, heads, d_h), not over the logits.
-        query = project('query', 1.0, x_q) / jnp.sqrt(self.head_dim).astype(self.dtype)
-        key = project('key', 1.0, x_kv)
+        query, key = project('query', 1.0, x_q), project('key', 1.0, x_kv)
         if decode:
           key = self._cached('cached_key', key, decode_position)
+        if fused:  # a cached decode step (decode_position set) is causal through its key lengths
+          y = fused_attention.attend(query, key, value, bias, lengths,
+                                     self.causal and decode_position is None, fused)
+          return self._output(y, x_q.shape[-1], dense)
+        # 1 / sqrt(d_h) on the queries: a pass over (batch, q, heads, d_h), not over the logits.
+        query = query / jnp.sqrt(self.head_dim).astype(self.dtype)
         # In the compute dtype, then float32: its backward (dQ, dK) is a compute-dtype matmul too.
         s = jnp.einsum('bqhd,bkhd->bhqk', query, key)
       else:
@@ -185,6 +203,12 @@ class Attention(nn.Module):
     probs = masked_softmax(s, mask)
     probs = nn.Dropout(self.dropout_rate)(probs, deterministic=deterministic)
     y = jnp.einsum('bhqk,bkhd->bqhd', probs.astype(self.dtype), value.astype(self.dtype))
+    return self._output(y, x_q.shape[-1], dense)
+
+  def _output(self, y, features: int, dense):
+    """The ``out`` projection of the heads' outputs (after Sub-LN's inner LN)."""
+    y = checkpoint_name(y, 'attention_out')
     if self.inner_norm:
       y = Norm(self.inner_norm, self.norm_epsilon, self.dtype, ('heads', 'kv'), name='inner_layer_norm')(y)
-    return dense((x_q.shape[-1],), ('heads', 'kv'), ('embed',), gain=self.gain, name='out')(y)
+    return checkpoint_name(dense((features,), ('heads', 'kv'), ('embed',), gain=self.gain, name='out')(y),
+                           'out_proj')

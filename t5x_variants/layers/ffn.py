@@ -9,6 +9,7 @@ from typing import Any, Optional, Tuple
 
 import flax.linen as nn
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from t5x_variants.layers.dense import Dense
 from t5x_variants.layers.norms import Norm
@@ -69,7 +70,8 @@ class MlpBlock(nn.Module):
       name = 'wi' if len(self.activations) == 1 else f'wi_{i}'
       a = ACTIVATIONS[act](dense((self.d_ff,), ('embed',), ('mlp',), name=name)(x))
       h = a if h is None else h * a
+    h = checkpoint_name(h, 'mlp_hidden')
     h = nn.Dropout(self.dropout_rate, self.dropout_broadcast_dims)(h, deterministic=deterministic)
     if self.inner_norm:
       h = Norm(self.inner_norm, self.norm_epsilon, self.dtype, ('mlp',), name='inner_layer_norm')(h)
-    return dense((x.shape[-1],), ('mlp',), ('embed',), name='wo')(h)
+    return checkpoint_name(dense((x.shape[-1],), ('mlp',), ('embed',), name='wo')(h), 'mlp_out')

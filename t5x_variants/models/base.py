@@ -12,6 +12,13 @@ def token_index(tokens):
   return jnp.arange(tokens.shape[-1], dtype=jnp.int32)[None]
 
 
+def prefix_lengths(valid, segment_ids):
+  """(batch,) counts of ``valid`` tokens: an unpacked row's padding mask as the length of its
+  valid prefix (padding, id 0, comes at the end), for a fused attention kernel; None for a packed
+  batch (``segment_ids`` given), whose mask is no prefix."""
+  return None if segment_ids is not None else jnp.sum(valid, axis=-1, dtype=jnp.int32)
+
+
 def default_positions(tokens, positions):
   return token_index(tokens) if positions is None else positions
 

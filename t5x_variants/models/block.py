@@ -23,12 +23,13 @@ class TransformerLayer(nn.Module):
   config: TransformerConfig
   stack: str  # 'encoder' or 'decoder'
   cross_attention: bool = False
+  causal: bool = False
   deterministic: bool = True
   decode: bool = False
 
   @nn.compact
   def __call__(self, x, q_positions, k_positions, self_mask, self_bias, encoded, cross_mask,
-               decode_position):
+               decode_position, self_lengths=None, cross_lengths=None):
     c = self.config
     alpha, gain = c.residual_constants()[self.stack]
     dtype = c.compute_dtype
@@ -38,20 +39,21 @@ class TransformerLayer(nn.Module):
     drop = lambda y: nn.Dropout(c.dropout_rate, c.dropout_broadcast_dims)(y, deterministic=self.deterministic)
     attn = functools.partial(Attention, c.num_heads, c.head_dim, init_scheme=c.init_scheme, gain=gain,
                              use_bias=c.use_bias, inner_norm=inner, norm_epsilon=c.norm_epsilon,
-                             dropout_rate=c.rate('attention'), dtype=dtype)
+                             dropout_rate=c.rate('attention'), kernel=c.attention_kernel, dtype=dtype)
     add = functools.partial(residual, placement=c.placement, alpha=alpha)
 
     self_attention = attn(components=c.attention_components, max_length=c.max_length(self.stack),
                           synthesizer_factor=c.synthesizer_factor,
                           synthesizer_rank=c.synthesizer_rank,
-                          synthesizer_shared_projection=c.synthesizer_shared_projection, name='self_attention')
+                          synthesizer_shared_projection=c.synthesizer_shared_projection,
+                          causal=self.causal, name='self_attention')
     x = add(x, lambda h: drop(self_attention(
-        h, h, q_positions, k_positions, self_mask, self_bias, decode=self.decode,
+        h, h, q_positions, k_positions, self_mask, self_bias, self_lengths, decode=self.decode,
         decode_position=decode_position, deterministic=self.deterministic)), norm('attention'))
     if self.cross_attention:
       plain = c.placement == 'subln' and not c.subln_cross_attention  # Magneto's code
       cross = attn(name='encoder_decoder_attention', **(dict(gain=1.0, inner_norm=None) if plain else {}))
-      x = add(x, lambda h: drop(cross(h, encoded, None, None, cross_mask,
+      x = add(x, lambda h: drop(cross(h, encoded, None, None, cross_mask, lengths=cross_lengths,
                                       deterministic=self.deterministic)), norm('cross_attention'))
     mlp = MlpBlock(c.activations, c.ffn_hidden_dim, c.init_scheme, gain, c.use_bias, inner,
                    c.norm_epsilon, c.rate('activation'), c.dropout_broadcast_dims, dtype, name='mlp')

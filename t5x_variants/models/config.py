@@ -10,9 +10,9 @@ import gin
 import jax.numpy as jnp
 
 from t5x_variants.features import ARCHITECTURES, STACKS
-from t5x_variants.layers import attention, ffn, init, norms, placement, position
+from t5x_variants.layers import attention, ffn, fused_attention, init, norms, placement, position
 
-REMAT = ('none', 'minimal', 'full', 'dots_and_probs')
+REMAT = ('none', 'minimal', 'full', 'dots_and_probs', 'save_qkv_attention', 'save_attention_mlp')
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 HEADS = ('lm', 'classification')
 
@@ -64,6 +64,10 @@ class TransformerConfig:
     dropout_broadcast: one mask per example shared by every position (T5X's broadcast over the
       sequence axis) or, False, an independent mask per element (PyTorch / fairseq). Attention
       probabilities are always dropped per element.
+    remat: what the backward pass keeps of each layer (models/stack.py REMAT_POLICIES); the
+      rest is recomputed. 'none' keeps everything, 'full' nothing.
+    attention_kernel: 'auto' (cuDNN fused attention on a GPU with bfloat16 compute, else XLA),
+      'xla' (the reference path) or 'cudnn' (layers/fused_attention.py).
     head: 'lm' (the architecture's logits over the vocabulary) or 'classification' (encoder-only:
       BERT's pooler and classifier on the first token, logits (batch, 1, num_labels)).
     num_labels: the classification head's outputs; 1 is regression (STS-B).
@@ -110,6 +114,7 @@ class TransformerConfig:
   dropout_broadcast: bool = True
   scan_layers: bool = True
   remat: str = 'none'
+  attention_kernel: str = 'auto'
   dtype: str = 'float32'
 
   def __post_init__(self):
@@ -119,6 +124,7 @@ class TransformerConfig:
     _check('init_scheme', self.init_scheme, init.INITS)
     _check('position_embedding', self.position_embedding, position.POSITION_EMBEDDINGS)
     _check('remat', self.remat, REMAT)
+    _check('attention_kernel', self.attention_kernel, fused_attention.KERNELS)
     _check('dtype', self.dtype, tuple(DTYPES))
     _check('head', self.head, HEADS)
     if self.head == 'classification' and self.architecture != 'encoder_only':

@@ -18,5 +18,6 @@ class DecoderOnly(LanguageModel):
     if decoder_segment_ids is not None:
       mask = mask & segment_mask(decoder_segment_ids, decoder_segment_ids)
     x = self.decoder(self.token_embedder(decoder_input_tokens), positions, mask,
-                     deterministic=not enable_dropout, decode=decode)
+                     deterministic=not enable_dropout, decode=decode,
+                     self_lengths=None if decoder_segment_ids is not None else (None, None))
     return self.logits(x)

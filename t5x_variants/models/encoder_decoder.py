@@ -2,7 +2,7 @@
 import jax.numpy as jnp
 
 from t5x_variants.layers.attention import causal_mask, pair_mask, segment_mask
-from t5x_variants.models.base import LanguageModel, default_positions, token_index
+from t5x_variants.models.base import LanguageModel, default_positions, prefix_lengths, token_index
 from t5x_variants.models.stack import Stack
 
 
@@ -20,9 +20,10 @@ class EncoderDecoder(LanguageModel):
     mask = pair_mask(valid, valid)
     if encoder_segment_ids is not None:
       mask = mask & segment_mask(encoder_segment_ids, encoder_segment_ids)
+    n = prefix_lengths(valid, encoder_segment_ids)
     return self.encoder(self.token_embedder(encoder_input_tokens),
                         default_positions(encoder_input_tokens, encoder_positions), mask,
-                        deterministic=not enable_dropout)
+                        deterministic=not enable_dropout, self_lengths=None if n is None else (n, n))
 
   def decode(self, encoded, encoder_input_tokens, decoder_input_tokens, encoder_segment_ids=None,
              decoder_segment_ids=None, decoder_positions=None, enable_dropout: bool = False,
@@ -34,8 +35,12 @@ class EncoderDecoder(LanguageModel):
     if decoder_segment_ids is not None:
       mask = mask & segment_mask(decoder_segment_ids, decoder_segment_ids)
       cross = cross & segment_mask(decoder_segment_ids, encoder_segment_ids)
+    n = prefix_lengths(encoder_input_tokens > 0, encoder_segment_ids)
+    packed = decoder_segment_ids is not None
     x = self.decoder(self.token_embedder(decoder_input_tokens), positions, mask, encoded, cross,
-                     deterministic=not enable_dropout, decode=decode)
+                     deterministic=not enable_dropout, decode=decode,
+                     self_lengths=None if packed else (None, None),
+                     cross_lengths=None if packed or n is None else (None, n))
     return self.logits(x)
 
   def __call__(self, encoder_input_tokens, decoder_input_tokens, encoder_segment_ids=None,

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from t5x_variants.layers.attention import pair_mask, segment_mask
 from t5x_variants.layers.dense import Dense
 from t5x_variants.layers.norms import Norm
-from t5x_variants.models.base import LanguageModel, default_positions
+from t5x_variants.models.base import LanguageModel, default_positions, prefix_lengths
 from t5x_variants.models.stack import Stack
 
 CLASSIFICATION_PARAMS = ('pooler', 'classifier')  # the classification head's top-level names
@@ -46,9 +46,10 @@ class EncoderOnly(LanguageModel):
     mask = pair_mask(valid, valid)
     if encoder_segment_ids is not None:
       mask = mask & segment_mask(encoder_segment_ids, encoder_segment_ids)
+    n = prefix_lengths(valid, encoder_segment_ids)
     x = self.encoder(self.token_embedder(encoder_input_tokens),
                      default_positions(encoder_input_tokens, encoder_positions), mask,
-                     deterministic=not enable_dropout)
+                     deterministic=not enable_dropout, self_lengths=None if n is None else (n, n))
     if self.config.head == 'classification':
       pooled = nn.tanh(self.pooler(x[:, :1]))
       pooled = self.pooler_dropout(pooled, deterministic=not enable_dropout)

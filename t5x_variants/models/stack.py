@@ -16,12 +16,19 @@ from t5x_variants.layers.position import AbsolutePositionEmbedding, RelativePosi
 from t5x_variants.models.block import TransformerLayer
 from t5x_variants.models.config import TransformerConfig
 
+_names = jax.checkpoint_policies.save_only_these_names
+# What each remat policy keeps for the backward pass; the rest of the layer is recomputed. Names
+# are the layers' checkpoint_name tags: '{query,key,value}_proj', 'attention_out' (the heads'
+# outputs), 'out_proj', 'mlp_hidden' (after the activation), 'mlp_out', 'attention_probs' (the
+# XLA path's softmax).
 REMAT_POLICIES = {
-    'minimal': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    'minimal': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # every projection
     'full': jax.checkpoint_policies.nothing_saveable,
     'dots_and_probs': jax.checkpoint_policies.save_from_both_policies(
-        jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-        jax.checkpoint_policies.save_only_these_names('attention_probs')),
+        jax.checkpoint_policies.dots_with_no_batch_dims_saveable, _names('attention_probs')),
+    'save_qkv_attention': _names('query_proj', 'key_proj', 'value_proj', 'attention_out'),
+    'save_attention_mlp': _names('query_proj', 'key_proj', 'value_proj', 'attention_out',
+                                 'out_proj', 'mlp_hidden'),
 }
 
 
@@ -31,7 +38,7 @@ class Stack(nn.Module):
   causal: bool = False
   cross_attention: bool = False
 
-  def _decode_positions(self, x, positions, self_mask):
+  def _decode_positions(self, x, positions, self_mask, self_lengths):
     """In a cached decode step the query is the one token at the counter and the keys are the
     whole cache (its length fixed when ``init`` ran with ``decode=True``). Decoding past the
     cache length is undefined: callers stop at it."""
@@ -39,23 +46,27 @@ class Stack(nn.Module):
     counter = self.variable('cache', 'position', lambda: jnp.zeros((), jnp.int32))
     keys = self.variable('cache', 'key_positions', lambda: jnp.arange(x.shape[1], dtype=jnp.int32)[None])
     if not initialized:
-      return positions, positions, self_mask, None
+      return positions, positions, self_mask, self_lengths, None
     if x.shape[1] != 1:
       raise ValueError(f'cached decoding takes one token per step, got {x.shape[1]}')
     index = counter.value
     counter.value = index + 1
     q = jnp.reshape(index, (1, 1))
-    return q, keys.value, causal_mask(q, keys.value), index
+    seen = jnp.full((x.shape[0],), index + 1, jnp.int32)  # the causal mask as key lengths
+    return q, keys.value, causal_mask(q, keys.value), (None, seen), index
 
   @nn.compact
   def __call__(self, x, positions, self_mask, encoded=None, cross_mask=None,
-               deterministic: bool = True, decode: bool = False):
+               deterministic: bool = True, decode: bool = False, self_lengths=None,
+               cross_lengths=None):
+    """``self_lengths`` / ``cross_lengths``: the masks as (query, key) lengths for a fused
+    attention kernel (layers/attention.py), None where they are not a prefix."""
     c = self.config
     q_positions = k_positions = positions
     decode_position = None
     if decode:
-      q_positions, k_positions, self_mask, decode_position = self._decode_positions(
-          x, positions, self_mask)
+      q_positions, k_positions, self_mask, self_lengths, decode_position = self._decode_positions(
+          x, positions, self_mask, self_lengths)
     bias = None
     if c.position_embedding in ('sinusoidal', 'learned'):
       x = x + AbsolutePositionEmbedding(c.position_embedding, c.d_model, c.max_length(self.stack),
@@ -77,8 +88,9 @@ class Stack(nn.Module):
     if c.remat != 'none':
       layer = nn.remat(layer, policy=REMAT_POLICIES[c.remat], prevent_cse=not c.scan_layers)
     kwargs = dict(config=c, stack=self.stack, cross_attention=self.cross_attention,
-                  deterministic=deterministic, decode=decode)
-    args = (q_positions, k_positions, self_mask, bias, encoded, cross_mask, decode_position)
+                  causal=self.causal, deterministic=deterministic, decode=decode)
+    args = (q_positions, k_positions, self_mask, bias, encoded, cross_mask, decode_position,
+            self_lengths, cross_lengths)
     if c.scan_layers:
       layer = nn.scan(layer, variable_axes={'params': 0, 'cache': 0, 'intermediates': 0},
                       split_rngs={'params': True, 'dropout': True}, in_axes=(nn.broadcast,) * len(args),

@@ -1,0 +1,134 @@
+"""``t5xv-bench --profile``: where a train step's device time goes, on a GPU, a TPU or the CPU.
+
+A ``jax.profiler`` trace of a few calls of the compiled step, read back as XPlane: the device's
+kernels (a GPU's stream lines, a TPU's 'XLA Ops' line, the CPU's XLA thread-pool threads), each
+attributed to its HLO instruction (the event's ``hlo_op``, else its kernel name) and put in one
+category by that instruction's text in the compiled module: matmul, fused attention, other
+fusions, copies, dtype conversions, reductions, collectives, other. Busy is the union of the device's kernel
+intervals over the wall time of the traced steps: near 100% the device never waited on the host.
+"""
+import collections
+import glob
+import re
+import tempfile
+import time
+
+import jax
+
+CATEGORIES = (  # first match wins, on the instruction's HLO text (or the kernel's name)
+    ('fused attention', r'fmha|flash|cudnn\$|dot_product_attention'),
+    ('matmul', r'gemm|\bdot\(|convolution\(|cublas|nvjet|xmma|cutlass|matmul'),
+    ('collectives', r'all-reduce|all-gather|reduce-scatter|collective-permute|all-to-all|nccl'),
+    ('copies', r'copy|transpose|dynamic[-_]update[-_]slice|memcpy|memset'),
+    ('conversions', r'convert'),
+    ('reductions', r'reduce|kind=kInput'),
+    ('other fusions', r'fusion'),
+)
+
+
+CONTAINERS = ('while', 'conditional', 'call')  # ops whose events enclose their bodies' events
+
+
+def categorize(text: str) -> str:
+  for name, pattern in CATEGORIES:
+    if re.search(pattern, text):
+      return name
+  return 'other'
+
+
+def hlo_instructions(hlo: str):
+  """{name: (opcode, what names its kind, a fusion's called body, shape, op_name)}; the kind is
+  the name, opcode, fusion kind and custom-call target (XLA names fusions by what they do:
+  ``loop_convert_fusion``, ``input_reduce_fusion``, ``transpose_fusion``)."""
+  bodies = {m.group(1): m.group(2) for m in re.finditer(r'\n%?([\w.\-]+) [^\n]*\{\n(.*?)\n\}', hlo, re.S)}
+  out = {}
+  for m in re.finditer(r'%([\w.\-]+) = (.*?) ([a-z][\w\-]*)\(([^\n]*)', hlo):
+    name, shape, opcode, rest = m.groups()
+    kind = ' '.join(re.findall(r'(?:kind=|custom_call_target=)"?([^",}]+)', rest.split(', metadata=')[0]))
+    called = re.search(r'calls=%?([\w.\-]+)', rest)
+    out[name] = (opcode, f'{name} {opcode}( {kind}', bodies.get(called.group(1), '') if called else '',
+                 shape, (re.search(r'op_name="([^"]+)"', rest) or [None, ''])[1])
+  return out
+
+
+def category(instruction) -> str:
+  """A fusion that computes a dot is a matmul (XLA GPU's gemm fusions, the CPU's dot fusions)."""
+  opcode, text, body = instruction[:3]
+  if opcode == 'fusion' and re.search(r'\b(dot|convolution)\(', body):
+    return 'matmul'
+  return categorize(text)
+
+
+def _device_lines(planes):
+  """(line, from_device) of the lines that hold the compiled step's work."""
+  for plane in planes:
+    if plane.name.startswith('/device:') and not plane.name.startswith('/device:CUSTOM'):
+      names = [line.name for line in plane.lines]
+      for line in plane.lines:
+        if line.name == 'XLA Ops' or ('XLA Ops' not in names and 'Stream' in line.name):
+          yield line
+    elif plane.name.startswith('/host:CPU'):
+      for line in plane.lines:
+        if line.name.startswith('tf_XLA'):
+          yield line
+
+
+def _busy(intervals) -> float:
+  """Length of the union of (start, end) intervals."""
+  total, end = 0.0, float('-inf')
+  for s, e in sorted(intervals):
+    if e > end:
+      total += e - max(s, end)
+      end = e
+  return total
+
+
+def profile(step, state, data, rng, calls: int = 3, top: int = 15):
+  """(report dict, state) for ``calls`` calls of the compiled ``step``: device milliseconds per
+  step by category and the ``top`` instructions, busy fraction, kernels per step."""
+  with tempfile.TemporaryDirectory() as logdir:
+    with jax.profiler.trace(logdir):
+      start = time.perf_counter()
+      for _ in range(calls):
+        state, metrics = step(state, data, rng)
+        jax.block_until_ready(metrics['loss'])
+      wall = time.perf_counter() - start
+    trace = jax.profiler.ProfileData.from_file(
+        sorted(glob.glob(f'{logdir}/**/*.xplane.pb', recursive=True))[-1])
+  hlo = hlo_instructions(step.as_text())
+  by_op, count, intervals = collections.Counter(), collections.Counter(), []
+  for line in _device_lines(trace.planes):
+    for event in line.events:
+      stats = dict(event.stats)
+      if event.duration_ns <= 0 or (line.name.startswith('tf_XLA') and 'hlo_op' not in stats):
+        continue
+      op = str(stats.get('hlo_op') or event.name)
+      if op in hlo and hlo[op][0] in CONTAINERS:
+        continue
+      by_op[op] += event.duration_ns
+      count[op] += 1
+      intervals.append((event.start_ns, event.start_ns + event.duration_ns))
+  per_step = lambda ns: ns / calls / 1e6
+  by_category = collections.Counter()
+  ops = []
+  for op, ns in by_op.most_common():
+    instruction = hlo.get(op, ('', op, '', '', ''))
+    by_category[category(instruction)] += ns
+    if len(ops) < top:
+      ops.append({'ms': per_step(ns), 'op': op, 'calls': count[op] // calls,
+                  'category': category(instruction), 'shape': instruction[3], 'op_name': instruction[4]})
+  busy = per_step(_busy(intervals))
+  return {'wall_ms': wall / calls * 1e3, 'busy_ms': busy, 'busy_fraction': busy / (wall / calls * 1e3),
+          'device_ms': per_step(sum(by_op.values())), 'kernels_per_step': sum(count.values()) // calls,
+          'by_category': {k: per_step(v) for k, v in by_category.most_common()}, 'top_ops': ops}, state
+
+
+def format_report(report) -> str:
+  lines = [f'profile: {report["wall_ms"]:.1f} ms per step, device busy {report["busy_ms"]:.1f} ms '
+           f'({report["busy_fraction"]:.0%}; the rest waiting on the host), '
+           f'{report["kernels_per_step"]} kernels per step',
+           'by category (ms per step): ' + ', '.join(f'{k} {v:.1f}' for k, v in report['by_category'].items())]
+  for op in report['top_ops']:
+    lines.append(f'{op["ms"]:9.2f} ms x{op["calls"]:<4d} {op["category"]:15s} {op["op"][:40]:40s} '
+                 f'{op["shape"][:28]:28s} {op["op_name"][-70:]}')
+  return '\n'.join(lines)

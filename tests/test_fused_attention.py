@@ -1,0 +1,150 @@
+"""The fused attention path (layers/fused_attention.py) computes what the reference path does.
+
+On a CPU the fused path runs through jax.nn.dot_product_attention's own XLA implementation
+(``IMPLEMENTATIONS`` patched), which checks everything but the kernel: the masks as sequence
+lengths and a causal flag, the bias, the scale, cached decoding, the fallbacks. On a GPU the
+same comparisons run against cuDNN itself, in bfloat16.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import init_params, tiny, tokens
+from t5x_variants.layers import fused_attention
+from t5x_variants.train.decoding import decode
+
+ON_GPU = jax.default_backend() == 'gpu'
+
+
+@pytest.fixture
+def jax_xla_kernel(monkeypatch):
+  """'cudnn' served by jax.nn.dot_product_attention's XLA implementation (runs on a CPU)."""
+  monkeypatch.setattr(fused_attention, 'IMPLEMENTATIONS', {'cudnn': 'xla'})
+  monkeypatch.setattr(fused_attention, '_warned', set())
+
+
+def padded_batch(arch):
+  """Inputs with padding at the end of two rows (never a whole row), all target positions
+  weighted."""
+  enc = np.array(tokens(3, 12))
+  enc[0, 7:] = 0
+  enc[1, 3:] = 0
+  dec = np.array(tokens(3, 8, seed=1))
+  dec[:, 0] = 0  # the decoder's start token
+  inputs = {'encoder_decoder': (enc, dec), 'decoder_only': (dec,), 'encoder_only': (enc,)}[arch]
+  valid = (enc > 0) if arch == 'encoder_only' else np.ones(dec.shape, bool)
+  return inputs, valid
+
+
+def outputs_and_grads(config, inputs, valid):
+  """Logits at valid positions (others zeroed) and the gradient of a weighted loss over them."""
+  model, params = init_params(config, *inputs)
+  w = jnp.asarray(valid, jnp.float32)[..., None]
+
+  @jax.jit
+  def run(p):
+    f = lambda p: model.apply({'params': p}, *inputs) * w
+    logits = f(p)
+    return logits, jax.grad(lambda p: jnp.sum(jnp.sin(f(p).astype(jnp.float32))))(p)
+  return run(params)
+
+
+def assert_close(ref, got, rtol, atol):
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(ref), jax.tree_util.tree_leaves(got)):
+    np.testing.assert_allclose(np.asarray(b, np.float32), np.asarray(a, np.float32), rtol=rtol,
+                               atol=atol, err_msg=jax.tree_util.keystr(path))
+
+
+@pytest.mark.parametrize('arch', ['encoder_decoder', 'decoder_only', 'encoder_only'])
+def test_fused_path_equals_the_reference_path(arch, jax_xla_kernel):
+  """Encoder self-attention with padding as lengths, causal decoder self-attention, and
+  cross-attention over padded keys, with T5's relative position bias and its gradient: logits
+  and every parameter's gradient (the bias table's included) agree."""
+  inputs, valid = padded_batch(arch)
+  ref = outputs_and_grads(tiny(architecture=arch, attention_kernel='xla'), inputs, valid)
+  got = outputs_and_grads(tiny(architecture=arch, attention_kernel='cudnn'), inputs, valid)
+  assert_close(ref, got, rtol=1e-4, atol=1e-5)
+
+
+def test_fused_path_is_taken_and_the_reference_mask_is_not_computed(jax_xla_kernel):
+  """The fused path's HLO has no (batch, heads, q, k) boolean mask select with -1e10 in float32
+  logits from the reference path's masked softmax."""
+  inputs, valid = padded_batch('encoder_decoder')
+  texts = {}
+  for kernel in ('xla', 'cudnn'):
+    model, params = init_params(tiny(attention_kernel=kernel), *inputs)
+    texts[kernel] = jax.jit(lambda p: model.apply({'params': p}, *inputs)).lower(params).as_text()
+  assert '-1.000000e+10' in texts['xla'] and '-1.000000e+10' not in texts['cudnn']
+
+
+def test_packed_rows_and_synthesizers_take_the_reference_path_with_a_reason(jax_xla_kernel):
+  enc, dec = tokens(2, 12), tokens(2, 8, seed=1)
+  seg_e = jnp.asarray([[1] * 6 + [2] * 6] * 2)
+  seg_d = jnp.asarray([[1] * 4 + [2] * 4] * 2)
+  packed = (enc, dec, seg_e, seg_d)
+  ref_model, params = init_params(tiny(attention_kernel='xla'), *packed)
+  with pytest.warns(UserWarning, match='decoder/layers/encoder_decoder_attention: packed segments'):
+    model, _ = init_params(tiny(attention_kernel='cudnn'), *packed)
+  np.testing.assert_array_equal(model.apply({'params': params}, *packed),
+                                ref_model.apply({'params': params}, *packed))
+  with pytest.warns(UserWarning, match='synthesizer logits'):
+    init_params(tiny(attention_kernel='cudnn', self_attention=('dense', 'dot_product')), enc, dec)
+
+
+def test_kernel_choice_and_limits(monkeypatch):
+  why = dict(components=('dot_product',), dtype=jnp.bfloat16, head_dim=64, lengths=(None, None),
+             dropout=False)
+  assert fused_attention.choose('xla', 'here', **why) is None
+  if not ON_GPU:
+    assert fused_attention.choose('auto', 'here', **why) is None  # silently the reference path
+    with pytest.raises(ValueError, match="'cudnn' needs an NVIDIA GPU"):
+      fused_attention.choose('cudnn', 'here', **why)
+  assert fused_attention.unsupported(**why) is None
+  assert 'dropout' in fused_attention.unsupported(**{**why, 'dropout': True})
+  assert '16-bit' in fused_attention.unsupported(**{**why, 'dtype': jnp.float32})
+  assert 'head_dim 12' in fused_attention.unsupported(**{**why, 'head_dim': 12})
+  with pytest.raises(ValueError, match="unknown attention_kernel 'flash'"):
+    tiny(attention_kernel='flash')
+
+
+@pytest.mark.parametrize('arch', ['encoder_decoder', 'decoder_only'])
+def test_cached_decoding_through_the_fused_path(arch, jax_xla_kernel):
+  """Greedy decoding with a cache (one query against the cache's keys as key lengths, and
+  cross-attention over padded encoder keys) gives the reference path's tokens and scores."""
+  enc = np.array(tokens(2, 12))
+  enc[1, 5:] = 0
+  prompt = np.array(tokens(2, 3, seed=2))
+  inputs = (enc, tokens(2, 8)) if arch == 'encoder_decoder' else (tokens(2, 8),)
+  kw = dict(encoder_input_tokens=enc) if arch == 'encoder_decoder' else dict(prompt_tokens=prompt)
+  out = {}
+  for kernel in ('xla', 'cudnn'):
+    config = tiny(architecture=arch, attention_kernel=kernel)
+    model, params = init_params(config, *inputs)
+    out[kernel] = decode(model, config, params, max_decode_length=8, **kw)
+  np.testing.assert_array_equal(out['cudnn'][0], out['xla'][0])
+  np.testing.assert_allclose(out['cudnn'][1], out['xla'][1], rtol=1e-5)
+
+
+@pytest.mark.skipif(not ON_GPU, reason='cuDNN attention needs an NVIDIA GPU')
+@pytest.mark.parametrize('arch', ['encoder_decoder', 'decoder_only', 'encoder_only'])
+def test_cudnn_equals_the_reference_path_on_a_gpu(arch):
+  """cuDNN itself, bfloat16 compute: agreement to bfloat16 rounding (the bias enters cuDNN in
+  bfloat16, the reference adds it in float32)."""
+  inputs, valid = padded_batch(arch)
+  c = dict(architecture=arch, dtype='bfloat16', head_dim=16, num_heads=2)
+  ref = outputs_and_grads(tiny(**c, attention_kernel='xla'), inputs, valid)
+  got = outputs_and_grads(tiny(**c, attention_kernel='cudnn'), inputs, valid)
+  assert_close(ref, got, rtol=5e-2, atol=5e-2)
+
+
+@pytest.mark.skipif(not ON_GPU, reason='cuDNN attention needs an NVIDIA GPU')
+def test_cudnn_cached_decoding_on_a_gpu():
+  enc = np.array(tokens(2, 12))
+  enc[1, 5:] = 0
+  out = {}
+  for kernel in ('xla', 'cudnn'):
+    config = tiny(attention_kernel=kernel, dtype='bfloat16', head_dim=16, num_heads=2)
+    model, params = init_params(config, enc, tokens(2, 8))
+    out[kernel] = decode(model, config, params, max_decode_length=8, encoder_input_tokens=enc)
+  np.testing.assert_allclose(out['cudnn'][1], out['xla'][1], rtol=2e-2, atol=2e-2)
