@@ -95,11 +95,14 @@ def test_packed_rows_and_synthesizers_take_the_reference_path_with_a_reason(jax_
 def test_kernel_choice_and_limits(monkeypatch):
   why = dict(components=('dot_product',), dtype=jnp.bfloat16, head_dim=64, lengths=(None, None),
              dropout=False)
-  assert fused_attention.choose('xla', 'here', **why) is None
-  if not ON_GPU:
-    assert fused_attention.choose('auto', 'here', **why) is None  # silently the reference path
+  assert fused_attention.choose('xla', 'here', 512, **why) is None
+  assert fused_attention.choose('auto', 'here', 1, **why) is None  # a decode step: reference
+  if ON_GPU:
+    assert fused_attention.choose('auto', 'here', 512, **why) == 'cudnn'
+  else:
+    assert fused_attention.choose('auto', 'here', 512, **why) is None  # silently the reference
     with pytest.raises(ValueError, match="'cudnn' needs an NVIDIA GPU"):
-      fused_attention.choose('cudnn', 'here', **why)
+      fused_attention.choose('cudnn', 'here', 512, **why)
   assert fused_attention.unsupported(**why) is None
   assert 'dropout' in fused_attention.unsupported(**{**why, 'dropout': True})
   assert '16-bit' in fused_attention.unsupported(**{**why, 'dtype': jnp.float32})
@@ -135,6 +138,20 @@ def test_cudnn_equals_the_reference_path_on_a_gpu(arch):
   c = dict(architecture=arch, dtype='bfloat16', head_dim=16, num_heads=2)
   ref = outputs_and_grads(tiny(**c, attention_kernel='xla'), inputs, valid)
   got = outputs_and_grads(tiny(**c, attention_kernel='cudnn'), inputs, valid)
+  assert_close(ref, got, rtol=5e-2, atol=5e-2)
+
+
+@pytest.mark.skipif(not ON_GPU, reason='cuDNN attention needs an NVIDIA GPU')
+def test_cudnn_with_an_all_padding_row_stays_finite_on_a_gpu():
+  """A row with no valid input (zero query and key lengths), as in a padded eval batch: finite
+  logits and gradients, and the other rows as the reference path computes them."""
+  enc, dec = np.array(tokens(2, 12)), np.array(tokens(2, 8, seed=1))
+  enc[1] = 0
+  c = dict(dtype='bfloat16', head_dim=16, num_heads=2)
+  valid = np.array([[True] * 8, [False] * 8])
+  ref = outputs_and_grads(tiny(**c, attention_kernel='xla'), (enc, dec), valid)
+  got = outputs_and_grads(tiny(**c, attention_kernel='cudnn'), (enc, dec), valid)
+  assert all(np.isfinite(np.asarray(x, np.float32)).all() for x in jax.tree_util.tree_leaves(got))
   assert_close(ref, got, rtol=5e-2, atol=5e-2)
 
 

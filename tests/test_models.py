@@ -1,5 +1,7 @@
 """Architecture-level equivalences: causality, cached decoding, packing, scan vs unrolled, remat,
 dropout, bf16 and a very deep scanned model."""
+import re
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -8,6 +10,8 @@ import pytest
 
 from conftest import count, init_params, jit_apply, tiny, tokens
 from t5x_variants.layers.synthesizer import SYNTHESIZERS
+from t5x_variants.models import build_model
+from t5x_variants.models.config import REMAT
 
 VARIANTS = ['dot_product', *SYNTHESIZERS, ('random', 'dense', 'dot_product')]
 ALL_COMPONENTS = ('dot_product', *SYNTHESIZERS)
@@ -161,7 +165,6 @@ def test_scan_and_unrolled_give_the_same_outputs(arch):
 
 
 def _loss_and_grads(config, params, inputs):
-  from t5x_variants.models import build_model
   model = build_model(config)
   loss = lambda p: jnp.mean(jax.nn.log_softmax(model.apply({'params': p}, *inputs))[..., 3])
   return jax.jit(jax.value_and_grad(loss))(params)
@@ -172,11 +175,28 @@ def test_remat_leaves_values_and_gradients_unchanged(scan):
   inputs = (tokens(2, 6, seed=1), tokens(2, 6, seed=2))
   _, params = init_params(tiny(scan_layers=scan), *inputs)
   ref_loss, ref_grads = _loss_and_grads(tiny(scan_layers=scan), params, inputs)
-  for policy in ('minimal', 'full', 'dots_and_probs'):
+  for policy in REMAT[1:]:
     loss, grads = _loss_and_grads(tiny(scan_layers=scan, remat=policy), params, inputs)
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
                            grads, ref_grads)
+
+
+@pytest.mark.parametrize('policy, saved', [
+    ('save_qkv_attention', {'query_proj', 'key_proj', 'value_proj', 'attention_out'}),
+    ('save_attention_mlp', {'query_proj', 'key_proj', 'value_proj', 'attention_out', 'out_proj',
+                            'mlp_hidden'}),
+    ('full', set())])
+def test_named_remat_policies_keep_what_they_name(policy, saved, capsys):
+  """The residuals the backward pass keeps, by their checkpoint names: exactly the policy's."""
+  inputs = (tokens(2, 6, seed=1), tokens(2, 6, seed=2))
+  config = tiny(scan_layers=False, remat=policy)
+  _, params = init_params(config, *inputs)
+  model = build_model(config)
+  capsys.readouterr()
+  jax.ad_checkpoint.print_saved_residuals(lambda p: jnp.mean(model.apply({'params': p}, *inputs)), params)
+  named = set(re.findall(r"named '(\w+)'", capsys.readouterr().out))
+  assert named == saved
 
 
 def test_dropout_is_active_only_when_enabled():

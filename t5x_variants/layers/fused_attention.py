@@ -45,10 +45,12 @@ def unsupported(components, dtype, head_dim: int, lengths, dropout: bool) -> Opt
   return None
 
 
-def choose(kernel: str, where: str, **why) -> Optional[str]:
-  """The ``jax.nn.dot_product_attention`` implementation for ``kernel`` at ``where`` (e.g.
-  'decoder self-attention'), or None for the reference path; see ``unsupported`` for ``why``."""
-  if kernel == 'xla' or (kernel == 'auto' and jax.default_backend() != 'gpu'):
+def choose(kernel: str, where: str, queries: int, **why) -> Optional[str]:
+  """The ``jax.nn.dot_product_attention`` implementation for ``kernel`` at ``where`` (the
+  module's path), or None for the reference path; see ``unsupported`` for ``why``. Under
+  'auto' a single query (a cached decode step: no (q, k) matrix to spare) keeps the reference
+  path; 'cudnn' fuses it too."""
+  if kernel == 'xla' or (kernel == 'auto' and (queries == 1 or jax.default_backend() != 'gpu')):
     return None
   if IMPLEMENTATIONS['cudnn'] == 'cudnn' and jax.default_backend() != 'gpu':
     raise ValueError(f"attention_kernel 'cudnn' needs an NVIDIA GPU; JAX runs on "

@@ -42,7 +42,8 @@ def variant_summary(config: TransformerConfig) -> List[str]:
   lines += [f'ffn: {c.ffn} activations={c.activations} d_ff={c.ffn_hidden_dim}',
             f'self-attention: {"+".join(c.attention_components)} '
             f'(cross-attention: {"dot_product" if c.architecture == "encoder_decoder" else "none"})',
-            f'execution: scan_layers={c.scan_layers} remat={c.remat} dtype={c.dtype} (params float32)']
+            f'execution: scan_layers={c.scan_layers} remat={c.remat} attention_kernel={c.attention_kernel} '
+            f'dtype={c.dtype} (params float32)']
   return lines
 
 

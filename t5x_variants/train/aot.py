@@ -171,9 +171,11 @@ def fit_line(result: Dict) -> str:
 
 # --- which configurations fit ------------------------------------------------------------------
 
-REMAT_ORDER = ('none', 'minimal', 'dots_and_probs', 'full')  # least recomputation first
+# Least recomputation first. The search keeps to these four; the other named policies
+# (models/stack.py) are chosen by measuring on a device.
+REMAT_ORDER = ('none', 'minimal', 'dots_and_probs', 'full')
 MAX_MICROBATCHES = 64
-assert set(REMAT_ORDER) == set(REMAT)
+assert set(REMAT_ORDER) <= set(REMAT)
 
 
 def candidate_plans(plan: Plan, target: Target, batch: int) -> List[Plan]:

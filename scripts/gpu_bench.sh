@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The GPU table of BENCHMARKS.md in one call on one GPU host: t5xv-bench and its HF T5 peer
+# (same shape, batch, dtype and optimizer, one process after the other on the same GPU), the
+# profile, the remat policies and the suite. Each job's output lands in OUTDIR/JOB.log (and
+# OUTDIR/JOB.json for the bench jobs).
+#
+#   scripts/gpu_bench.sh OUTDIR JOB...
+#
+# JOB: h32, h128 (defaults: ours with --profile, and HF + torch.compile, Adafactor), h128a (both
+# with AdamW: optax / PyTorch's fused), x128 (the XLA attention path, no remat: the old default),
+# r128_POLICY (a remat policy, e.g. r128_full, r128_save_qkv_attention), tests (the suite with
+# JAX_PLATFORMS=cuda, slow tests left out).
+set -u
+OUT=${1:?OUTDIR}
+shift
+mkdir -p "$OUT"
+BENCH=(python3 -m t5x_variants.cli.bench --gin_file=gin/models/t5_base.gin --inputs_length=512
+       --targets_length=114 --steps=10 --warmup=2 --peak_tflops=989)
+FULL=(env XLA_PYTHON_CLIENT_MEM_FRACTION=.95)  # batch 128: JAX's pool may take 95% of the GPU
+run() {  # job, seconds, command...
+  local job=$1 limit=$2
+  shift 2
+  echo "== $job $(date +%T): $*"
+  timeout "$limit" "$@" >"$OUT/$job.log" 2>&1
+  echo "rc=$? $(grep -E 'tok/s|HF PyTorch|passed|failed|by category|profile:' "$OUT/$job.log" | cut -c1-400)"
+}
+for job in "$@"; do
+  case $job in
+    h32) run "$job" 400 "${BENCH[@]}" --batch=32 --hf --hf_compile --profile --output="$OUT/$job.json" ;;
+    h128) run "$job" 500 "${FULL[@]}" "${BENCH[@]}" --batch=128 --hf --hf_compile --profile --output="$OUT/$job.json" ;;
+    h128a) run "$job" 500 "${FULL[@]}" "${BENCH[@]}" --batch=128 --hf --hf_compile \
+             --gin.make_optimizer.optimizer=@adamw --output="$OUT/$job.json" ;;
+    x128) run "$job" 300 "${FULL[@]}" "${BENCH[@]}" --batch=128 --profile \
+            --gin.TransformerConfig.attention_kernel="'xla'" --output="$OUT/$job.json" ;;
+    r128_*) run "$job" 300 "${FULL[@]}" "${BENCH[@]}" --batch=128 \
+              --gin.TransformerConfig.remat="'${job#r128_}'" --output="$OUT/$job.json" ;;
+    tests) run "$job" 590 env JAX_PLATFORMS=cuda python3 -m pytest -q -p no:cacheprovider -m 'not slow' tests ;;
+    *) echo "unknown job $job" ;;
+  esac
+done
