@@ -172,7 +172,8 @@ class Attention(nn.Module):
     if decode:
       value = self._cached('cached_value', value, decode_position)
     fused = fused_attention.choose(
-        self.kernel, '/'.join(self.scope.path), x_q.shape[1], components=self.components, dtype=self.dtype, head_dim=self.head_dim, lengths=lengths,
+        self.kernel, '/'.join(self.scope.path), x_q.shape[1], components=self.components,
+        dtype=self.dtype, head_dim=self.head_dim, lengths=lengths,
         dropout=self.dropout_rate > 0 and not deterministic)
     logits = []
     for name in self.components:
