@@ -103,10 +103,12 @@ def test_kernel_choice_and_limits(monkeypatch):
     assert fused_attention.choose('auto', 'here', 512, **why) is None  # silently the reference
     with pytest.raises(ValueError, match="'cudnn' needs an NVIDIA GPU"):
       fused_attention.choose('cudnn', 'here', 512, **why)
-  assert fused_attention.unsupported(**why) is None
-  assert 'dropout' in fused_attention.unsupported(**{**why, 'dropout': True})
-  assert '16-bit' in fused_attention.unsupported(**{**why, 'dtype': jnp.float32})
-  assert 'head_dim 12' in fused_attention.unsupported(**{**why, 'head_dim': 12})
+  plain = dict(components=('dot_product',), lengths=(None, None), dropout=False)
+  assert fused_attention.unsupported(**plain) is None
+  assert 'dropout' in fused_attention.unsupported(**{**plain, 'dropout': True})
+  assert fused_attention.cudnn_unsupported(jnp.bfloat16, 64) is None
+  assert '16-bit' in fused_attention.cudnn_unsupported(jnp.float32, 64)
+  assert 'head_dim 12' in fused_attention.cudnn_unsupported(jnp.bfloat16, 12)
   with pytest.raises(ValueError, match="unknown attention_kernel 'flash'"):
     tiny(attention_kernel='flash')
 

@@ -31,7 +31,8 @@ def run(config, batch: int, lengths, steps: int = 10, warmup: int = 2, compile: 
   if why:
     raise ValueError(f'--hf needs a model transformers T5 can express: {why}')
   if optimizer not in OPTIMIZERS:
-    raise ValueError(f'unknown --hf_optimizer {optimizer!r}; valid: {", ".join(OPTIMIZERS)}')
+    raise ValueError(f'the HF peer has no optimizer {optimizer!r} (the run\'s own kind unless '
+                     f'--hf_optimizer is given); valid: {", ".join(OPTIMIZERS)}')
   spec = {'hf_config': {**hf_t5.hf_config(config), 'dropout_rate': 0.0},
           'bf16': config.dtype == 'bfloat16', 'steps': steps, 'warmup': warmup,
           'compile': compile, 'optimizer': optimizer,

@@ -28,16 +28,19 @@ IMPLEMENTATIONS = {'cudnn': 'cudnn'}
 _warned = set()
 
 
-def unsupported(components, dtype, head_dim: int, lengths, dropout: bool) -> Optional[str]:
-  """Why the fused kernel cannot compute this attention (None when it can)."""
+def unsupported(components, lengths, dropout: bool) -> Optional[str]:
+  """Why no fused call can compute this attention (None when one can)."""
   if tuple(components) != ('dot_product',):
     return 'synthesizer logits have no fused kernel'
   if lengths is None:
     return 'packed segments are not a prefix of the row (no sequence lengths)'
   if dropout:
     return 'dropout on the attention probabilities'
-  if IMPLEMENTATIONS['cudnn'] != 'cudnn':
-    return None
+  return None
+
+
+def cudnn_unsupported(dtype, head_dim: int) -> Optional[str]:
+  """Why cuDNN's kernel itself cannot (None when it can)."""
   if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
     return f'cuDNN attention needs a 16-bit compute dtype, not {jnp.dtype(dtype).name}'
   if head_dim % 8 or head_dim > 128:
@@ -45,19 +48,21 @@ def unsupported(components, dtype, head_dim: int, lengths, dropout: bool) -> Opt
   return None
 
 
-def choose(kernel: str, where: str, queries: int, **why) -> Optional[str]:
+def choose(kernel: str, where: str, queries: int, components, lengths, dropout: bool, dtype,
+           head_dim: int) -> Optional[str]:
   """The ``jax.nn.dot_product_attention`` implementation for ``kernel`` at ``where`` (the
-  module's path), or None for the reference path; see ``unsupported`` for ``why``. Under
-  'auto' a single query (a cached decode step: no (q, k) matrix to spare) keeps the reference
-  path; 'cudnn' fuses it too."""
+  module's path), or None for the reference path. Under 'auto' a single query (a cached decode
+  step: no (q, k) matrix to spare) keeps the reference path; 'cudnn' fuses it too."""
   if kernel == 'xla' or (kernel == 'auto' and (queries == 1 or jax.default_backend() != 'gpu')):
     return None
-  if IMPLEMENTATIONS['cudnn'] == 'cudnn' and jax.default_backend() != 'gpu':
+  implementation = IMPLEMENTATIONS['cudnn']
+  if implementation == 'cudnn' and jax.default_backend() != 'gpu':
     raise ValueError(f"attention_kernel 'cudnn' needs an NVIDIA GPU; JAX runs on "
                      f"{jax.default_backend()}: use 'auto' (cuDNN where it can serve) or 'xla'")
-  reason = unsupported(**why)
+  reason = unsupported(components, lengths, dropout) or (
+      cudnn_unsupported(dtype, head_dim) if implementation == 'cudnn' else None)
   if reason is None:
-    return IMPLEMENTATIONS['cudnn']
+    return implementation
   if kernel == 'cudnn' and (where, reason) not in _warned:
     _warned.add((where, reason))
     warnings.warn(f'attention_kernel cudnn: the XLA path for the {where}: {reason}', stacklevel=2)
