@@ -32,33 +32,84 @@ def _positions(l):
   return jnp.arange(l)[None]
 
 
+def _h(b=2, l=6, heads=2, d_h=4, seed=1):
+  return jnp.maximum(jnp.asarray(np.random.RandomState(seed).randn(b, l, heads, d_h), jnp.float32), 0)
+
+
 @pytest.mark.parametrize('shared', [True, False])
 def test_dense_synthesizer_formula(shared):
-  """B = W_2 relu(W_1 x + b_1) + b_2, W_2 one (d_h, l) matrix for all heads (the authors' code)
-  or one per head (the paper's count)."""
-  m = synth.DenseSynthesizer(num_heads=2, head_dim=4, max_length=10, use_bias=True, shared_projection=shared)
-  x, pos = _x(d=8), _positions(6)
-  p = nn.unbox(m.init(jax.random.PRNGKey(0), x, pos, pos)['params'])
+  """B = W_2 h + b_2 from hidden activations h, W_2 one (d_h, l) matrix for all heads (the
+  authors' code) or one per head (the paper's count), sliced to the keys."""
+  m = synth.DenseSynthesizer(max_length=10, use_bias=True, shared_projection=shared)
+  h, pos = _h(), _positions(6)
+  p = nn.unbox(m.init(jax.random.PRNGKey(0), h, pos)['params'])
   p = jax.tree_util.tree_map(lambda v: v + 0.1, p)  # nonzero biases
-  w1, b1 = p['hidden']['w1']['kernel'], p['hidden']['w1']['bias']
   w2, b2 = p['w2']['kernel'], p['w2']['bias']
   assert w2.shape == ((4, 10) if shared else (2, 4, 10))
   if shared:
     w2, b2 = np.broadcast_to(w2, (2, 4, 10)), np.broadcast_to(b2, (2, 10))
-  h = np.maximum(np.einsum('bld,dhk->blhk', x, w1) + b1, 0)
   want = (np.einsum('blhk,hkm->bhlm', h, w2) + b2[None, :, None, :])[..., :6]
-  np.testing.assert_allclose(m.apply({'params': p}, x, pos, pos), want, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(m.apply({'params': p}, h, pos), want, rtol=1e-5, atol=1e-5)
 
 
 def test_factorized_dense_is_an_outer_product_over_a_times_b():
-  m = synth.FactorizedDenseSynthesizer(num_heads=2, head_dim=4, max_length=12, factor=3)
-  x, pos = _x(d=8, l=12), _positions(12)
-  p = nn.unbox(m.init(jax.random.PRNGKey(0), x, pos, pos)['params'])
-  h = np.maximum(np.einsum('bld,dhk->blhk', x, p['hidden']['w1']['kernel']), 0)
+  m = synth.FactorizedDenseSynthesizer(max_length=12, factor=3)
+  h, pos = _h(l=12), _positions(12)
+  p = nn.unbox(m.init(jax.random.PRNGKey(0), h, pos)['params'])
   a = np.einsum('blhk,hkm->bhlm', h, p['w_a']['kernel'])  # (..., 3)
   b = np.einsum('blhk,hkm->bhlm', h, p['w_b']['kernel'])  # (..., 4)
   want = (b[..., :, None] * a[..., None, :]).reshape(a.shape[:-1] + (12,))  # j = a_idx + 3 * b_idx
-  np.testing.assert_allclose(m.apply({'params': p}, x, pos, pos), want, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(m.apply({'params': p}, h, pos), want, rtol=1e-5, atol=1e-6)
+
+
+def _component_logits(att, params, x, pos, name):
+  """The logits of one component of an Attention (batch, heads, q_len, k_len)."""
+  _, state = att.apply({'params': params}, x, x, pos, pos, mutable=['intermediates'],
+                       capture_intermediates=lambda m, method: m.name == name and method == '__call__')
+  return state['intermediates'][name]['__call__'][0]
+
+
+@pytest.mark.parametrize('hidden', ['query', 'w1'])
+def test_dense_synthesizer_hidden_layer_is_the_scaled_query_or_a_separate_w1(hidden):
+  """'query' (the authors' code): B = W_2 relu((x W_q + b_q) / sqrt(d_h)) + b_2 from the
+  attention's own query; 'w1' (the paper): B = W_2 relu(x W_1 + b_1) + b_2, and no query."""
+  att = Attention(num_heads=2, head_dim=4, components=('dense',), max_length=10, use_bias=True,
+                  synthesizer_hidden=hidden)
+  x, pos = _x(d=8), _positions(6)
+  p = nn.unbox(att.init(jax.random.PRNGKey(0), x, x, pos, pos)['params'])
+  p = jax.tree_util.tree_map(lambda v: v + 0.1, p)  # nonzero biases
+  assert set(p) == {'query' if hidden == 'query' else 'dense_w1', 'value', 'out', 'dense'}
+  w = p['query'] if hidden == 'query' else p['dense_w1']
+  pre = np.einsum('bld,dhk->blhk', x, w['kernel']) + w['bias']
+  h = np.maximum(pre / 2.0 if hidden == 'query' else pre, 0)  # sqrt(d_h) = 2
+  want = (np.einsum('blhk,km->bhlm', h, p['dense']['w2']['kernel']) + p['dense']['w2']['bias'])[..., :6]
+  np.testing.assert_allclose(_component_logits(att, p, x, pos, 'dense'), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('hidden', ['query', 'w1'])
+def test_dense_plus_dot_product_shares_the_query(hidden):
+  """D+V under 'query': one query q = x W_q / sqrt(d_h) gives both q k^T and W_2 relu(q), so the
+  dense logits move with W_q; under 'w1' they do not (their W_1 is their own)."""
+  att = Attention(num_heads=2, head_dim=4, components=('dense', 'dot_product'), max_length=6,
+                  synthesizer_hidden=hidden)
+  x, pos = _x(d=8), _positions(6)
+  p = nn.unbox(att.init(jax.random.PRNGKey(0), x, x, pos, pos)['params'])
+  assert ('dense_w1' in p) == (hidden == 'w1')
+  p['mixture_weights'] = jnp.asarray([0.3, -0.5])
+  if hidden == 'query':  # the whole layer by hand
+    w = np.exp([0.3, -0.5]) / np.exp([0.3, -0.5]).sum()
+    q = np.einsum('bld,dhk->blhk', x, p['query']['kernel']) / 2.0
+    k = np.einsum('bld,dhk->blhk', x, p['key']['kernel'])
+    v = np.einsum('bld,dhk->blhk', x, p['value']['kernel'])
+    dense = np.einsum('blhk,km->bhlm', np.maximum(q, 0), p['dense']['w2']['kernel'])
+    s = w[0] * dense + w[1] * np.einsum('bqhd,bkhd->bhqk', q, k)
+    a = np.exp(s - s.max(-1, keepdims=True))
+    y = np.einsum('bhqk,bkhd->bqhd', a / a.sum(-1, keepdims=True), v)
+    want = np.einsum('bqhd,hdo->bqo', y, p['out']['kernel'])
+    np.testing.assert_allclose(att.apply({'params': p}, x, x, pos, pos), want, rtol=1e-4, atol=1e-5)
+  moved = {**p, 'query': {'kernel': p['query']['kernel'] * 1.5}}
+  before, after = (_component_logits(att, params, x, pos, 'dense') for params in (p, moved))
+  assert np.allclose(before, after) == (hidden == 'w1')
 
 
 def test_random_synthesizers_index_r_by_position_and_fixed_gets_no_gradient():

@@ -1,5 +1,6 @@
 """t5xv-bench: the FLOP formula against a hand count and against XLA's own count, and the bench
 end to end on CPU (the same train step as the trainer, on a synthetic batch)."""
+import dataclasses
 import json
 
 import gin
@@ -25,6 +26,16 @@ def test_flops_match_a_hand_count():
   got = flops.forward_flops(c, 2, {'inputs': 6, 'targets': 4})
   assert got['total'] == forward and got['logits'] == logits
   assert flops.train_flops(c, 2, {'inputs': 6, 'targets': 4}) == 3 * forward
+
+
+def test_flops_count_a_shared_query_once():
+  """D+V: under synthesizer_hidden 'query' the dense hidden layer is the dot product's query, so
+  'w1' costs one more query-sized projection, 2 tokens d (h d_h), per layer."""
+  c = tiny(architecture='decoder_only', self_attention=('dense', 'dot_product'))
+  total = lambda hidden: flops.forward_flops(
+      dataclasses.replace(c, synthesizer_hidden=hidden), 2, {'targets': 4})['total']
+  shared, own = total('query'), total('w1')
+  assert own - shared == c.num_decoder_layers * 2 * (2 * 4) * c.d_model * c.num_heads * c.head_dim
 
 
 @pytest.mark.parametrize('arch, attention, ffn', [

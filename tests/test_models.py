@@ -74,6 +74,13 @@ def test_cached_decoding_equals_full_forward(arch, variant):
       tiny(architecture=arch, self_attention=variant, decoder_max_length=L, placement='subln'))
 
 
+def test_cached_decoding_with_the_papers_separate_w1():
+  """synthesizer_hidden='w1': the dense synthesizers' own W_1 instead of the shared query."""
+  assert_cached_decoding_equals_full_forward(tiny(
+      architecture='decoder_only', self_attention=('dense', 'factorized_dense', 'dot_product'),
+      synthesizer_hidden='w1', decoder_max_length=L))
+
+
 @pytest.mark.parametrize('placement', ['post', 'deepnorm'])
 def test_cached_decoding_other_placements_unrolled(placement):
   c = tiny(architecture='decoder_only', placement=placement, scan_layers=False, decoder_max_length=L)

@@ -62,13 +62,13 @@ L, K = 12, 8
 
 @pytest.mark.parametrize('variant,synth_params', [
     ('dot_product', lambda d, h: 2 * d * d),                   # W_Q, W_K
-    ('dense', lambda d, h: d * d + d // h * L),                 # code: d^2 + d_h l (W_2 shared)
+    ('dense', lambda d, h: d * d + d // h * L),                 # code: W_q d^2 + d_h l (W_2 shared)
     ('random', lambda d, h: h * L * L),                         # paper: l^2 per head
     ('fixed_random', lambda d, h: h * L * L),                   # stored, never trained
     ('factorized_dense', lambda d, h: d * d + d * (3 + 4)),     # paper: d^2 + d(a + b), a*b = l
     ('factorized_random', lambda d, h: h * 2 * L * K),          # paper: 2 l k per head
     (('random', 'dot_product'), lambda d, h: h * L * L + 2 * d * d + 2),  # R+V, 2 mixture weights
-    (('dense', 'random', 'dot_product'), lambda d, h: d * d + d // h * L + h * L * L + 2 * d * d + 3),
+    (('dense', 'random', 'dot_product'), lambda d, h: d // h * L + h * L * L + 2 * d * d + 3),  # one W_q
 ])
 def test_synthesizer_counts_follow_the_paper_table(variant, synth_params):
   c = tiny(architecture='encoder_only', num_encoder_layers=1, self_attention=variant,
@@ -94,3 +94,35 @@ def test_synthesizer_defaults_are_the_code_and_the_paper_reading_a_binding_away(
   assert (c.synthesizer_shared_projection, c.synthesizer_rank) == (shared, rank)
   d, h = c.d_model, c.num_heads
   assert count(abstract_params(c)['encoder']['layers']['self_attention']) == want(d, h) + 2 * d * d + 2
+
+
+@pytest.mark.parametrize('variant,query_saves', [('dense', 0), ('factorized_dense', 0),
+                                                 (('dot_product', 'dense'), 1),
+                                                 (('dense', 'factorized_dense', 'dot_product'), 2)])
+def test_synthesizer_hidden_query_shares_the_query_and_w1_is_a_binding_away(variant, query_saves):
+  """Default 'query' (the authors' code): the dense synthesizers' hidden layer is relu of the
+  attention's query, W_q (d x h d_h), created once; 'w1' (the paper): a W_1 of the same shape per
+  dense synthesizer. Alone the two readings count the same; with dot product, or two dense
+  synthesizers, 'query' has one d h d_h matrix fewer per extra user of the query."""
+  dh = 16  # h d_h = 64 != d_model = 32: counts d * h * d_h, not d^2
+  c = tiny(architecture='encoder_only', num_encoder_layers=1, self_attention=variant, head_dim=dh,
+           encoder_max_length=L, synthesizer_factor=3)
+  assert c.synthesizer_hidden == 'query'
+  d, h = c.d_model, c.num_heads
+  comps = c.attention_components
+  w2 = (dh * L if 'dense' in comps else 0) + (h * dh * (3 + 4) if 'factorized_dense' in comps else 0)
+  key_and_mix = (d * h * dh + len(comps) if 'dot_product' in comps else 0)
+  vo = 2 * d * h * dh
+  layer = lambda config: abstract_params(config)['encoder']['layers']['self_attention']
+  paper = dataclasses.replace(c, synthesizer_hidden='w1')
+  query, w1 = count(layer(c)), count(layer(paper))
+  assert query == d * h * dh + w2 + key_and_mix + vo
+  assert w1 == (1 + query_saves) * d * h * dh + w2 + key_and_mix + vo
+  if variant == 'dense':  # the layer's parameters, by name
+    assert set(layer(c)) == {'query', 'value', 'out', 'dense'}
+    assert set(layer(paper)) == {'dense_w1', 'value', 'out', 'dense'}
+
+
+def test_invalid_synthesizer_hidden_names_the_field_and_its_values():
+  with pytest.raises(ValueError, match="unknown synthesizer_hidden 'w2'; valid: query, w1"):
+    tiny(self_attention='dense', synthesizer_hidden='w2')

@@ -2,9 +2,11 @@
 
 softmax(sum_i w_i S_i(X)) G(X) with w = softmax(learned mixture weights) (Tay et al. 2021, Sec. 3);
 S = Q K^T / sqrt(d_h) for ``dot_product`` (Vaswani et al. 2017), and G(X) the shared value
-projection; T5's relative position bias, when given, is added to the mixed logits. Every matmul
-runs in the compute dtype (float32 accumulation is the hardware's); logits, their mixture, bias
-and softmax are in float32, as in T5X.
+projection; T5's relative position bias, when given, is added to the mixed logits. The dense
+synthesizers' hidden layer is, by default, relu of the same scaled query Q / sqrt(d_h)
+(``synthesizer_hidden``; layers/synthesizer.py), so a mixture with dot product creates one
+query. Every matmul runs in the compute dtype (float32 accumulation is the hardware's); logits,
+their mixture, bias and softmax are in float32, as in T5X.
 
 The dot-product path may instead run as one fused kernel (``kernel``: layers/fused_attention.py),
 which takes the mask as sequence ``lengths`` and the module's ``causal`` flag rather than the
@@ -132,6 +134,7 @@ class Attention(nn.Module):
   synthesizer_factor: Optional[int] = None
   synthesizer_rank: int = 16
   synthesizer_shared_projection: bool = True
+  synthesizer_hidden: str = 'query'
   kernel: str = 'xla'
   causal: bool = False
   dtype: Any = jnp.float32
@@ -146,18 +149,32 @@ class Attention(nn.Module):
     return var.value
 
   def _component(self, name):
-    kw = dict(num_heads=self.num_heads, max_length=self.max_length, name=name)
-    dense_kw = dict(head_dim=self.head_dim, init_scheme=self.init_scheme, use_bias=self.use_bias, dtype=self.dtype)
+    kw = dict(max_length=self.max_length, name=name)
+    dense_kw = dict(init_scheme=self.init_scheme, use_bias=self.use_bias, dtype=self.dtype)
     return {
         'dense': lambda: synth.DenseSynthesizer(**kw, **dense_kw,
                                                 shared_projection=self.synthesizer_shared_projection),
         'factorized_dense': lambda: synth.FactorizedDenseSynthesizer(
             **kw, **dense_kw, factor=self.synthesizer_factor),
-        'random': lambda: synth.RandomSynthesizer(**kw),
-        'fixed_random': lambda: synth.RandomSynthesizer(**kw, fixed=True),
+        'random': lambda: synth.RandomSynthesizer(**kw, num_heads=self.num_heads),
+        'fixed_random': lambda: synth.RandomSynthesizer(**kw, num_heads=self.num_heads, fixed=True),
         'factorized_random': lambda: synth.FactorizedRandomSynthesizer(
-            **kw, rank=self.synthesizer_rank, dtype=self.dtype),
+            **kw, num_heads=self.num_heads, rank=self.synthesizer_rank, dtype=self.dtype),
     }[name]()
+
+  def _hidden(self, name, query, x_q, project):
+    """The dense synthesizer ``name``'s hidden activations h (batch, q_len, heads, d_h).
+
+    'query' (the authors' Mesh TensorFlow code): h = relu(x W_q / sqrt(d_h)), the dot product's
+    own scaled query. There h = relu(q) with q = x W_q as it is: their default
+    fold_scaling_into_initializer puts 1/sqrt(d_h) in W_q's init (std (d_model d_h)^-1/2) and
+    never rescales q. Ours inits W_q at std d_model^-1/2 (T5) and divides by sqrt(d_h) at run
+    time, so h takes the query after that division: the same scale as theirs. 'w1' (the paper's
+    reading): h = relu(x W_1 + b_1) with a separate W_1 (``{name}_w1``) per dense synthesizer.
+    """
+    if self.synthesizer_hidden == 'query':
+      return nn.relu(query)
+    return nn.relu(project(f'{name}_w1', 1.0, x_q))
 
   @nn.compact
   def __call__(self, x_q, x_kv, q_positions, k_positions, mask=None, bias=None, lengths=None,
@@ -175,20 +192,27 @@ class Attention(nn.Module):
         self.kernel, '/'.join(self.scope.path), x_q.shape[1], components=self.components,
         dtype=self.dtype, head_dim=self.head_dim, lengths=lengths,
         dropout=self.dropout_rate > 0 and not deterministic)
+    # One query for the dot product and, under synthesizer_hidden 'query', the dense synthesizers.
+    uses_query = 'dot_product' in self.components or (self.synthesizer_hidden == 'query' and any(
+        name in synth.DENSE_SYNTHESIZERS for name in self.components))
+    query = project('query', 1.0, x_q) if uses_query else None
+    if uses_query and not fused:
+      # 1 / sqrt(d_h) on the queries: a pass over (batch, q, heads, d_h), not over the logits.
+      query = query / jnp.sqrt(self.head_dim).astype(self.dtype)
     logits = []
     for name in self.components:
       if name == 'dot_product':
-        query, key = project('query', 1.0, x_q), project('key', 1.0, x_kv)
+        key = project('key', 1.0, x_kv)
         if decode:
           key = self._cached('cached_key', key, decode_position)
         if fused:  # a cached decode step (decode_position set) is causal through its key lengths
           y = fused_attention.attend(query, key, value, bias, lengths,
                                      self.causal and decode_position is None, fused)
           return self._output(y, x_q.shape[-1], dense)
-        # 1 / sqrt(d_h) on the queries: a pass over (batch, q, heads, d_h), not over the logits.
-        query = query / jnp.sqrt(self.head_dim).astype(self.dtype)
         # In the compute dtype, then float32: its backward (dQ, dK) is a compute-dtype matmul too.
         s = jnp.einsum('bqhd,bkhd->bhqk', query, key)
+      elif name in synth.DENSE_SYNTHESIZERS:
+        s = self._component(name)(self._hidden(name, query, x_q, project), k_positions)
       else:
         s = self._component(name)(x_q, q_positions, k_positions)
       logits.append(s.astype(jnp.float32))

@@ -1,21 +1,26 @@
 """Synthesizer attention logits (Tay et al. 2021, Sec. 3), per head, without query-key products.
 
-Each module maps query inputs x (batch, q_len, embed) and integer positions of the queries
-(batch|1, q_len) and keys (batch|1, k_len) to float32 logits (batch, heads, q_len, k_len). Keys
-are addressed by position, so full-sequence, packed and cached step-by-step calls share one code
-path. ``max_length`` is the paper's l: a sequence longer than l is an error, never a truncation
-(position values, which restart in packed rows, are below the row length and so below l).
+Each module maps integer positions of the queries (batch|1, q_len) and keys (batch|1, k_len), and
+the dense forms their hidden activations h (batch, q_len, heads, head_dim), to float32 logits
+(batch, heads, q_len, k_len). Keys are addressed by position, so full-sequence, packed and cached
+step-by-step calls share one code path. ``max_length`` is the paper's l: a sequence longer than l
+is an error, never a truncation (position values, which restart in packed rows, are below the row
+length and so below l).
 
-- dense:             B = W_2 relu(W_1 x + b_1) + b_2, W_1: d x d (split over heads), W_2: d_h x l,
-                     one for all heads as the authors' Mesh TensorFlow code (``synthetic_attention``,
-                     ``dense_minus``) or, ``shared_projection=False``, one per head (the paper's
-                     parameter count d^2 + d l)
+- dense:             B = W_2 h + b_2 with the paper's h = relu(W_1 x + b_1), W_1: d x d (split over
+                     heads). The caller (layers/attention.py, ``synthesizer_hidden``) computes h:
+                     by default as the authors' Mesh TensorFlow code (``synthetic_attention``,
+                     ``dense_minus`` and ``dense_plus(_alpha)``), relu of the attention's own
+                     scaled query, h = relu(x W_q / sqrt(d_h)): W_q plays W_1 and, mixed with
+                     dot-product attention, one query serves both; 'w1': a separate W_1 (the
+                     paper's reading). W_2: d_h x l, one for all heads as that code (``pi``) or,
+                     ``shared_projection=False``, one per head (the paper's count d^2 + d l)
 - random:            B = R, R: l x l per head, trained
 - fixed_random:      B = R, R: l x l per head, never trained (a stop-gradient parameter). R starts
                      near 0 (std 1/sqrt(l)), as TF's default initializer in the authors' code, so
                      its attention is close to uniform: a fixed random synthesizer is nearly mean
                      pooling over the keys, here as there.
-- factorized_dense:  B = H_A(A) * H_B(B), A = W_A h, B = W_B h, a x b = l
+- factorized_dense:  B = H_A(A) * H_B(B), A = W_A h, B = W_B h, a x b = l, h as for dense
 - factorized_random: B = R_1 R_2^T, R_1, R_2: l x k per head (the code's ``factorized_dim`` k = 16)
 """
 import functools
@@ -27,9 +32,12 @@ import jax
 import jax.numpy as jnp
 
 from t5x_variants.layers import init as init_lib
-from t5x_variants.layers.dense import Dense
 
 SYNTHESIZERS = ('dense', 'random', 'fixed_random', 'factorized_dense', 'factorized_random')
+DENSE_SYNTHESIZERS = ('dense', 'factorized_dense')  # those computed from hidden activations h
+# Where the dense synthesizers' h comes from: the attention's query projection (the authors' code)
+# or a separate W_1 (the paper's reading). TransformerConfig.synthesizer_hidden.
+HIDDEN = ('query', 'w1')
 
 
 def check_length(k_len: int, max_length: int):
@@ -58,20 +66,6 @@ def _gather_keys(table, k_positions):
   b = max(table.shape[0], k_positions.shape[0])
   idx = jnp.broadcast_to(k_positions[:, None, None, :], (b,) + table.shape[1:3] + k_positions.shape[-1:])
   return jnp.take_along_axis(jnp.broadcast_to(table, (b,) + table.shape[1:]), idx, axis=-1)
-
-
-class _DenseHidden(nn.Module):
-  """relu(W_1 x + b_1) per head: (batch, q_len, heads, head_dim); shared by both dense forms."""
-  num_heads: int
-  head_dim: int
-  init_scheme: str
-  use_bias: bool
-  dtype: Any
-
-  @nn.compact
-  def __call__(self, x):
-    return nn.relu(Dense((self.num_heads, self.head_dim), ('embed',), ('heads', 'kv'), self.init_scheme,
-                         use_bias=self.use_bias, dtype=self.dtype, name='w1')(x))
 
 
 class _PerHeadProjection(nn.Module):
@@ -103,8 +97,7 @@ class _PerHeadProjection(nn.Module):
 
 
 class DenseSynthesizer(nn.Module):
-  num_heads: int
-  head_dim: int
+  """B = W_2 h + b_2 from the hidden activations h (batch, q_len, heads, head_dim)."""
   max_length: int
   init_scheme: str = 't5'
   use_bias: bool = False
@@ -112,18 +105,16 @@ class DenseSynthesizer(nn.Module):
   shared_projection: bool = True
 
   @nn.compact
-  def __call__(self, x, q_positions, k_positions):
+  def __call__(self, h, k_positions):
     check_length(k_positions.shape[-1], self.max_length)
-    h = _DenseHidden(self.num_heads, self.head_dim, self.init_scheme, self.use_bias, self.dtype, name='hidden')(x)
     table = _PerHeadProjection(self.max_length, self.init_scheme, self.use_bias, self.dtype,
                                self.shared_projection, name='w2')(h)
     return _gather_keys(table, k_positions)
 
 
 class FactorizedDenseSynthesizer(nn.Module):
-  """C_ij = A_i[j mod a] * B_i[j div a]: H_A tiles A b times, H_B repeats each B entry a times."""
-  num_heads: int
-  head_dim: int
+  """C_ij = A_i[j mod a] * B_i[j div a]: H_A tiles A b times, H_B repeats each B entry a times;
+  A = W_A h, B = W_B h from the hidden activations h (batch, q_len, heads, head_dim)."""
   max_length: int
   factor: Optional[int] = None
   init_scheme: str = 't5'
@@ -131,10 +122,9 @@ class FactorizedDenseSynthesizer(nn.Module):
   dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, x, q_positions, k_positions):
+  def __call__(self, h, k_positions):
     check_length(k_positions.shape[-1], self.max_length)
     a, b = factor_pair(self.max_length, self.factor)
-    h = _DenseHidden(self.num_heads, self.head_dim, self.init_scheme, self.use_bias, self.dtype, name='hidden')(x)
     proj = functools.partial(_PerHeadProjection, init_scheme=self.init_scheme, use_bias=self.use_bias, dtype=self.dtype)
     return (_gather_keys(proj(a, name='w_a')(h), k_positions % a) *
             _gather_keys(proj(b, name='w_b')(h), k_positions // a))

@@ -46,6 +46,7 @@ class TransformerLayer(nn.Module):
                           synthesizer_factor=c.synthesizer_factor,
                           synthesizer_rank=c.synthesizer_rank,
                           synthesizer_shared_projection=c.synthesizer_shared_projection,
+                          synthesizer_hidden=c.synthesizer_hidden,
                           causal=self.causal, name='self_attention')
     x = add(x, lambda h: drop(self_attention(
         h, h, q_positions, k_positions, self_mask, self_bias, self_lengths, decode=self.decode,

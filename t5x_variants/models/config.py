@@ -48,6 +48,11 @@ class TransformerConfig:
     synthesizer_rank: k of the factorized random synthesizer (16: the authors' code).
     synthesizer_shared_projection: the dense synthesizer's W_2 (d_h x l) shared by all heads, as
       the authors' code; False: one per head (the paper's parameter count).
+    synthesizer_hidden: the dense synthesizers' hidden layer h in B = W_2 h (Tay et al. 2021,
+      Sec. 3). 'query' (default, as the authors' Mesh TensorFlow code): relu of the attention's
+      own query projection, scaled as for the dot product, relu(x W_q / sqrt(d_h)); mixed with
+      dot-product attention the two share that query (d_model * heads * head_dim fewer
+      parameters). 'w1': relu(x W_1 + b_1) with a separate W_1 (the paper's reading).
     synthesizer_relative_bias: add the relative position bias to a self-attention that has a
       synthesizer component (as the authors' code with relative_attention_type set); off by
       default, as there. Plain dot-product attention always gets it.
@@ -107,6 +112,7 @@ class TransformerConfig:
   synthesizer_factor: Optional[int] = None
   synthesizer_rank: int = 16
   synthesizer_shared_projection: bool = True
+  synthesizer_hidden: str = 'query'
   synthesizer_relative_bias: bool = False
   dropout_rate: float = 0.0
   attention_dropout_rate: Optional[float] = None
@@ -127,6 +133,7 @@ class TransformerConfig:
     _check('attention_kernel', self.attention_kernel, fused_attention.KERNELS)
     _check('dtype', self.dtype, tuple(DTYPES))
     _check('head', self.head, HEADS)
+    _check('synthesizer_hidden', self.synthesizer_hidden, attention.synth.HIDDEN)
     if self.head == 'classification' and self.architecture != 'encoder_only':
       raise ValueError(f"head 'classification' needs architecture 'encoder_only', not {self.architecture!r}")
     for name in ('dropout_rate', 'attention_dropout_rate', 'activation_dropout_rate'):

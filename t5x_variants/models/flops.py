@@ -1,18 +1,18 @@
 """Training FLOPs of one step, counted matrix multiply by matrix multiply (2 m n k each).
 
 Counted, per token of every stack: the attention projections (query, key, value, out; the
-Synthesizers' W_1 / W_2 or factor projections), the attention products (Q K^T, or the factorized
-random R_1 R_2^T, and probabilities times values), over the full length with no discount for
-causal masking, the FFN matrices (two or three), the logits layer (and the encoder-only MLM
-transform; a classification head: its pooler and classifier on the first token). A training step
-is 3x the forward pass (the backward pass is twice the forward; PaLM Appendix B, MaxText). Not
-counted: embedding lookups, norms, softmax, activations, the relative position bias,
-random-synthesizer table lookups, the optimizer, and recomputation under remat (so utilisation is
-model FLOPs utilisation, MFU).
+Synthesizers' W_1 where they have one, ``synthesizer_hidden``, and W_2 or factor projections), the
+attention products (Q K^T, or the factorized random R_1 R_2^T, and probabilities times values),
+over the full length with no discount for causal masking, the FFN matrices (two or three), the
+logits layer (and the encoder-only MLM transform; a classification head: its pooler and
+classifier on the first token). A training step is 3x the forward pass (the backward pass is
+twice the forward; PaLM Appendix B, MaxText). Not counted: embedding lookups, norms, softmax,
+activations, the relative position bias, random-synthesizer table lookups, the optimizer, and
+recomputation under remat (so utilisation is model FLOPs utilisation, MFU).
 """
 from typing import Dict, Sequence
 
-from t5x_variants.layers.synthesizer import factor_pair
+from t5x_variants.layers.synthesizer import DENSE_SYNTHESIZERS, factor_pair
 from t5x_variants.models.config import TransformerConfig
 
 
@@ -24,12 +24,20 @@ def attention_flops(config: TransformerConfig, tokens_q: int, q_len: int, kv_len
   tokens_kv = batch * kv_len
   scores = 2 * batch * config.num_heads * q_len * kv_len * config.head_dim  # Q K^T or P V
   flops = 2 * tokens_kv * config.d_model * hd + 2 * tokens_q * hd * config.d_model + scores
+  # Projections of the queries: the dot product's query and the dense synthesizers' hidden layer,
+  # one shared query under synthesizer_hidden 'query', a W_1 for each dense synthesizer under 'w1'.
+  dense = [c for c in components if c in DENSE_SYNTHESIZERS]
+  if config.synthesizer_hidden == 'query':
+    queries = int('dot_product' in components or bool(dense))
+  else:
+    queries = int('dot_product' in components) + len(dense)
+  flops += queries * 2 * tokens_q * config.d_model * hd
   for c in components:
     if c == 'dot_product':
-      flops += 2 * tokens_q * config.d_model * hd + 2 * tokens_kv * config.d_model * hd + scores
-    elif c in ('dense', 'factorized_dense'):
+      flops += 2 * tokens_kv * config.d_model * hd + scores
+    elif c in dense:
       width = synth_length if c == 'dense' else sum(factor_pair(synth_length, config.synthesizer_factor))
-      flops += 2 * tokens_q * config.d_model * hd + 2 * tokens_q * hd * width
+      flops += 2 * tokens_q * hd * width
     elif c == 'factorized_random':
       flops += 2 * batch * config.num_heads * q_len * kv_len * config.synthesizer_rank
   return flops
