@@ -58,6 +58,18 @@ def count(tree) -> int:
   return sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(nn.unbox(tree)))
 
 
+@pytest.fixture(scope='session')
+def gcs():
+  """A Cloud Storage API server on loopback for the whole session, every client pointed at it
+  (tests/gcs_server.py); a real bucket where T5XV_TEST_BUCKET names one."""
+  from gcs_server import GcsServer, INSTALL  # pylint: disable=g-import-not-at-top
+  if not os.environ.get('T5XV_TEST_BUCKET'):
+    pytest.importorskip('gcp_storage_emulator', reason=f'no GCS API server: {INSTALL}')
+  server = GcsServer().start()
+  yield server
+  server.stop()
+
+
 @pytest.fixture(autouse=True)
 def _clear_gin():
   import gin

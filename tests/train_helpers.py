@@ -92,7 +92,8 @@ def eval_batches():
 def kill_at(phase, at, model_dir):
   """Makes this process SIGKILL itself at step ``at`` in ``phase`` (tests/trainer_subprocess.py
   ``kill``), printing ``KILL phase at`` first. The save phases wrap the finalisation of orbax's
-  atomic-rename temporary directory (the local file system's), the commit of a checkpoint; the
+  temporary path, the commit of a checkpoint: the rename of its temporary directory on a local
+  file system, the write of its commit_success.txt on a bucket; the
   eval phase waits for ``model_dir``/checkpoint_``at``'s commit (the step's save starts before
   its eval), so the eval is the only thing lost."""
   import signal
@@ -111,15 +112,17 @@ def kill_at(phase, at, model_dir):
         kill()
     trainer._Run.dispatch = dispatch_then_kill
   elif phase in ('save', 'committed'):
-    finalize = atomicity.AtomicRenameTemporaryPath.finalize
-    async def finalize_and_kill(self, *args, **kwargs):
-      ours = self.get_final().name == f'checkpoint_{at}'
-      if ours and phase == 'save':
-        kill()
-      await finalize(self, *args, **kwargs)
-      if ours:
-        kill()
-    atomicity.AtomicRenameTemporaryPath.finalize = finalize_and_kill
+    def wrap(finalize):
+      async def finalize_and_kill(self, *args, **kwargs):
+        ours = self.get_final().name == f'checkpoint_{at}'
+        if ours and phase == 'save':
+          kill()
+        await finalize(self, *args, **kwargs)
+        if ours:
+          kill()
+      return finalize_and_kill
+    for commit in (atomicity.AtomicRenameTemporaryPath, atomicity.CommitFileTemporaryPath):
+      commit.finalize = wrap(commit.finalize)
   elif phase == 'eval':
     call, evaluate = trainer.Evaluator.__call__, evaluation.evaluate
     def evaluate_then_kill(eval_step, params, batches, *args):

@@ -11,6 +11,8 @@
       step AT in PHASE: 'step' (the step dispatched, not finished), 'save' (checkpoint_AT written
       to its temporary directory, not committed), 'committed' (just after its commit) or 'eval'
       (after the first eval batch and checkpoint_AT's commit), printing ``KILL PHASE AT`` first
+  python trainer_subprocess.py plain MODEL_DIR STEPS
+      as ``kill`` without the kill (a run through a failing proxy to a bucket)
   python trainer_subprocess.py churn MODEL_DIR STEPS
       1 device, 0.05 s per batch, a checkpoint every step, keep 2 (t5xv-eval beside a training run)
 
@@ -23,7 +25,7 @@ import os
 import sys
 
 mode, model_dir, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
-devices = {'mesh': 8, 'slow': 1, 'process': 2, 'kill': 1, 'churn': 1}[mode]
+devices = {'mesh': 8, 'slow': 1, 'process': 2, 'kill': 1, 'plain': 1, 'churn': 1}[mode]
 os.environ['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={devices}'
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -42,8 +44,9 @@ if mode == 'mesh':
 elif mode == 'slow':
   result = run_train(model_dir, steps, period=1000,
                      batches=functools.partial(StepBatches, delay=0.1))
-elif mode == 'kill':
-  kill_at(sys.argv[4], int(sys.argv[5]), model_dir)
+elif mode in ('kill', 'plain'):
+  if mode == 'kill':
+    kill_at(sys.argv[4], int(sys.argv[5]), model_dir)
   result = run_train(model_dir, steps, eval_data=eval_batches, eval_period=2)
 elif mode == 'churn':
   result = run_train(model_dir, steps, period=1, keep=2,

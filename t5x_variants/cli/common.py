@@ -99,6 +99,11 @@ def parse_args(p: argparse.ArgumentParser, argv: Optional[Sequence[str]]):
 _NOISE = (
     'Using an uncached FunctionDataset',  # seqio: our tasks shuffle documents in memory
     'NaN or Inf found in input tensor',  # tensorboardX, per value; the trainer warns per step
+    # A failed checkpoint save, with tracebacks (gcsfs, orbax's background commit thread); the
+    # command's one line says what failed and what is intact (train/checkpoints.py).
+    'out of retries on exception',
+    'in background save thread',
+    'Save Finalize thread',
 )
 
 
@@ -375,4 +380,4 @@ def use_run_vocabulary(checkpoint_path: str):
   if vocab_file.exists():
     with gin.unlock_config():
       gin.bind_parameter('vocabulary.kind', 'file')
-      gin.bind_parameter('vocabulary.path', str(vocab_file))
+      gin.bind_parameter('vocabulary.path', storage.local_copy(vocab_file))

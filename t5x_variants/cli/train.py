@@ -92,7 +92,8 @@ def model_fields(text: str):
 
 def check_model_dir(model_dir, config):
   """ValueError (one line) when ``model_dir`` cannot hold this run: not a string, a file, not
-  writable (local paths), or holding a run of another model, as its model-info.txt says (another
+  writable (local paths; on a bucket: one that is missing or these credentials may not use), or
+  holding a run of another model, as its model-info.txt says (another
   summary field or parameter; the checkpoints' parameter shapes are checked again on resume)."""
   flag, name = ranges.binding_name('train.model_dir')
   if not isinstance(model_dir, str) or not model_dir.strip():
@@ -103,6 +104,10 @@ def check_model_dir(model_dir, config):
     if why:
       raise ValueError(f'{name} = {model_dir!r} {why}; set --gin.{flag} to a writable directory '
                        '(a new one for a new run)')
+  else:
+    why = storage.store_unusable(model_dir)
+    if why:
+      raise ValueError(f'{name} = {model_dir!r}: {why}')
   info = storage.path(model_dir) / 'model-info.txt'
   if info.exists():
     from t5x_variants.models.summary import model_info  # pylint: disable=g-import-not-at-top

@@ -23,6 +23,7 @@ import ctypes
 import dataclasses
 import fcntl
 import glob
+import hashlib
 import itertools
 import json
 import os
@@ -31,6 +32,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -144,7 +146,7 @@ class Sweep:
     if len(set(keys)) != len(keys) or len(set(names)) != len(names) or given & set(keys):
       raise SweepError('each --grid needs its own binding, not also given as --gin, and its own '
                        f'last name component (got {", ".join(keys)})')
-    sweep = cls(os.path.abspath(sweep_dir), list(base), axes, seeds, list(bindings), paper,
+    sweep = cls(_absolute(sweep_dir), list(base), axes, seeds, list(bindings), paper,
                 list(grid))
     choices = [[(stem(f), [f], []) for f in files] for files in axes]
     choices += [[(label, [], [binding]) for label, binding in axis] for axis in grid_axes]
@@ -162,7 +164,7 @@ class Sweep:
     return sweep
 
   def model_dir(self, run: Run) -> str:
-    return os.path.join(self.sweep_dir, run.name)
+    return storage.join(self.sweep_dir, run.name)
 
   def command(self, run: Run, executable: Sequence[str] = ('t5xv-train',)) -> List[str]:
     """The ``t5xv-train`` command line of ``run``: its gin files, then its bindings (the run's
@@ -190,24 +192,23 @@ class Sweep:
 
   def save(self):
     """sweep.json, replaced whole: a reader never sees half a file."""
-    storage.write_text(os.path.join(self.sweep_dir, SWEEP_FILE),
+    storage.write_text(storage.join(self.sweep_dir, SWEEP_FILE),
                        json.dumps(self.to_json(), indent=1))
 
   @classmethod
   def load(cls, sweep_dir: str) -> 'Sweep':
-    path = os.path.join(sweep_dir, SWEEP_FILE)
-    if not os.path.isfile(path):
+    path = storage.path(storage.join(sweep_dir, SWEEP_FILE))
+    if not path.exists():
       raise FileNotFoundError(f'{path} not found: not a sweep directory (t5xv-sweep writes it)')
-    with open(path) as f:
-      d = json.load(f)
+    d = json.loads(path.read_text())
     fields = {f.name for f in dataclasses.fields(Run)}
     runs = [Run(**{k: v for k, v in r.items() if k in fields}) for r in d.pop('runs')]
-    d['sweep_dir'] = os.path.abspath(sweep_dir)  # where it is now, if it was moved
+    d['sweep_dir'] = _absolute(sweep_dir)  # where it is now, if it was moved
     return cls(**d, runs=runs)
 
   def merge_previous(self):
     """Keeps the record of runs this sweep directory already has; refuses a different base."""
-    if not os.path.isfile(os.path.join(self.sweep_dir, SWEEP_FILE)):
+    if not storage.path(storage.join(self.sweep_dir, SWEEP_FILE)).exists():
       return
     old = Sweep.load(self.sweep_dir)
     if (old.base, old.bindings) != (self.base, self.bindings):
@@ -272,11 +273,27 @@ def stop_with_sweep():
     os.kill(os.getpid(), signal.SIGTERM)
 
 
+def _absolute(sweep_dir: str) -> str:
+  return sweep_dir if storage.scheme(sweep_dir) else os.path.abspath(sweep_dir)
+
+
+def _local_dir(sweep_dir: str) -> str:
+  """Where the sweep's lock and its trainers' logs are written as they grow: the sweep directory,
+  or for one on an object store (which cannot lock or append) a directory of this host's named
+  after it; each log is copied to its run directory when its trainer ends."""
+  if not storage.scheme(sweep_dir):
+    return sweep_dir
+  return os.path.join(tempfile.gettempdir(),
+                      't5xv-sweep-' + hashlib.sha256(sweep_dir.encode()).hexdigest()[:16])
+
+
 def _lock(sweep_dir: str):
   """An exclusive lock on the sweep directory for this process's lifetime and its trainers' (two
-  sweeps on one directory would train the same runs)."""
-  os.makedirs(sweep_dir, exist_ok=True)
-  handle = open(os.path.join(sweep_dir, '.lock'), 'w')
+  sweeps on one directory would train the same runs). A sweep on an object store is locked on
+  this host only."""
+  local = _local_dir(sweep_dir)
+  os.makedirs(local, exist_ok=True)
+  handle = open(os.path.join(local, '.lock'), 'w')
   try:
     fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
   except BlockingIOError:
@@ -301,8 +318,9 @@ def _start(sweep: Sweep, run: Run, executable: Sequence[str], lock, shared: bool
   env = dict(os.environ, **{SWEEP_PID_ENV: str(os.getpid())})
   if shared:
     env.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
-  os.makedirs(sweep.model_dir(run), exist_ok=True)
-  log_file = os.path.join(sweep.model_dir(run), 'train.log')
+  log_dir = os.path.join(_local_dir(sweep.sweep_dir), run.name)
+  os.makedirs(log_dir, exist_ok=True)
+  log_file = os.path.join(log_dir, 'train.log')
   run.status = 'running'
   sweep.save()
   with open(log_file, 'a') as log:
@@ -319,6 +337,8 @@ def _end(sweep: Sweep, attempt: _Attempt, returncode: int, interrupted: bool) ->
   run.seconds = (run.seconds or 0) + seconds
   finished = run_records.read_run(sweep.model_dir(run)).finished()
   _outcome(run, returncode, finished, attempt.log_file, attempt.log_start)
+  if storage.scheme(sweep.sweep_dir):
+    storage.copy(attempt.log_file, storage.join(sweep.model_dir(run), 'train.log'))
   if interrupted and not finished:
     run.status, run.reason = 'interrupted', None
   sweep.save()

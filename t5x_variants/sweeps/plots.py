@@ -10,8 +10,8 @@ Ito's colour-blind-safe palette, with 9 markers cycled beside them (9 and 8 copr
 before a (colour, marker) pair repeats). Legends sit outside the axes. Each ``*_figure`` function
 returns its ``matplotlib.figure.Figure`` (for tests); the functions without the suffix save it as
 ``<group>_<kind>.png`` and return the path."""
+import io
 import math
-import os
 import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -20,6 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from t5x_variants.sweeps.statistics import t_interval
+from t5x_variants.train import storage
 
 DPI = 100
 LAYER_KEY = re.compile(r'(grad_norm|activation_norm)/(\w+)/(\d+)$')
@@ -95,8 +96,11 @@ def _legend_right(fig, axes, title: Optional[str] = None, extra=()):
 
 
 def _save(fig, out_dir: str, name: str) -> str:
-  path = os.path.join(out_dir, name)
-  fig.savefig(path, dpi=DPI)
+  """``out_dir``/``name`` as a PNG, written whole (``out_dir`` may be a bucket)."""
+  path = storage.join(out_dir, name)
+  png = io.BytesIO()
+  fig.savefig(png, dpi=DPI, format='png')
+  storage.write_bytes(path, png.getvalue())
   return path
 
 

@@ -19,6 +19,7 @@ from t5x_variants.sweeps import grid, papers, plots, stability
 from t5x_variants.sweeps.statistics import (bootstrap_spearman, format_interval, spearman,
                                              t_interval, verdict)
 from t5x_variants.sweeps.runs import BLOW_UP_NATS, RunRecord, read_run
+from t5x_variants.train import storage
 
 
 @dataclasses.dataclass
@@ -313,11 +314,9 @@ def write_report(groups: Sequence[Group], out_dir: str, title: str = 'Sweep repo
   if baseline and baseline not in names:
     raise ValueError(f'--baseline {baseline!r} is no variant (or learning-rate curve) here; they '
                      'are: ' + ', '.join(dict.fromkeys(names)))
-  os.makedirs(out_dir, exist_ok=True)
   lines = [f'# {title}', '']
   for group in groups:
     lines += group_markdown(group, out_dir, baseline)
   text = '\n'.join(lines)
-  with open(os.path.join(out_dir, 'report.md'), 'w') as f:
-    f.write(text)
+  storage.write_text(storage.join(out_dir, 'report.md'), text)
   return text

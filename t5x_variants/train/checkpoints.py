@@ -19,6 +19,8 @@ from jax.experimental import multihost_utils
 import orbax.checkpoint as ocp
 from etils import epath
 
+from t5x_variants.train import storage
+
 PREFIX = 'checkpoint'
 log = logging.getLogger(__name__)
 # Orbax's own step naming: finds and builds ``checkpoint_<step>`` names (a regex on the whole name,
@@ -31,18 +33,21 @@ class CheckpointError(RuntimeError):
 
 
 def _host_file(directory) -> str:
-  return str(epath.Path(directory) / f'host-{jax.process_index():05d}-of-{jax.process_count():05d}')
+  return str(storage.path(directory) / f'host-{jax.process_index():05d}-of-{jax.process_count():05d}')
 
 
 class DataIteratorHandler(ocp.CheckpointHandler):
-  """Saves / restores an iterator with ``save(prefix)`` and ``restore(prefix)`` methods."""
+  """Saves / restores an iterator with ``save(prefix)`` and ``restore(prefix)`` methods, which
+  write and read local files: on an object store they are staged through a local directory."""
 
   def save(self, directory: epath.Path, args: 'DataIteratorSave'):
     directory.mkdir(parents=True, exist_ok=True)
-    args.iterator.save(_host_file(directory))
+    with storage.staged_write(_host_file(directory)) as prefix:
+      args.iterator.save(prefix)
 
   def restore(self, directory: epath.Path, args: 'DataIteratorRestore'):
-    args.iterator.restore(_host_file(directory))
+    with storage.staged_read(_host_file(directory)) as prefix:
+      args.iterator.restore(prefix)
     return args.iterator
 
 
@@ -88,7 +93,7 @@ class Checkpointer:
   def __init__(self, model_dir: str, period: int = 1000, keep: Optional[int] = 5,
                async_save: bool = True):
     self.period = period
-    self.model_dir = epath.Path(model_dir)
+    self.model_dir = storage.path(model_dir)
     options = ocp.CheckpointManagerOptions(
         save_decision_policy=ocp.checkpoint_managers.FixedIntervalPolicy(period),
         max_to_keep=keep, step_name_format=_NAME_FORMAT, create=True,
@@ -120,15 +125,21 @@ class Checkpointer:
 
   def _failed(self, e: Exception) -> CheckpointError:
     """A save that could not be written (a full disk, a lost mount: an OSError from our writes, a
-    ValueError from tensorstore's), as one line saying what is intact. The unfinished save stays
-    in its temporary directory, which no listing or restore reads."""
+    ValueError from tensorstore's; on a bucket an error its client no longer retries), as one line
+    saying what is intact. The unfinished save stays in its temporary directory (on a bucket: its
+    directory, without the commit_success.txt orbax writes last), which no listing or restore
+    reads."""
     steps = self.steps()
-    intact = (f'checkpoint_{steps[-1]} (and those before it) is intact: fix the cause (free space, '
-              f'the mount) and rerun the same command to resume from step {steps[-1]}' if steps
+    store = storage.scheme(self.model_dir)
+    cause = 'the bucket, its permissions' if store else 'free space, the mount'
+    intact = (f'checkpoint_{steps[-1]} (and those before it) is intact: fix the cause ({cause}) '
+              f'and rerun the same command to resume from step {steps[-1]}' if steps
               else 'there is no earlier checkpoint: fix the cause and rerun to start again')
+    unfinished = (f'the unfinished save is the {PREFIX}_<step> without a commit_success.txt' if store
+                  else f'the unfinished save is in {PREFIX}_*.orbax-checkpoint-tmp*')
     reason = str(e).splitlines()[0] if str(e) else type(e).__name__
     return CheckpointError(f'saving a checkpoint in {self.model_dir} failed ({reason}). {intact}; '
-                           f'the unfinished save is in {PREFIX}_*.orbax-checkpoint-tmp*')
+                           f'{unfinished}')
 
   def restore_latest(self, abstract_state, data_iterator=None):
     """(state, step) of the newest readable checkpoint, laid out as ``abstract_state`` says (its
@@ -204,7 +215,7 @@ def _params_mismatch(path: epath.Path, abstract_params) -> Optional[str]:
 
 def checkpoint_path(path: str) -> epath.Path:
   """A checkpoint directory: ``path`` itself, or the newest ``checkpoint_<step>`` inside it."""
-  path = epath.Path(path)
+  path = storage.path(path)
   if (path / 'state').exists():
     return path
   latest = ocp.step.latest_step_metadata(path, _NAME_FORMAT)

@@ -117,10 +117,7 @@ class Diagnostics:
     if jax.process_index() == 0:
       buffer = io.BytesIO()
       np.savez(buffer, **saved)
-      tmp = self.path.with_name(FILE + '.tmp')
-      self.path.parent.mkdir(parents=True, exist_ok=True)
-      tmp.write_bytes(buffer.getvalue())
-      tmp.replace(self.path)  # never a half-written file
+      storage.write_bytes(self.path, buffer.getvalue())  # never a half-written file
     return True
 
   def __call__(self, params) -> Dict[str, float]:

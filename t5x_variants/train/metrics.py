@@ -103,6 +103,12 @@ class MetricsLogger:
       self._write({'step': step, 'kind': 'diagnostics', **values, 'time': time.time()},
                   {f'diagnostics/{k}': v for k, v in values.items()})
 
+  def flush(self):
+    """Writes the records so far to the run directory now (on an object store: rewrites this
+    session's object)."""
+    if self.enabled:
+      self._jsonl.flush()
+
   def close(self):
     if self.enabled:
       self._jsonl.close()

@@ -2,21 +2,34 @@
 
 Every file of a run directory (and the checkpoint, input and output paths of the commands) is read
 and written through etils ``epath``, the path library orbax uses for the checkpoints, so a run on
-Cloud TPU can write straight to a bucket (``epath`` reaches gs:// through TensorFlow's file
-system, or fsspec's). Object stores cannot append to an object: an ``AppendedFile`` there is one
-object per writer session (``metrics.<session>.jsonl`` beside ``metrics.jsonl``: a training run, a
-resumed run and a t5xv-eval running beside it each write their own), kept in memory and rewritten
-whole at the first record ``REMOTE_FLUSH_SECS`` or more after the last rewrite, and at close;
+Cloud TPU can write straight to a bucket. On ``gs://`` that is two clients, both set up here for
+every process that imports this module, both reading the machine's Google credentials: fsspec's
+gcsfs (the JSON API) for every file but the arrays, and tensorstore's gcs driver for orbax's
+arrays. epath would pick TensorFlow's file system where TensorFlow is installed, whose endpoint is
+compiled in (it cannot be pointed at a test server, so it is untested here): ``EPATH_USE_TF``
+defaults to false. gcsfs's listing cache is off, so a checkpoint or metrics object another process
+wrote is seen at the next listing (t5xv-eval beside a run), and its experimental bucket-layout
+lookup (a gRPC control-plane call per operation where it fails) is off.
+
+Object stores cannot append to an object (gcsfs's append mode silently replaces it): an
+``AppendedFile`` there is one object per writer session (``metrics.<session>.jsonl`` beside
+``metrics.jsonl``: a training run, a resumed run and a t5xv-eval running beside it each write
+their own), kept in memory and rewritten whole on ``flush`` (the trainer's, at each checkpoint),
+at the first record ``REMOTE_FLUSH_SECS`` or more after the last rewrite, and at close;
 ``read_appended`` reads them all back in order. A local file is appended to and flushed at once.
 TensorBoard event files on a store are rewritten whole in the same way (each writer has its own
 file already), as tensorboardX's own gs:// writer does it. Only process 0 writes the shared files;
 callers check.
 """
+import contextlib
+import hashlib
 import io
 import itertools
 import os
 import re
+import tempfile
 import time
+import uuid
 from typing import Union
 
 from etils import epath
@@ -24,6 +37,18 @@ from etils import epath
 PathLike = Union[str, epath.Path]
 REMOTE_FLUSH_SECS = 30.0  # how often an AppendedFile or an event file is rewritten on a store
 _sessions = itertools.count()  # tells apart the sessions one process opens in the same second
+
+
+def _configure_gcs_clients():
+  """gs:// through gcsfs with listings always read from the server (see the module doc); a
+  user's own setting of either environment variable wins."""
+  os.environ.setdefault('EPATH_USE_TF', 'false')
+  os.environ.setdefault('GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT', 'false')
+  import fsspec.config  # pylint: disable=g-import-not-at-top
+  fsspec.config.conf.setdefault('gcs', {}).setdefault('use_listings_cache', False)
+
+
+_configure_gcs_clients()
 
 
 def path(p: PathLike) -> epath.Path:
@@ -44,26 +69,102 @@ def join(p: PathLike, *names: str) -> str:
 
 
 def write_text(p: PathLike, text: str):
-  """Writes ``text`` to ``p`` (its parent made first), whole: a local file through a temporary
+  write_bytes(p, text.encode())
+
+
+def write_bytes(p: PathLike, data: bytes):
+  """Writes ``data`` to ``p`` (its parent made first), whole: a local file through a temporary
   file renamed over it (through a symlink, over its target), so a process killed mid-write leaves
-  the old file, never half a file; an object is written whole by the store, and a device or pipe
-  (``/dev/stdout``) is written directly."""
+  the old file, never half a file; an object is written whole by the store (a rename there is a
+  copy and a delete, not atomic), and a device or pipe (``/dev/stdout``) is written directly."""
   p = path(p)
   p.parent.mkdir(parents=True, exist_ok=True)
   if scheme(p) or (p.exists() and not p.is_file()):
-    p.write_text(text)
+    p.write_bytes(data)
     return
   target = path(os.path.realpath(p))
   tmp = target.with_name(f'.{target.name}.{os.getpid()}.tmp')
   try:
-    tmp.write_text(text)
+    tmp.write_bytes(data)
     os.replace(tmp, target)
   finally:
     tmp.unlink(missing_ok=True)
 
 
+def store_unusable(directory: PathLike):
+  """Why this process cannot use the object-store directory ``directory`` (write, read, list and
+  delete one small object there), or None: a missing bucket or missing permissions said in one
+  line at start-up, not as a traceback at the first checkpoint. The clients have retried
+  transient errors (5xx, timeouts) before this sees them."""
+  bucket = str(directory).split('/')[2]
+  probe = path(join(directory, f'.t5xv-access-check-{uuid.uuid4().hex}'))  # one per host
+  try:
+    probe.write_text('ok')
+    probe.read_text()
+    list(probe.parent.iterdir())
+    probe.unlink()
+  except FileNotFoundError:
+    return (f'bucket {bucket} does not exist (or these credentials cannot see it): create it, e.g. '
+            f'gcloud storage buckets create {scheme(directory)}://{bucket}, or fix the path')
+  except OSError as e:
+    if isinstance(e, PermissionError) or 'Forbidden' in str(e) or 'Unauthorized' in str(e):
+      return (f'these credentials may not use bucket {bucket}: a run needs to create, read, list '
+              'and delete objects there (storage.objects.create/get/list/delete, e.g. the role '
+              'roles/storage.objectUser); grant them to the account of the Application Default '
+              f'Credentials (gcloud auth application-default login, or the VM\'s service account) ({e})')
+    return f'cannot be used: {type(e).__name__}: {e}'
+  return None
+
+
 def copy(src: PathLike, dst: PathLike):
   path(dst).write_bytes(path(src).read_bytes())
+
+
+def local_copy(p: PathLike) -> str:
+  """A local path to the contents of ``p``: ``p`` itself, or for an object a copy in the temporary
+  directory named by its contents (for a reader of local files only: SentencePiece through seqio
+  would read gs:// with TensorFlow's file system)."""
+  if not scheme(p):
+    return str(p)
+  data = path(p).read_bytes()
+  local = os.path.join(tempfile.gettempdir(),
+                       f't5xv-{hashlib.sha256(data).hexdigest()[:16]}-{path(p).name}')
+  if not os.path.exists(local):  # written whole, then renamed: a reader never sees half of it
+    tmp = f'{local}.{os.getpid()}.tmp'
+    with open(tmp, 'wb') as f:
+      f.write(data)
+    os.replace(tmp, local)
+  return local
+
+
+@contextlib.contextmanager
+def staged_write(prefix: PathLike):
+  """A local path stem for a writer of local files only (tf.data's iterator checkpoint writes
+  through TensorFlow's file system, which this project does not use for URIs): each file it writes
+  as stem + suffix becomes ``prefix`` + suffix on the store when the block ends. A local
+  ``prefix`` is given as it is."""
+  if not scheme(prefix):
+    yield str(prefix)
+    return
+  with tempfile.TemporaryDirectory(prefix='t5xv-staged-') as tmp:
+    stem = os.path.join(tmp, 'x')
+    yield stem
+    for name in os.listdir(tmp):
+      copy(os.path.join(tmp, name), f'{prefix}{name[1:]}')
+
+
+@contextlib.contextmanager
+def staged_read(prefix: PathLike):
+  """A local path stem whose files (stem + suffix) are copies of the objects ``prefix`` + suffix,
+  for a reader of local files only; a local ``prefix`` is given as it is."""
+  if not scheme(prefix):
+    yield str(prefix)
+    return
+  p = path(prefix)
+  with tempfile.TemporaryDirectory(prefix='t5xv-staged-') as tmp:
+    for obj in p.parent.glob(f'{p.name}*'):
+      copy(obj, os.path.join(tmp, 'x' + obj.name[len(p.name):]))
+    yield os.path.join(tmp, 'x')
 
 
 def _session_objects(p: epath.Path):

@@ -191,8 +191,11 @@ class _Run:
     self.meter.log(step)
 
   def checkpoint(self, force: bool = False):
-    """Saves the state and data position if ``step`` is a checkpoint step or ``force``."""
+    """Saves the state and data position if ``step`` is a checkpoint step or ``force``, and with
+    them the metric records so far (on an object store they are held in memory between rewrites),
+    so a killed run keeps every record up to its newest checkpoint."""
     if self.ckpt.save(self.step, self.state, self.data, force=force):
+      self.logger.flush()
       self.meter.resume()
 
   def close(self):
