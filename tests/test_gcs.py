@@ -56,6 +56,16 @@ def no_appends(monkeypatch):
 
 
 @pytest.fixture
+def proxy(gcs):
+  """A FaultProxy in front of the test server (none in front of a real bucket: skipped there)."""
+  if gcs.url is None:
+    pytest.skip('needs the GCS API server on loopback (T5XV_TEST_BUCKET names a real bucket)')
+  fault_proxy = FaultProxy(gcs.url)
+  yield fault_proxy
+  fault_proxy.close()
+
+
+@pytest.fixture
 def local_cwd(tmp_path, monkeypatch):
   """The working directory, where a write through a local call to a name made from a URI would
   land (``gs:/...``): checked empty of such names at the end."""
@@ -236,24 +246,20 @@ def test_sigkill_during_an_asynchronous_save_on_a_bucket_then_rerun(phase, resum
 
 
 @pytest.mark.slow
-def test_a_server_answering_503_for_a_while_is_retried(gcs, reference, subprocess_train):
+def test_a_server_answering_503_for_a_while_is_retried(gcs, proxy, reference, subprocess_train):
   """Four requests in a row answered 503 from the first one of checkpoint_4's save on: the
   clients retry them, the run ends as an uninterrupted one and every checkpoint is committed."""
   _, ref = reference
-  proxy = FaultProxy(gcs.url)
+  run = gcs.new_bucket() + '/run'
+  proxy.fail(503, 4, after='checkpoint_4')
+  os.environ.update(client_environment(proxy.url))
   try:
-    run = gcs.new_bucket() + '/run'
-    proxy.fail(503, 4, after='checkpoint_4')
-    os.environ.update(client_environment(proxy.url))
-    try:
-      proc = subprocess_train('plain', run, STEPS)
-    finally:
-      os.environ.update(client_environment(gcs.url))
-    out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out[-3000:]
-    assert proxy.failed == 4
+    proc = subprocess_train('plain', run, STEPS)
   finally:
-    proxy.close()
+    os.environ.update(client_environment(gcs.url))
+  out, _ = proc.communicate(timeout=300)
+  assert proc.returncode == 0, out[-3000:]
+  assert proxy.failed == 4
   assert _losses(run) == ref
   assert _committed(run) == ['checkpoint_2', 'checkpoint_4', 'checkpoint_6']
 
@@ -272,17 +278,14 @@ def _train_command(model_dir, env, steps=4):
 
 
 @pytest.mark.slow
-def test_an_outage_longer_than_the_retries_at_a_commit_is_one_line_and_the_last_checkpoint_intact(gcs):
+def test_an_outage_longer_than_the_retries_at_a_commit_is_one_line_and_the_last_checkpoint_intact(
+    gcs, proxy):
   """Every write of checkpoint_8's commit_success.txt answered 503: gcsfs gives up after its
   retries (about half a minute), t5xv-train stops with one line saying checkpoint_4 is intact and
   exit status 2; the rerun, the server healthy again, resumes from it and finishes."""
   root = gcs.new_bucket()
-  proxy = FaultProxy(gcs.url)
-  try:
-    proxy.fail(503, only='checkpoint_8/commit_success.txt')
-    out = _train_command(f'{root}/run', dict(os.environ, **client_environment(proxy.url)), steps=8)
-  finally:
-    proxy.close()
+  proxy.fail(503, only='checkpoint_8/commit_success.txt')
+  out = _train_command(f'{root}/run', dict(os.environ, **client_environment(proxy.url)), steps=8)
   assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-3000:]
   errors = _console_lines(out.stderr)
   assert len(errors) == 1 and 'saving a checkpoint in' in errors[0], out.stderr[-3000:]
@@ -295,15 +298,11 @@ def test_an_outage_longer_than_the_retries_at_a_commit_is_one_line_and_the_last_
 
 
 @pytest.mark.slow
-def test_403_on_the_bucket_is_one_line_before_any_step(gcs):
-  proxy = FaultProxy(gcs.url)
-  try:
-    root = gcs.new_bucket()
-    bucket = root[len('gs://'):]
-    proxy.fail(403, bucket=bucket)
-    out = _train_command(f'{root}/run', dict(os.environ, **client_environment(proxy.url)))
-  finally:
-    proxy.close()
+def test_403_on_the_bucket_is_one_line_before_any_step(gcs, proxy):
+  root = gcs.new_bucket()
+  bucket = root[len('gs://'):]
+  proxy.fail(403, bucket=bucket)
+  out = _train_command(f'{root}/run', dict(os.environ, **client_environment(proxy.url)))
   assert out.returncode == 2, out.stdout + out.stderr
   errors = _console_lines(out.stderr)
   assert len(errors) == 1 and errors[0].startswith('t5xv-train: error: '), out.stderr
