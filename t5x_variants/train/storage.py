@@ -129,11 +129,8 @@ def local_copy(p: PathLike) -> str:
   data = path(p).read_bytes()
   local = os.path.join(tempfile.gettempdir(),
                        f't5xv-{hashlib.sha256(data).hexdigest()[:16]}-{path(p).name}')
-  if not os.path.exists(local):  # written whole, then renamed: a reader never sees half of it
-    tmp = f'{local}.{os.getpid()}.tmp'
-    with open(tmp, 'wb') as f:
-      f.write(data)
-    os.replace(tmp, local)
+  if not os.path.exists(local):
+    write_bytes(local, data)  # whole: a reader in another process never sees half of it
   return local
 
 
