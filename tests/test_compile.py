@@ -256,3 +256,14 @@ def test_the_readme_pod_command_compiles_and_fits_its_slice():
   r = aot.compile_plan(aot.Plan(config, partitioning.MeshConfig(), 1), targets.tpu_target('v5e:4x4'),
                        128, {'inputs': 512, 'targets': 114}, aot.train_options())
   assert r['fits'] and r['mesh_shape'] == {'data': 16, 'model': 1}, aot.fit_line(r)
+
+
+@needs_libtpu
+def test_a_tpu_slice_gets_the_tpu_attention_kernel_from_any_host(v5e_2x2):
+  """Compiled for a TPU slice from this CPU host, 'auto' attention is the Pallas TPU kernel (the
+  platform is the mesh's, not the host's), once per attention kind and direction; 'xla' has none."""
+  texts = {k: aot.lower(_plan(dtype='bfloat16', attention_kernel=k), v5e_2x2, 8, LENGTHS, OPTIONS)[0]
+           .as_text() for k in ('auto', 'xla')}
+  assert texts['xla'].count('tpu_custom_call') == 0
+  # forward, dK/dV and dQ kernels for the encoder, decoder and cross-attention (scanned layers)
+  assert texts['auto'].count('tpu_custom_call') == 9

@@ -1,14 +1,21 @@
 """The fused attention path (layers/fused_attention.py) computes what the reference path does.
 
-On a CPU the fused path runs through jax.nn.dot_product_attention's own XLA implementation
+On a CPU the cuDNN path runs through jax.nn.dot_product_attention's own XLA implementation
 (``IMPLEMENTATIONS`` patched), which checks everything but the kernel: the masks as sequence
 lengths and a causal flag, the bias, the scale, cached decoding, the fallbacks. On a GPU the
-same comparisons run against cuDNN itself, in bfloat16.
+same comparisons run against cuDNN itself, in bfloat16. The TPU Pallas kernel itself runs on a
+CPU in Pallas' TPU interpret mode (a simulation of the TPU program, slow: tiny shapes), alone
+and per device under shard_map on a mesh; compiled for a v5p slice its HLO holds the kernel.
 """
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental.pallas import tpu as pltpu
 
 from conftest import init_params, tiny, tokens
 from t5x_variants.layers import fused_attention
@@ -20,8 +27,17 @@ ON_GPU = jax.default_backend() == 'gpu'
 @pytest.fixture
 def jax_xla_kernel(monkeypatch):
   """'cudnn' served by jax.nn.dot_product_attention's XLA implementation (runs on a CPU)."""
-  monkeypatch.setattr(fused_attention, 'IMPLEMENTATIONS', {'cudnn': 'xla'})
+  monkeypatch.setattr(fused_attention, 'IMPLEMENTATIONS', {**fused_attention.IMPLEMENTATIONS, 'cudnn': 'xla'})
   monkeypatch.setattr(fused_attention, '_warned', set())
+
+
+@pytest.fixture
+def tpu_interpret(monkeypatch):
+  """'pallas' as on a TPU: the platform said to be a TPU, the kernel run by the TPU interpreter."""
+  monkeypatch.setattr(fused_attention, 'platform', lambda: 'tpu')
+  monkeypatch.setattr(fused_attention, '_warned', set())
+  with pltpu.force_tpu_interpret_mode():
+    yield
 
 
 def padded_batch(arch):
@@ -92,23 +108,85 @@ def test_packed_rows_and_synthesizers_take_the_reference_path_with_a_reason(jax_
     init_params(tiny(attention_kernel='cudnn', self_attention=('dense', 'dot_product')), enc, dec)
 
 
+def test_pallas_kernel_equals_the_reference_path(tpu_interpret):
+  """The TPU kernel itself (interpreted): encoder self-attention with padding as segment ids,
+  causal decoder self-attention, cross-attention over padded keys, lengths 12 and 8 padded to its
+  128-tile; logits and every gradient, the relative bias table's (broadcast over the batch for
+  the kernel and summed back) included."""
+  inputs, valid = padded_batch('encoder_decoder')
+  ref = outputs_and_grads(tiny(attention_kernel='xla'), inputs, valid)
+  got = outputs_and_grads(tiny(attention_kernel='pallas'), inputs, valid)
+  assert_close(ref, got, rtol=1e-4, atol=1e-5)
+
+
+PALLAS_ON_A_MESH = """
+import os, sys
+sys.path.insert(0, sys.argv[1])
+import jax, jax.numpy as jnp, numpy as np
+from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
+from jax.sharding import NamedSharding, PartitionSpec as P
+from conftest import init_params, tiny, tokens
+from t5x_variants.layers import fused_attention
+from t5x_variants.train import partitioning
+fused_attention.platform = lambda: 'tpu'
+calls = []
+kernel = tpu_flash.flash_attention
+tpu_flash.flash_attention = lambda q, *a, **k: calls.append(q.shape) or kernel(q, *a, **k)
+enc, dec = np.array(tokens(4, 12)), np.array(tokens(4, 8, seed=1))
+enc[1, 5:] = 0
+def grads(kernel, mesh):
+  model, params = init_params(tiny(attention_kernel=kernel), enc, dec)
+  calls.clear()
+  f = lambda p, e, d: jnp.sum(jnp.sin(model.apply({'params': p}, e, d)))
+  rep, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P('data'))
+  return partitioning.jit(jax.value_and_grad(f), mesh, in_shardings=(rep, rows, rows))(params, enc, dec)
+ref = grads('xla', partitioning.make_mesh(devices=jax.devices()[:1]))
+with pltpu.force_tpu_interpret_mode():
+  got = grads('pallas', partitioning.make_mesh(data=2, model=2, devices=jax.devices()[:4]))
+for a, b in zip(jax.tree_util.tree_leaves(ref), jax.tree_util.tree_leaves(got)):
+  np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-5)
+print(sorted(set(calls)))
+"""
+
+
+def test_pallas_kernel_per_device_on_a_mesh_equals_one_device():
+  """On a data=2 x model=2 mesh (partitioning.jit) the kernel runs under shard_map on each
+  device's 2 rows and 2 of the 4 heads, and the loss and every gradient equal the reference path
+  on one device: the bias gradient is summed over the devices that split the batch."""
+  env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=8'}
+  out = subprocess.run([sys.executable, '-c', PALLAS_ON_A_MESH, os.path.dirname(__file__)],
+                       capture_output=True, text=True, env=env, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  # (rows per device, heads per device, length padded to the tile, head_dim)
+  assert out.stdout.split('\n')[-2] == '[(2, 2, 128, 8)]'
+
+
 def test_kernel_choice_and_limits(monkeypatch):
   why = dict(components=('dot_product',), dtype=jnp.bfloat16, head_dim=64, lengths=(None, None),
              dropout=False)
-  assert fused_attention.choose('xla', 'here', 512, **why) is None
-  assert fused_attention.choose('auto', 'here', 1, **why) is None  # a decode step: reference
+  assert fused_attention.choose('xla', 'here', 512, 512, **why) is None
+  assert fused_attention.choose('auto', 'here', 1, 512, **why) is None  # a decode step: reference
   if ON_GPU:
-    assert fused_attention.choose('auto', 'here', 512, **why) == 'cudnn'
+    assert fused_attention.choose('auto', 'here', 512, 512, **why) == 'cudnn'
   else:
-    assert fused_attention.choose('auto', 'here', 512, **why) is None  # silently the reference
-    with pytest.raises(ValueError, match="'cudnn' needs an NVIDIA GPU"):
-      fused_attention.choose('cudnn', 'here', 512, **why)
+    assert fused_attention.choose('auto', 'here', 512, 512, **why) is None  # silently the reference
+    with pytest.raises(ValueError, match="'cudnn' needs a GPU; the step is compiled for cpu"):
+      fused_attention.choose('cudnn', 'here', 512, 512, **why)
+    with pytest.raises(ValueError, match="'pallas' needs a TPU"):
+      fused_attention.choose('pallas', 'here', 512, 512, **why)
+  monkeypatch.setattr(fused_attention, 'platform', lambda: 'tpu')
+  monkeypatch.setattr(fused_attention, '_warned', set())
+  assert fused_attention.choose('auto', 'here', 512, 114, **why) == 'pallas'
+  assert fused_attention.choose('auto', 'here', 1, 512, **why) is None
+  with pytest.warns(UserWarning, match='here: a single query'):
+    assert fused_attention.choose('pallas', 'here', 1, 512, **why) is None
   plain = dict(components=('dot_product',), lengths=(None, None), dropout=False)
   assert fused_attention.unsupported(**plain) is None
   assert 'dropout' in fused_attention.unsupported(**{**plain, 'dropout': True})
-  assert fused_attention.cudnn_unsupported(jnp.bfloat16, 64) is None
-  assert '16-bit' in fused_attention.cudnn_unsupported(jnp.float32, 64)
-  assert 'head_dim 12' in fused_attention.cudnn_unsupported(jnp.bfloat16, 12)
+  assert fused_attention.cudnn_unsupported(jnp.bfloat16, 64, 512, 512) is None
+  assert '16-bit' in fused_attention.cudnn_unsupported(jnp.float32, 64, 512, 512)
+  assert 'head_dim 12' in fused_attention.cudnn_unsupported(jnp.bfloat16, 12, 512, 512)
   with pytest.raises(ValueError, match="unknown attention_kernel 'flash'"):
     tiny(attention_kernel='flash')
 

@@ -1,31 +1,49 @@
-"""softmax(Q K^T / sqrt(d_h) + B) V in one fused kernel (``jax.nn.dot_product_attention``):
-cuDNN's flash attention on NVIDIA GPUs, which never writes the (batch, heads, q, k) logits or
-probabilities to memory and returns the bias gradient dB itself.
+"""softmax(Q K^T / sqrt(d_h) + B) V in one fused kernel that never writes the (batch, heads, q, k)
+logits or probabilities to memory and returns the bias gradient dB itself: cuDNN's flash
+attention on NVIDIA GPUs (``jax.nn.dot_product_attention``), the Pallas flash attention of
+``jax.experimental.pallas.ops.tpu`` on TPUs.
 
 Which kernel runs is ``TransformerConfig.attention_kernel``:
 - ``'xla'``: the project's reference path in layers/attention.py (float32 logits and softmax,
   a dense boolean mask); the only path for synthesizers and mixtures.
-- ``'cudnn'``: this module wherever the kernel can serve, the reference path elsewhere, each
-  place it cannot serve named once in a warning.
-- ``'auto'``: ``'cudnn'`` on a GPU with a 16-bit compute dtype, ``'xla'`` otherwise, silently.
+- ``'cudnn'`` / ``'pallas'``: that kernel wherever it can serve, the reference path elsewhere,
+  each place it cannot serve named once in a warning.
+- ``'auto'``: cuDNN on a GPU with a 16-bit compute dtype, Pallas on a TPU, the reference path
+  otherwise and for a single query (a cached decode step), silently.
 
-Masks reach the kernel as sequence lengths (valid queries and keys are a prefix of each row, as
+The platform is the one the step is compiled for: the mesh it is traced under
+(``partitioning.jit``), so a TPU slice compiled from a CPU or GPU host gets the TPU kernel.
+
+Masks reach a kernel as sequence lengths (valid queries and keys are a prefix of each row, as
 for unpacked T5 rows whose padding is id 0 at the end) and a causal flag; a packed row (segment
 ids) is not a prefix, so packed batches take the reference path. T5's relative position bias
-enters in the compute dtype with shape (1, heads, q, k): one for the batch, its gradient summed
-over the batch inside the kernel.
+enters in the compute dtype with shape (1, heads, q, k). cuDNN sums its gradient over the batch
+inside the kernel; the Pallas kernel takes one bias per example, so there it is broadcast over
+the batch and its per-example gradients summed after the kernel.
 """
 import warnings
 from typing import Optional, Tuple
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
+from jax.sharding import PartitionSpec as P
 
-KERNELS = ('auto', 'xla', 'cudnn')
-# What jax.nn.dot_product_attention is asked for under each kernel (tests on a CPU map 'cudnn' to
-# jax's own XLA implementation to check everything but the kernel itself).
-IMPLEMENTATIONS = {'cudnn': 'cudnn'}
+KERNELS = ('auto', 'xla', 'cudnn', 'pallas')
+PLATFORMS = {'cudnn': 'gpu', 'pallas': 'tpu'}
+# What jax.nn.dot_product_attention is asked for under 'cudnn' (tests on a CPU map it to jax's own
+# XLA implementation to check everything but the kernel itself).
+IMPLEMENTATIONS = {'cudnn': 'cudnn', 'pallas': 'pallas'}
+_TPU_BLOCK = 128  # the Pallas kernel's tile along q and k
 _warned = set()
+
+
+def platform() -> str:
+  """The platform of the mesh being traced (``partitioning.jit``), else JAX's default backend."""
+  mesh = jax.sharding.get_abstract_mesh()
+  device = None if mesh.empty else getattr(mesh, 'abstract_device', None)
+  return jax.default_backend() if device is None else device.platform
 
 
 def unsupported(components, lengths, dropout: bool) -> Optional[str]:
@@ -39,8 +57,9 @@ def unsupported(components, lengths, dropout: bool) -> Optional[str]:
   return None
 
 
-def cudnn_unsupported(dtype, head_dim: int) -> Optional[str]:
+def cudnn_unsupported(dtype, head_dim: int, queries: int, keys: int) -> Optional[str]:
   """Why cuDNN's kernel itself cannot (None when it can)."""
+  del queries, keys
   if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
     return f'cuDNN attention needs a 16-bit compute dtype, not {jnp.dtype(dtype).name}'
   if head_dim % 8 or head_dim > 128:
@@ -48,24 +67,39 @@ def cudnn_unsupported(dtype, head_dim: int) -> Optional[str]:
   return None
 
 
-def choose(kernel: str, where: str, queries: int, components, lengths, dropout: bool, dtype,
-           head_dim: int) -> Optional[str]:
-  """The ``jax.nn.dot_product_attention`` implementation for ``kernel`` at ``where`` (the
-  module's path), or None for the reference path. Under 'auto' a single query (a cached decode
-  step: no (q, k) matrix to spare) keeps the reference path; 'cudnn' fuses it too."""
-  if kernel == 'xla' or (kernel == 'auto' and (queries == 1 or jax.default_backend() != 'gpu')):
+def pallas_unsupported(dtype, head_dim: int, queries: int, keys: int) -> Optional[str]:
+  """Why the TPU Pallas kernel cannot (None when it can): one query is a cached decode step."""
+  del dtype, head_dim, keys
+  return 'a single query (a cached decode step)' if queries == 1 else None
+
+
+LIMITS = {'cudnn': cudnn_unsupported, 'pallas': pallas_unsupported}
+
+
+def choose(kernel: str, where: str, queries: int, keys: int, components, lengths, dropout: bool,
+           dtype, head_dim: int) -> Optional[str]:
+  """The fused implementation for ``kernel`` at ``where`` (the module's path): 'cudnn' or
+  'pallas' (or what IMPLEMENTATIONS maps them to), or None for the reference path."""
+  if kernel == 'xla':
     return None
-  implementation = IMPLEMENTATIONS['cudnn']
-  if implementation == 'cudnn' and jax.default_backend() != 'gpu':
-    raise ValueError(f"attention_kernel 'cudnn' needs an NVIDIA GPU; JAX runs on "
-                     f"{jax.default_backend()}: use 'auto' (cuDNN where it can serve) or 'xla'")
+  target = platform()
+  chosen = kernel
+  if kernel == 'auto':
+    chosen = {'gpu': 'cudnn', 'tpu': 'pallas'}.get(target)
+    if chosen is None or queries == 1:
+      return None
+  elif IMPLEMENTATIONS[kernel] == kernel and target != PLATFORMS[kernel]:
+    raise ValueError(f"attention_kernel {kernel!r} needs a {PLATFORMS[kernel].upper()}; the step "
+                     f"is compiled for {target}: use 'auto' (the platform's kernel where it can "
+                     f"serve) or 'xla'")
+  implementation = IMPLEMENTATIONS[chosen]
   reason = unsupported(components, lengths, dropout) or (
-      cudnn_unsupported(dtype, head_dim) if implementation == 'cudnn' else None)
+      LIMITS[chosen](dtype, head_dim, queries, keys) if implementation == chosen else None)
   if reason is None:
     return implementation
-  if kernel == 'cudnn' and (where, reason) not in _warned:
+  if kernel != 'auto' and (where, reason) not in _warned:
     _warned.add((where, reason))
-    warnings.warn(f'attention_kernel cudnn: the XLA path for the {where}: {reason}', stacklevel=2)
+    warnings.warn(f'attention_kernel {kernel}: the XLA path for the {where}: {reason}', stacklevel=2)
   return None
 
 
@@ -76,7 +110,58 @@ def attend(query, key, value, bias=None, lengths: Tuple = (None, None), causal: 
   ``lengths``: (query lengths, key lengths), each (batch,) int32 or None for every position;
   ``causal``: key index <= query index. Rows past a query length come out as zeros."""
   q_lengths, k_lengths = (None if n is None else n.astype(jnp.int32) for n in lengths)
+  bias = None if bias is None else bias.astype(query.dtype)
+  if implementation == 'pallas':
+    return _tpu_flash(query, key, value, bias, q_lengths, k_lengths, causal)
   return jax.nn.dot_product_attention(
-      query, key, value, bias=None if bias is None else bias.astype(query.dtype),
-      scale=query.shape[-1] ** -0.5, is_causal=causal, query_seq_lengths=q_lengths,
-      key_value_seq_lengths=k_lengths, implementation=implementation)
+      query, key, value, bias=bias, scale=query.shape[-1] ** -0.5, is_causal=causal,
+      query_seq_lengths=q_lengths, key_value_seq_lengths=k_lengths, implementation=implementation)
+
+
+def _segment_ids(lengths, batch: int, n: int, padded: int):
+  """(batch, padded) int32 segment ids: 1 before each row's length (every position of ``n`` when
+  ``lengths`` is None), 0 after it and in the ``padded - n`` positions added to fill a tile."""
+  n = jnp.full((batch,), n, jnp.int32) if lengths is None else jnp.minimum(lengths, n)
+  return (jnp.arange(padded)[None, :] < n[:, None]).astype(jnp.int32)
+
+
+def _tpu_flash(query, key, value, bias, q_lengths, k_lengths, causal):
+  """The Pallas TPU kernel: (Q K^T + B) with Q pre-scaled by 1/sqrt(d_h). It tiles q and k by
+  128 (its default; it needs k tiles of 128 with segment ids), so both are padded to a multiple
+  of 128 and the padding is masked as segment id 0 (as a row's own padding) and cut off the
+  output. Per device under ``shard_map`` when traced on a mesh (``partitioning.jit``): the batch
+  and the heads over the mesh axes their logical-axis rules name (the heads where they divide)."""
+  b, q, h, d = query.shape
+  k = key.shape[1]
+  pq, pk = (-(-n // _TPU_BLOCK) * _TPU_BLOCK for n in (q, k))
+  q_ids, k_ids = _segment_ids(q_lengths, b, q, pq), _segment_ids(k_lengths, b, k, pk)
+  pad = lambda x, n: jnp.pad(x, [(0, 0), (0, n - x.shape[1]), (0, 0), (0, 0)])
+  query = pad(query / jnp.sqrt(d).astype(query.dtype), pq)
+  key, value = pad(key, pk), pad(value, pk)
+  if bias is not None:
+    bias = jnp.pad(bias, [(0, 0), (0, 0), (0, pq - q), (0, pk - k)])
+  t = _TPU_BLOCK
+  blocks = tpu_flash.BlockSizes(
+      block_q=t, block_k_major=t, block_k=t, block_b=1, block_q_major_dkv=t, block_k_major_dkv=t,
+      block_k_dkv=t, block_q_dkv=t, block_k_major_dq=t, block_k_dq=t, block_q_dq=t)
+
+  def kernel(qs, ks, vs, qi, ki, ab):
+    heads_first = lambda x: jnp.swapaxes(x, 1, 2)
+    if ab is not None:
+      ab = jnp.broadcast_to(ab, (qs.shape[0],) + ab.shape[1:])
+    out = tpu_flash.flash_attention(
+        heads_first(qs), heads_first(ks), heads_first(vs), ab, tpu_flash.SegmentIds(qi, ki),
+        causal=causal, sm_scale=1.0, block_sizes=blocks)
+    return heads_first(out) * qi[:, :, None, None].astype(out.dtype)
+
+  mesh = jax.sharding.get_abstract_mesh()
+  if not mesh.empty and mesh.size > 1:
+    batch_axis, _, heads_axis = nn.logical_to_mesh_axes(('batch', 'length', 'heads'))
+    if heads_axis is not None and h % mesh.shape[heads_axis]:
+      heads_axis = None
+    rows, heads = P(batch_axis), P(batch_axis, None, heads_axis)
+    kernel = jax.shard_map(kernel, mesh=mesh, check_vma=False,
+                           in_specs=(heads, heads, heads, rows, rows,
+                                     None if bias is None else P(None, heads_axis)),
+                           out_specs=heads)
+  return kernel(query, key, value, q_ids, k_ids, bias)[:, :q]

@@ -93,9 +93,9 @@ class Diagnostics:
     self.path = storage.path(model_dir) / FILE
     self.config, self.mesh, self.batch = config, mesh, None
     data = partitioning.batch_sharding(mesh)
-    self._compute = jax.jit(functools.partial(compute, model, config, **loss_kwargs),
-                            in_shardings=(param_shardings, data),
-                            out_shardings=(NamedSharding(mesh, PartitionSpec()), data))
+    self._compute = partitioning.jit(functools.partial(compute, model, config, **loss_kwargs), mesh,
+                                     in_shardings=(param_shardings, data),
+                                     out_shardings=(NamedSharding(mesh, PartitionSpec()), data))
 
   def begin(self, params, host_batch, fresh: bool) -> bool:
     """Reloads x and F(x; theta_0) from ``diagnostics.npz``, unless ``fresh`` (step 0) or there is

@@ -28,8 +28,8 @@ def make_eval_step(model, config, param_sharding, mesh, z_loss: float = 0.0):
   head's per-example 'rows'), replicated on every device."""
   def step(params, batch):
     return summed_loss(model, config, params, batch, None, z_loss=z_loss, rows=True)[1]
-  return jax.jit(step, in_shardings=(param_sharding, partitioning.batch_sharding(mesh)),
-                 out_shardings=NamedSharding(mesh, PartitionSpec()))
+  return partitioning.jit(step, mesh, in_shardings=(param_sharding, partitioning.batch_sharding(mesh)),
+                          out_shardings=NamedSharding(mesh, PartitionSpec()))
 
 
 def evaluate(eval_step, params, batches: Iterable[Dict[str, np.ndarray]], mesh,

@@ -9,6 +9,7 @@ vocab dimensions are split over 'model' (1-D parameter partitioning) and, with `
 synthesizer ``length`` ...) are replicated.
 """
 import dataclasses
+import functools
 import math
 from typing import Dict, Sequence, Tuple
 
@@ -138,6 +139,19 @@ def follow_param_shardings(abstract_tree, abstract_params, mesh: Mesh):
         spec[:i] + spec[i + 1:] for i in range(len(shape)) if shape[:i] + shape[i + 1:] == tuple(leaf.shape)}
     return NamedSharding(mesh, PartitionSpec(*fits.pop()) if len(fits) == 1 else PartitionSpec())
   return jax.tree_util.tree_map_with_path(sharding, abstract_tree)
+
+
+def jit(fn, mesh: Mesh, **kwargs):
+  """``jax.jit(fn, **kwargs)`` with ``fn`` traced under ``mesh`` as the abstract mesh and the
+  logical-axis rules in flax's context, so that a layer which splits its work per device itself
+  (the TPU attention kernel under ``shard_map``, layers/fused_attention.py) sees the mesh, the
+  platform it is compiled for and which mesh axes split the batch and the heads (the same with
+  and without fsdp, which only moves parameters' ``embed``)."""
+  @functools.wraps(fn)
+  def traced(*args, **kw):
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(logical_axis_rules()):
+      return fn(*args, **kw)
+  return jax.jit(traced, **kwargs)
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:

@@ -199,5 +199,5 @@ def init_state(model, tx_fn: Callable, mesh, rules, rng, init_inputs):
 def make_train_step(shardings: TrainState, mesh, **kwargs):
   """The jitted step: state in place (donated), batch split over 'data'."""
   step = functools.partial(train_step, **kwargs)
-  return jax.jit(step, in_shardings=(shardings, partitioning.batch_sharding(mesh), None),
-                 out_shardings=(shardings, None), donate_argnums=(0,))
+  return partitioning.jit(step, mesh, in_shardings=(shardings, partitioning.batch_sharding(mesh), None),
+                          out_shardings=(shardings, None), donate_argnums=(0,))
