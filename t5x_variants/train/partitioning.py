@@ -9,7 +9,6 @@ vocab dimensions are split over 'model' (1-D parameter partitioning) and, with `
 synthesizer ``length`` ...) are replicated.
 """
 import dataclasses
-import functools
 import math
 from typing import Dict, Sequence, Tuple
 
@@ -147,10 +146,11 @@ def jit(fn, mesh: Mesh, **kwargs):
   (the TPU attention kernel under ``shard_map``, layers/fused_attention.py) sees the mesh, the
   platform it is compiled for and which mesh axes split the batch and the heads (the same with
   and without fsdp, which only moves parameters' ``embed``)."""
-  @functools.wraps(fn)
   def traced(*args, **kw):
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(logical_axis_rules()):
       return fn(*args, **kw)
+  # The HLO module and its ops are named after fn (profiles find the step by that name).
+  traced.__name__ = traced.__qualname__ = getattr(fn, '__name__', None) or fn.func.__name__
   return jax.jit(traced, **kwargs)
 
 
