@@ -32,8 +32,8 @@ from jax.sharding import PartitionSpec as P
 
 KERNELS = ('auto', 'xla', 'cudnn', 'pallas')
 PLATFORMS = {'cudnn': 'gpu', 'pallas': 'tpu'}
-# What jax.nn.dot_product_attention is asked for under 'cudnn' (tests on a CPU map it to jax's own
-# XLA implementation to check everything but the kernel itself).
+# The implementation each kernel runs: tests on a CPU map 'cudnn' to jax.nn.dot_product_attention's
+# own XLA implementation, to check everything but the kernel itself.
 IMPLEMENTATIONS = {'cudnn': 'cudnn', 'pallas': 'pallas'}
 _TPU_BLOCK = 128  # the Pallas kernel's tile along q and k
 _warned = set()
@@ -57,9 +57,9 @@ def unsupported(components, lengths, dropout: bool) -> Optional[str]:
   return None
 
 
-def cudnn_unsupported(dtype, head_dim: int, queries: int, keys: int) -> Optional[str]:
+def cudnn_unsupported(dtype, head_dim: int, queries: int) -> Optional[str]:
   """Why cuDNN's kernel itself cannot (None when it can)."""
-  del queries, keys
+  del queries
   if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
     return f'cuDNN attention needs a 16-bit compute dtype, not {jnp.dtype(dtype).name}'
   if head_dim % 8 or head_dim > 128:
@@ -67,17 +67,17 @@ def cudnn_unsupported(dtype, head_dim: int, queries: int, keys: int) -> Optional
   return None
 
 
-def pallas_unsupported(dtype, head_dim: int, queries: int, keys: int) -> Optional[str]:
+def pallas_unsupported(dtype, head_dim: int, queries: int) -> Optional[str]:
   """Why the TPU Pallas kernel cannot (None when it can): one query is a cached decode step."""
-  del dtype, head_dim, keys
+  del dtype, head_dim
   return 'a single query (a cached decode step)' if queries == 1 else None
 
 
 LIMITS = {'cudnn': cudnn_unsupported, 'pallas': pallas_unsupported}
 
 
-def choose(kernel: str, where: str, queries: int, keys: int, components, lengths, dropout: bool,
-           dtype, head_dim: int) -> Optional[str]:
+def choose(kernel: str, where: str, queries: int, components, lengths, dropout: bool, dtype,
+           head_dim: int) -> Optional[str]:
   """The fused implementation for ``kernel`` at ``where`` (the module's path): 'cudnn' or
   'pallas' (or what IMPLEMENTATIONS maps them to), or None for the reference path."""
   if kernel == 'xla':
@@ -94,7 +94,7 @@ def choose(kernel: str, where: str, queries: int, keys: int, components, lengths
                      f"serve) or 'xla'")
   implementation = IMPLEMENTATIONS[chosen]
   reason = unsupported(components, lengths, dropout) or (
-      LIMITS[chosen](dtype, head_dim, queries, keys) if implementation == chosen else None)
+      LIMITS[chosen](dtype, head_dim, queries) if implementation == chosen else None)
   if reason is None:
     return implementation
   if kernel != 'auto' and (where, reason) not in _warned:
