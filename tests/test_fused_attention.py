@@ -150,6 +150,7 @@ print(sorted(set(calls)))
 """
 
 
+@pytest.mark.slow
 def test_pallas_kernel_per_device_on_a_mesh_equals_one_device():
   """On a data=2 x model=2 mesh (partitioning.jit) the kernel runs under shard_map on each
   device's 2 rows and 2 of the 4 heads, and the loss and every gradient equal the reference path
