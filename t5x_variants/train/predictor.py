@@ -59,8 +59,9 @@ class Predictor:
                                     batch['decoder_loss_weights'])
       return -nll.sum(-1)
     self._log_likelihood = partitioning.jit(
-        log_likelihood, self.mesh, in_shardings=(jax.tree_util.tree_map(lambda p: p.sharding, self.abstract_params),
-                                      partitioning.batch_sharding(self.mesh)),
+        log_likelihood, self.mesh,
+        in_shardings=(jax.tree_util.tree_map(lambda p: p.sharding, self.abstract_params),
+                      partitioning.batch_sharding(self.mesh)),
         out_shardings=NamedSharding(self.mesh, PartitionSpec()))
 
   def load(self, checkpoint_path: str):
@@ -81,8 +82,8 @@ class Predictor:
             method=o.method, rng=rng, temperature=o.temperature, top_k=o.top_k, top_p=o.top_p,
             num_beams=o.num_beams, length_penalty=o.length_penalty, eos_id=EOS_ID)
       replicated = NamedSharding(self.mesh, PartitionSpec())
-      self._decode[max_decode_length] = partitioning.jit(run, self.mesh,
-                                                             out_shardings=(replicated, replicated))
+      self._decode[max_decode_length] = partitioning.jit(
+          run, self.mesh, out_shardings=(replicated, replicated))
     return self._decode[max_decode_length]
 
   def predict(self, tokens: np.ndarray, max_decode_length: int, batch_index: int = 0):
