@@ -94,3 +94,14 @@ def test_a_quick_resume_keeps_both_event_files(tmp_path):
 def test_the_logger_does_not_import_tensorflow():
   code = "import sys, t5x_variants.train.metrics; assert 'tensorflow' not in sys.modules"
   subprocess.run([sys.executable, '-c', code], check=True)
+
+
+def test_the_logger_does_not_load_torch_and_leaves_it_importable():
+  """tensorboardX would import torch (seconds per training process); the logger hides it from that
+  import only, so a later `import torch` (t5xv-bench --hf, t5xv-export) still works."""
+  code = ('import sys, importlib.util; import t5x_variants.train.metrics; '
+          "assert 'torch' not in sys.modules, 'torch loaded'; "
+          "torch = importlib.util.find_spec('torch') and importlib.import_module('torch'); "
+          "print('ok', bool(torch))")
+  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)
+  assert out.returncode == 0 and out.stdout.startswith('ok'), out.stderr[-2000:]

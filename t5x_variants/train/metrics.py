@@ -5,11 +5,22 @@ import itertools
 import json
 import math
 import os
+import sys
 import time
 from typing import Mapping, Optional
 
 import jax
-import tensorboardX
+
+# tensorboardX imports torch, where installed, only to accept torch tensors (about 3 s in every
+# training process; a run logs floats): torch is hidden from that import unless already loaded.
+_HIDE_TORCH = 'torch' not in sys.modules
+if _HIDE_TORCH:
+  sys.modules['torch'] = None  # `import torch` raises ImportError
+try:
+  import tensorboardX  # pylint: disable=g-import-not-at-top
+finally:
+  if _HIDE_TORCH:
+    del sys.modules['torch']
 
 from t5x_variants.train import storage
 
