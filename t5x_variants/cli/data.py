@@ -43,7 +43,7 @@ def inspect_task(name, split='validation', n=5, lengths=None, out=None):
   out = out or sys.stdout
   task = tasks.get_task_or_mixture(name)
   lengths = lengths or default_lengths(name, 512)
-  with tasks.explain_missing_data(task):
+  with tasks.explain_missing_data(task), tasks.without_autograph():
     ds = task.get_dataset(lengths, split=split, shuffle=False, seed=0)
   examples = [{k: np.asarray(v) for k, v in ex.items()} for ex in ds.take(n).as_numpy_iterator()]
   if not examples:
