@@ -118,6 +118,28 @@ def test_sharded_mesh_matches_a_single_device():
     assert result['sharded'][2] < result['sharded'][0]
 
 
+LOWERED_STEP = """
+import hashlib, sys
+sys.path.insert(0, sys.argv[1])
+import jax
+from t5x_variants.train import partitioning
+from train_helpers import setup, synthetic_batch
+state, step = setup(partitioning.make_mesh(devices=jax.devices()[:1]))
+print(hashlib.sha256(step.lower(state, synthetic_batch(), jax.random.PRNGKey(0)).as_text().encode()).hexdigest())
+"""
+
+
+def test_the_train_step_is_the_same_program_in_every_process():
+  """Python salts string hashes per process: nothing that builds the step may follow a set's
+  order, or each host of a pod traces its own program (and the compilation cache misses). The
+  lowered step under two hash seeds (which gave 4 different programs for 4 seeds while the
+  optimizer's transforms followed a set of labels) is the same text."""
+  texts = {subprocess.run([sys.executable, '-c', LOWERED_STEP, os.path.dirname(__file__)],
+                          env={**os.environ, 'PYTHONHASHSEED': seed}, capture_output=True,
+                          text=True, check=True).stdout.split()[-1] for seed in ('0', '1')}
+  assert len(texts) == 1
+
+
 def test_factored_adafactor_statistics_follow_their_parameter_sharding():
   """A (layers, 256, 512) kernel split over 'model' on its last axis: the per-layer factored
   statistics drop one axis each, and keep 'model' exactly where the kept axis carries it."""

@@ -157,6 +157,6 @@ def make_optimizer(params, learning_rate, optimizer: Callable = adafactor,
   labels = param_labels(params, frozen)
   transforms = {n: optax.set_to_zero() if n == 'frozen' else
                 optimizer(learning_rate) if n == 'default' else _per_layer(optimizer(learning_rate))
-                for n in set(jax.tree_util.tree_leaves(labels))}
+                for n in sorted(set(jax.tree_util.tree_leaves(labels)))}
   tx = optax.multi_transform(transforms, labels)
   return optax.chain(optax.clip_by_global_norm(global_norm_clip), tx) if global_norm_clip else tx
