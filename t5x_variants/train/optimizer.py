@@ -155,6 +155,7 @@ def make_optimizer(params, learning_rate, optimizer: Callable = adafactor,
   ``frozen`` paths no update, and with ``global_norm_clip`` the gradients are first clipped to
   that global norm (Pascanu et al. 2013)."""
   labels = param_labels(params, frozen)
+  # Sorted, not a set's order (Python's per-process hash seed): every process traces one program.
   transforms = {n: optax.set_to_zero() if n == 'frozen' else
                 optimizer(learning_rate) if n == 'default' else _per_layer(optimizer(learning_rate))
                 for n in sorted(set(jax.tree_util.tree_leaves(labels)))}
