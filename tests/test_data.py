@@ -60,7 +60,7 @@ def short_pairs_task():
 
 
 AUTOGRAPH_OR_NOT = """
-import contextlib, sys
+import contextlib
 import numpy as np
 from t5x_variants.data import pipeline, tasks
 without_autograph = tasks.without_autograph
