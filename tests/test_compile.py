@@ -182,7 +182,29 @@ def _compile_cli(*args):
   return run(os.path.join(BIN, 't5xv-compile'), *args)
 
 
-@pytest.mark.slow
+@pytest.fixture
+def compile_main(capsys, monkeypatch):
+  """t5xv-compile's main in this process (its bad input fails before any compile; a process of its
+  own would spend most of its time importing TensorFlow): (exit status, stderr). Gin and the
+  compilation cache, which the command sets for itself, are restored."""
+  import gin  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  from t5x_variants.cli import compile as compile_cli  # pylint: disable=g-import-not-at-top
+  monkeypatch.chdir(REPO)
+  cache = jax.config.jax_enable_compilation_cache
+
+  def main(*args):
+    gin.clear_config()
+    try:
+      with pytest.raises(SystemExit) as e:
+        compile_cli.main(list(args))
+    finally:
+      jax.config.update('jax_enable_compilation_cache', cache)
+      gin.clear_config()
+    return e.value.code, capsys.readouterr().err
+  return main
+
+
 @needs_libtpu
 @pytest.mark.parametrize('args, says', [
     (['--topology=v9:2x2'], "unknown topology 'v9:2x2'"),
@@ -191,10 +213,11 @@ def _compile_cli(*args):
     (['--topology=v5e:2x2', '--gin.MeshConfig.model=4', '--gin.TransformerConfig.num_heads=6'],
      "mesh axis 'model' of size 4 does not divide heads = 6"),
 ])
-def test_compile_bad_input_is_one_line(args, says):
-  out = _compile_cli('--gin_file=gin/runs/pretrain.gin', '--gin_file=gin/models/t5_tiny.gin', *args)
-  assert out.returncode == 2, out.stderr[-2000:]
-  assert says in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+def test_compile_bad_input_is_one_line(compile_main, args, says):
+  status, err = compile_main('--gin_file=gin/runs/pretrain.gin', '--gin_file=gin/models/t5_tiny.gin', *args)
+  assert status == 2, err[-2000:]
+  assert err.startswith('t5xv-compile: error: ') and says in err, err
+  assert len(err.strip().splitlines()) == 1, err
 
 
 @pytest.mark.slow
