@@ -19,6 +19,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from conftest import init_params, tiny, tokens
 from t5x_variants.layers import fused_attention
+from t5x_variants.models import build_model
 from t5x_variants.train.decoding import decode
 
 ON_GPU = jax.default_backend() == 'gpu'
@@ -53,17 +54,19 @@ def padded_batch(arch):
   return inputs, valid
 
 
-def outputs_and_grads(config, inputs, valid):
-  """Logits at valid positions (others zeroed) and the gradient of a weighted loss over them."""
-  model, params = init_params(config, *inputs)
+def reference_and_kernel(kernel, inputs, valid, **config):
+  """Logits at valid positions (others zeroed) and the gradient of a weighted loss over them, by
+  the reference path and by ``kernel``, for the same parameters (initialized by the reference
+  path: an init through the kernel would run the kernel too, minutes in TPU interpret mode)."""
+  _, params = init_params(tiny(attention_kernel='xla', **config), *inputs)
   w = jnp.asarray(valid, jnp.float32)[..., None]
 
-  @jax.jit
-  def run(p):
+  def run(k):
+    model = build_model(tiny(attention_kernel=k, **config))
     f = lambda p: model.apply({'params': p}, *inputs) * w
-    logits = f(p)
-    return logits, jax.grad(lambda p: jnp.sum(jnp.sin(f(p).astype(jnp.float32))))(p)
-  return run(params)
+    loss = lambda p: jnp.sum(jnp.sin(f(p).astype(jnp.float32)))
+    return jax.jit(lambda p: (f(p), jax.grad(loss)(p)))(params)
+  return run('xla'), run(kernel)
 
 
 def assert_close(ref, got, rtol, atol):
@@ -78,8 +81,7 @@ def test_fused_path_equals_the_reference_path(arch, jax_xla_kernel):
   cross-attention over padded keys, with T5's relative position bias and its gradient: logits
   and every parameter's gradient (the bias table's included) agree."""
   inputs, valid = padded_batch(arch)
-  ref = outputs_and_grads(tiny(architecture=arch, attention_kernel='xla'), inputs, valid)
-  got = outputs_and_grads(tiny(architecture=arch, attention_kernel='cudnn'), inputs, valid)
+  ref, got = reference_and_kernel('cudnn', inputs, valid, architecture=arch)
   assert_close(ref, got, rtol=1e-4, atol=1e-5)
 
 
@@ -114,8 +116,7 @@ def test_pallas_kernel_equals_the_reference_path(tpu_interpret):
   128-tile; logits and every gradient, the relative bias table's (broadcast over the batch for
   the kernel and summed back) included."""
   inputs, valid = padded_batch('encoder_decoder')
-  ref = outputs_and_grads(tiny(attention_kernel='xla'), inputs, valid)
-  got = outputs_and_grads(tiny(attention_kernel='pallas'), inputs, valid)
+  ref, got = reference_and_kernel('pallas', inputs, valid)
   assert_close(ref, got, rtol=1e-4, atol=1e-5)
 
 
@@ -128,6 +129,7 @@ from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
 from jax.sharding import NamedSharding, PartitionSpec as P
 from conftest import init_params, tiny, tokens
 from t5x_variants.layers import fused_attention
+from t5x_variants.models import build_model
 from t5x_variants.train import partitioning
 fused_attention.platform = lambda: 'tpu'
 calls = []
@@ -135,8 +137,9 @@ kernel = tpu_flash.flash_attention
 tpu_flash.flash_attention = lambda q, *a, **k: calls.append(q.shape) or kernel(q, *a, **k)
 enc, dec = np.array(tokens(4, 12)), np.array(tokens(4, 8, seed=1))
 enc[1, 5:] = 0
+_, params = init_params(tiny(attention_kernel='xla'), enc, dec)
 def grads(kernel, mesh):
-  model, params = init_params(tiny(attention_kernel=kernel), enc, dec)
+  model = build_model(tiny(attention_kernel=kernel))
   calls.clear()
   f = lambda p, e, d: jnp.sum(jnp.sin(model.apply({'params': p}, e, d)))
   rep, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P('data'))
@@ -217,8 +220,7 @@ def test_cudnn_equals_the_reference_path_on_a_gpu(arch):
   bfloat16, the reference adds it in float32)."""
   inputs, valid = padded_batch(arch)
   c = dict(architecture=arch, dtype='bfloat16', head_dim=16, num_heads=2)
-  ref = outputs_and_grads(tiny(**c, attention_kernel='xla'), inputs, valid)
-  got = outputs_and_grads(tiny(**c, attention_kernel='cudnn'), inputs, valid)
+  ref, got = reference_and_kernel('cudnn', inputs, valid, **c)
   assert_close(ref, got, rtol=5e-2, atol=5e-2)
 
 
@@ -230,8 +232,7 @@ def test_cudnn_with_an_all_padding_row_stays_finite_on_a_gpu():
   enc[1] = 0
   c = dict(dtype='bfloat16', head_dim=16, num_heads=2)
   valid = np.array([[True] * 8, [False] * 8])
-  ref = outputs_and_grads(tiny(**c, attention_kernel='xla'), (enc, dec), valid)
-  got = outputs_and_grads(tiny(**c, attention_kernel='cudnn'), (enc, dec), valid)
+  ref, got = reference_and_kernel('cudnn', (enc, dec), valid, **c)
   assert all(np.isfinite(np.asarray(x, np.float32)).all() for x in jax.tree_util.tree_leaves(got))
   assert_close(ref, got, rtol=5e-2, atol=5e-2)
 
