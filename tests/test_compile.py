@@ -4,14 +4,16 @@ compile-only devices (skipped where libtpu is absent: ``pip install -e '.[tpu]'`
 against the chip's, the compiler's out-of-memory refusal read back as "does not fit", and
 ``--suggest`` finding plans that do fit."""
 import importlib.util
+import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from t5x_variants.train import aot, targets
+from t5x_variants.train import aot, partitioning, targets
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
@@ -107,7 +109,6 @@ def v5e_2x2():
 
 def _plan(**overrides):
   from t5x_variants.models import TransformerConfig
-  from t5x_variants.train import partitioning
   return aot.Plan(TransformerConfig(**{**TINY, **overrides}), partitioning.MeshConfig())
 
 
@@ -258,7 +259,6 @@ def test_the_readme_pod_command_compiles_and_fits_its_slice():
   """README: T5-base with runs/pretrain.gin on a v5litepod-16 (v5e:4x4), data parallel."""
   import gin  # pylint: disable=g-import-not-at-top
   from t5x_variants.cli import common  # pylint: disable=g-import-not-at-top
-  from t5x_variants.train import partitioning  # pylint: disable=g-import-not-at-top
   with open(os.path.join(REPO, 'README.md')) as f:
     readme = f.read()
   assert 'topology v5e:4x4' in readme and '--gin_file=gin/models/t5_base.gin \\\n    --gin.MODEL_DIR' in readme
@@ -281,3 +281,20 @@ def test_a_tpu_slice_gets_the_tpu_attention_kernel_from_any_host(v5e_2x2):
   assert texts['xla'].count('tpu_custom_call') == 0
   # forward, dK/dV and dQ kernels for the encoder, decoder and cross-attention (scanned layers)
   assert texts['auto'].count('tpu_custom_call') == 9
+
+
+COLLECTIVES = re.compile(r'= (\w+)\[([\d,]*)\][^ ]* (all-reduce|all-gather|reduce-scatter|all-to-all)'
+                         r'(?:-start)?\(')
+
+
+@needs_libtpu
+def test_fsdp_moves_parameters_not_activations(v5e_2x2):
+  """With fsdp each weight is gathered for its matmul: no collective of the compiled step is
+  larger than the largest parameter (a matmul split over embed instead all-reduces activations:
+  at batch 64 x 64 tokens the logits are 16x the embedding table)."""
+  plan = aot.Plan(_plan(dtype='bfloat16').config, partitioning.MeshConfig(fsdp=True))
+  lowered, _ = aot.lower(plan, v5e_2x2, 64, {'inputs': 64, 'targets': 64}, OPTIONS)
+  largest = TINY['vocab_size'] * TINY['d_model']
+  sizes = [(kind, math.prod(int(n) for n in dims.split(',') if n))
+           for _, dims, kind in COLLECTIVES.findall(lowered.compile().as_text())]
+  assert sizes and all(size <= largest for _, size in sizes), sorted(sizes, key=lambda s: -s[1])[:5]

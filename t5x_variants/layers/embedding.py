@@ -18,10 +18,14 @@ class Embed(nn.Module):
         'embedding', nn.with_logical_partitioning(nn.initializers.normal(self.init_std), ('vocab', 'embed')),
         (self.num_embeddings, self.features), jnp.float32)
 
+  def table(self, dtype):
+    """E in ``dtype``, laid out as without fsdp (gathered where fsdp splits embed: layers/dense.py)."""
+    return nn.with_logical_constraint(self.embedding.astype(dtype), ('vocab', 'embed'))
+
   def __call__(self, ids):
-    x = jnp.take(self.embedding, ids, axis=0)
+    x = jnp.take(self.table(jnp.float32), ids, axis=0)
     return (x * self.features**0.5 if self.scale else x).astype(self.dtype)
 
   def attend(self, x):
     """x E^T (unscaled E): logits over the vocabulary, in the dtype of x."""
-    return jnp.einsum('...d,vd->...v', x, self.embedding.astype(x.dtype))
+    return jnp.einsum('...d,vd->...v', x, self.table(x.dtype))
