@@ -291,7 +291,7 @@ COLLECTIVES = re.compile(r'= (\w+)\[([\d,]*)\][^ ]* (all-reduce|all-gather|reduc
 def test_fsdp_moves_parameters_not_activations(v5e_2x2):
   """With fsdp each weight is gathered for its matmul: no collective of the compiled step is
   larger than the largest parameter (a matmul split over embed instead all-reduces activations:
-  at batch 64 x 64 tokens the logits are 16x the embedding table)."""
+  one chip's 16 rows of 64 target tokens have logits 16 times the size of the embedding table)."""
   plan = aot.Plan(_plan(dtype='bfloat16').config, partitioning.MeshConfig(fsdp=True))
   lowered, _ = aot.lower(plan, v5e_2x2, 64, {'inputs': 64, 'targets': 64}, OPTIONS)
   largest = TINY['vocab_size'] * TINY['d_model']
