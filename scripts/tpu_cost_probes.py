@@ -4,8 +4,9 @@ says of each (FLOPs, bytes accessed, estimated seconds): compiler figures, not r
 - attention: the encoder self-attention's forward and backward at one chip's share of batch 128
   on v5p-16 (16 x 512 x 12 heads x 64, bfloat16, T5's bias with its gradient), the XLA reference
   path against the Pallas TPU kernel, and the kernel without the bias (what the bias costs it:
-  the kernel takes one bias per example, broadcast over the batch, its gradient summed after). The cost model sees inside a Pallas kernel only the
-  CostEstimate the kernel declares (the forward declares one, the backward kernels none).
+  the kernel takes one bias per example, broadcast over the batch, its gradient summed after).
+  The cost model sees inside a Pallas kernel only the CostEstimate the kernel declares (the
+  forward declares one, the backward kernels none).
 - loss: the output-logits matmul and the loss over the 32,128-token vocabulary, forward and
   backward, at 16 x 114 targets.
 - adafactor: the optimizer update of T5-base's parameters (every chip updates all of them under

@@ -19,7 +19,8 @@ class Embed(nn.Module):
         (self.num_embeddings, self.features), jnp.float32)
 
   def table(self, dtype):
-    """E in ``dtype``, laid out as without fsdp (gathered where fsdp splits embed: layers/dense.py)."""
+    """E in ``dtype``, laid out as without fsdp (gathered where fsdp splits embed; layers/dense.py
+    says why)."""
     return nn.with_logical_constraint(self.embedding.astype(dtype), ('vocab', 'embed'))
 
   def __call__(self, ids):
