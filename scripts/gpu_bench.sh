@@ -9,7 +9,8 @@
 # JOB: h32, h128 (defaults: ours with --profile, and HF + torch.compile, Adafactor), h128a (both
 # with AdamW: optax / PyTorch's fused), x128 (the XLA attention path, no remat: the old default),
 # r128_POLICY (a remat policy, e.g. r128_full, r128_save_qkv_attention), tests (the suite with
-# JAX_PLATFORMS=cuda, slow tests left out).
+# JAX_PLATFORMS=cuda, slow tests left out). GPU_BENCH_MAX_S, if set, caps each job's seconds (a
+# lease's deadline).
 set -u
 OUT=${1:?OUTDIR}
 shift
@@ -19,6 +20,7 @@ BENCH=(python3 -m t5x_variants.cli.bench --gin_file=gin/models/t5_base.gin --inp
 FULL=(env XLA_PYTHON_CLIENT_MEM_FRACTION=.95)  # batch 128: JAX's pool may take 95% of the GPU
 run() {  # job, seconds, command...
   local job=$1 limit=$2
+  (( ${GPU_BENCH_MAX_S:-$limit} < limit )) && limit=$GPU_BENCH_MAX_S
   shift 2
   echo "== $job $(date +%T): $*"
   timeout "$limit" "$@" >"$OUT/$job.log" 2>&1

@@ -161,6 +161,11 @@ def main(argv=None):
       from t5x_variants.cli import bench_hf  # pylint: disable=g-import-not-at-top
       hf = bench_hf.run(config, batch, lengths, args.steps, args.warmup, args.hf_compile,
                         args.hf_optimizer or ours)
+      memory = hf['peak_memory_bytes']
+      print(f'HF PyTorch T5 ({"torch.compile" if hf["compile"] else "eager"}, {hf["optimizer"]}, '
+            f'{hf["device"]}, torch {hf["torch"]}): median step {hf["median_step_seconds"] * 1000:.1f} ms, '
+            f'{hf["tokens_per_second"]:,.0f} tok/s'
+            + (f', peak memory {memory / 2**30:.2f} GiB' if memory else ''), flush=True)
     result = bench(config, batch, lengths, args.steps, args.warmup, peak=peak,
                    with_profile=args.profile)
     result['optimizer'] = ours
@@ -176,11 +181,7 @@ def main(argv=None):
     result['hf'] = hf
     result['speedup_vs_hf'] = hf['median_step_seconds'] / result['median_step_seconds']
     memory = hf['peak_memory_bytes']
-    print(f'HF PyTorch T5 ({"torch.compile" if hf["compile"] else "eager"}, {hf["optimizer"]}, '
-          f'{hf["device"]}, torch {hf["torch"]}): median step {hf["median_step_seconds"] * 1000:.1f} ms, '
-          f'{hf["tokens_per_second"]:,.0f} tok/s'
-          + (f', peak memory {memory / 2**30:.2f} GiB' if memory else '')
-          + f'; t5x_variants ({ours}) is {result["speedup_vs_hf"]:.2f}x its speed'
+    print(f't5x_variants ({ours}) is {result["speedup_vs_hf"]:.2f}x the speed of HF PyTorch T5'
           + (f' in {result["peak_memory_bytes"] / memory:.2f}x its memory' if memory else '')
           + ('' if hf['optimizer'] == ours else ' (different optimizers)'))
   if args.output:
