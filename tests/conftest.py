@@ -18,6 +18,9 @@ if os.environ['JAX_PLATFORMS'].split(',')[0] in ('cuda', 'gpu'):
   os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
 # A restore without target shardings (unsafe on another topology) is an error here and in the
 # processes the tests start; pyproject.toml's filterwarnings says the same to pytest.
+# A process that stands a mesh on 8 host devices: the CPU's, also on a GPU machine (a process on
+# the GPU would see one device).
+HOST_DEVICES = {'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': '--xla_force_host_platform_device_count=8'}
 RESTORE_WITHOUT_SHARDINGS = 'error:Sharding info not provided when restoring:UserWarning'
 os.environ['PYTHONWARNINGS'] = ','.join(
     w for w in (os.environ.get('PYTHONWARNINGS'), RESTORE_WITHOUT_SHARDINGS) if w)

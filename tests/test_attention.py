@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import tiny, tokens
+from conftest import HOST_DEVICES, tiny, tokens
 from t5x_variants.layers import synthesizer as synth
 from t5x_variants.layers.attention import Attention, add_shared_bias, masked_softmax, resolve_components
 from t5x_variants.layers.dense import Dense
@@ -221,7 +221,7 @@ def test_the_shared_bias_gradient_stays_on_each_device_of_a_split_batch():
     print(moved or [0], float(np.abs(got - np.cos(x).sum(0, keepdims=True)).max()))
   ''')
   out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
-                       env={**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=8'})
+                       env={**os.environ, **HOST_DEVICES})
   assert out.returncode == 0, out.stderr[-2000:]
   moved, error = out.stdout.rsplit(' ', 1)
   assert moved == '[1]' and float(error) < 1e-4, out.stdout

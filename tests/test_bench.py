@@ -106,6 +106,18 @@ def test_profile_categories():
   assert found['copy.3'] == 'copies'  # not its metadata's 'dot_general'
 
 
+def test_profile_turns_command_buffers_off_only_for_a_cuda_backend():
+  """On a GPU the trace shows XLA's command buffers, not kernels ('command_buffer_N': every op
+  'other'); --profile turns them off there, keeping the user's XLA flags, and nowhere else."""
+  from t5x_variants.cli import profile
+  env = {'XLA_FLAGS': '--xla_dump_to=/tmp/x'}
+  assert profile.expose_gpu_kernels(env, plugins=['jax_cuda13_plugin'])
+  assert env['XLA_FLAGS'] == '--xla_dump_to=/tmp/x --xla_gpu_enable_command_buffer='
+  for env, plugins in (({}, ['jax_plugins']), ({'JAX_PLATFORMS': 'cpu'}, ['jax_cuda13_plugin']),
+                       ({'JAX_PLATFORMS': 'tpu'}, ['jax_cuda13_plugin'])):
+    assert not profile.expose_gpu_kernels(env, plugins=plugins) and 'XLA_FLAGS' not in env
+
+
 def test_bench_times_the_hf_peer_on_the_same_shape(tmp_path, capsys):
   """--hf: the peer in its own process, same batch and lengths, the same optimizer kind."""
   pytest.importorskip('transformers')

@@ -16,6 +16,7 @@ import gin
 import pytest
 from etils import epath
 
+from conftest import HOST_DEVICES
 from t5x_variants.cli import eval as eval_cli, infer, train
 from train_helpers import records_of as records
 
@@ -368,7 +369,7 @@ def test_a_model_axis_that_splits_heads_unevenly_is_one_line_in_every_command(qu
   }[name]
   out = subprocess.run([os.path.join(BIN, name), *args, '--gin.MeshConfig.model=8'], cwd=REPO,
                        capture_output=True, text=True,
-                       env={**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=8'})
+                       env={**os.environ, **HOST_DEVICES})
   assert out.returncode == 2, out.stderr[-3000:]
   assert out.stderr.startswith(f"{name}: error: mesh axis 'model' of size 8 does not divide heads = 4 ")
   assert out.stderr.strip().endswith('and the 8 devices: 1, 2, 4 (set MeshConfig.model)'), out.stderr

@@ -13,6 +13,7 @@ import textwrap
 
 import pytest
 
+from conftest import HOST_DEVICES
 from t5x_variants.train import aot, partitioning, targets
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -65,7 +66,7 @@ def test_mesh_checks_on_an_8_device_host():
       except ValueError as e:
         print(e)
   ''')
-  out = run(sys.executable, '-c', script, env={'XLA_FLAGS': '--xla_force_host_platform_device_count=8'})
+  out = run(sys.executable, '-c', script, env=HOST_DEVICES)
   assert out.returncode == 0, out.stderr[-3000:]
   lines = out.stdout.strip().splitlines()
   assert lines[0].startswith("mesh axis 'model' of size 8 does not divide heads = 12 (e.g. ")

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
-from conftest import init_params, tiny, tokens
+from conftest import HOST_DEVICES, init_params, tiny, tokens
 from t5x_variants.layers import fused_attention
 from t5x_variants.models import build_model
 from t5x_variants.train.decoding import decode
@@ -34,7 +34,12 @@ def jax_xla_kernel(monkeypatch):
 
 @pytest.fixture
 def tpu_interpret(monkeypatch):
-  """'pallas' as on a TPU: the platform said to be a TPU, the kernel run by the TPU interpreter."""
+  """'pallas' as on a TPU: the platform said to be a TPU, the kernel run by the TPU interpreter.
+  On the CPU only: on a GPU (an H200, jax 0.11.2) flax's layer scan refused the interpreted
+  kernel at trace time ('broadcasted variable has a data dependency on the scan body'; the
+  interpreter runs the kernel through ordered host callbacks)."""
+  if ON_GPU:
+    pytest.skip('the TPU interpreter runs on the CPU (on a GPU the layer scan refuses it)')
   monkeypatch.setattr(fused_attention, 'platform', lambda: 'tpu')
   monkeypatch.setattr(fused_attention, '_warned', set())
   with pltpu.force_tpu_interpret_mode():
@@ -158,7 +163,7 @@ def test_pallas_kernel_per_device_on_a_mesh_equals_one_device():
   """On a data=2 x model=2 mesh (partitioning.jit) the kernel runs under shard_map on each
   device's 2 rows and 2 of the 4 heads, and the loss and every gradient equal the reference path
   on one device: the bias gradient is summed over the devices that split the batch."""
-  env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=8'}
+  env = {**os.environ, **HOST_DEVICES}
   out = subprocess.run([sys.executable, '-c', PALLAS_ON_A_MESH, os.path.dirname(__file__)],
                        capture_output=True, text=True, env=env, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]

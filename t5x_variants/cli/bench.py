@@ -149,6 +149,7 @@ def main(argv=None):
   parser.add_argument('--profile', action='store_true', help='device time by category and top ops')
   parser.add_argument('--output', default=None, help='write the results as JSON here')
   with common.clear_errors('t5xv-bench'):
+    no_command_buffers = parser.parse_known_args(argv)[0].profile and profile.expose_gpu_kernels()
     args, config = common.setup(parser, argv, with_data=False)
     batch = args.batch or common.gin_macro('BATCH_SIZE') or 8
     run_lengths = common.gin_macro('TASK_FEATURE_LENGTHS') or {}
@@ -169,6 +170,7 @@ def main(argv=None):
     result = bench(config, batch, lengths, args.steps, args.warmup, peak=peak,
                    with_profile=args.profile)
     result['optimizer'] = ours
+    result['xla_command_buffers'] = not no_command_buffers
   print(f'{result["device"]} x{result["devices"]}: {result["tokens_per_second"]:,.0f} tok/s, '
         f'{result["sequences_per_second"]:.2f} seq/s, median step {result["median_step_seconds"] * 1000:.1f} ms, '
         f'{result["tflops_per_second"]:.3f} TFLOP/s, MFU {result["mfu"]:.1%} of '
@@ -177,6 +179,9 @@ def main(argv=None):
         f'{result["compile_seconds"]:.1f} s, host huge pages {"on" if result["host_huge_pages"] else "off"}')
   if result['profile']:
     print(profile.format_report(result['profile']))
+  if no_command_buffers:
+    print(f'(--profile on a GPU: XLA command buffers off ({profile.NO_COMMAND_BUFFERS}) so the trace '
+          'shows each kernel; the step above was timed without them)')
   if hf:
     result['hf'] = hf
     result['speedup_vs_hf'] = hf['median_step_seconds'] / result['median_step_seconds']

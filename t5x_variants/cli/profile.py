@@ -9,6 +9,8 @@ intervals over the wall time of the traced steps: near 100% the device never wai
 """
 import collections
 import glob
+import os
+import pkgutil
 import re
 import tempfile
 import time
@@ -27,6 +29,22 @@ CATEGORIES = (  # first match wins, on the instruction's HLO text (or the kernel
 
 
 CONTAINERS = ('while', 'conditional', 'call')  # ops whose events enclose their bodies' events
+# XLA on a GPU replays runs of kernels as CUDA graphs ('command buffers'): a trace shows one
+# 'command_buffer_N' event per replay and none of the kernels inside (seen on an H200, jax 0.11.2).
+NO_COMMAND_BUFFERS = '--xla_gpu_enable_command_buffer='
+
+
+def expose_gpu_kernels(environ=os.environ, plugins=None) -> bool:
+  """Turns XLA's command buffers off for this process when JAX will run on a CUDA GPU (call
+  before the backend starts), so the profile sees each kernel; the step is then timed without
+  them too. Whether it did (``plugins``: the installed module names, for tests)."""
+  platform = environ.get('JAX_PLATFORMS', '').split(',')[0].strip()
+  if plugins is None:
+    plugins = [m.name for m in pkgutil.iter_modules()]
+  if platform not in ('', 'cuda', 'gpu') or not any(p.startswith('jax_cuda') for p in plugins):
+    return False
+  environ['XLA_FLAGS'] = f'{environ.get("XLA_FLAGS", "")} {NO_COMMAND_BUFFERS}'.strip()
+  return True
 
 
 def categorize(text: str) -> str:
