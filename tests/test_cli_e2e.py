@@ -268,7 +268,7 @@ def test_a_run_of_the_same_model_passes_the_model_dir_check(tmp_path):
   from t5x_variants.models.summary import model_info  # pylint: disable=g-import-not-at-top
   common.parse_gin(['gin/experiments/quickstart.gin'], [], configurables=common.library_configurables())
   config = common.build_config()
-  text = model_info(config).replace('execution: scan_layers=True remat=none', 'execution: remat=full')
+  text = model_info(config).replace('execution: scan_layers=True remat=auto', 'execution: remat=full')
   (tmp_path / 'model-info.txt').write_text(text.replace(', init: t5)', ')') + '\n')
   train.check_model_dir(str(tmp_path), config)  # no error
   assert train.model_fields(text)['ffn'] == 'relu'

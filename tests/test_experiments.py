@@ -251,4 +251,4 @@ def test_full_scale_recipes_name_a_slice_their_mesh_fits_in_bfloat16(path):
 @pytest.mark.parametrize('path', [p for p in experiment_files() if p.endswith('small.gin')])
 def test_small_recipes_run_in_float32_without_remat(path):
   config = load(path, 'gin/variants/ffn/relu.gin', bindings=['MODEL_DIR = "/tmp/unused"'])
-  assert (config.dtype, config.remat) == ('float32', 'none')
+  assert (config.dtype, config.remat_policy('gpu'), config.remat_policy('tpu')) == ('float32', 'none', 'none')

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import count, init_params, jit_apply, tiny, tokens
+from t5x_variants.layers import fused_attention
 from t5x_variants.layers.synthesizer import SYNTHESIZERS
 from t5x_variants.models import build_model
 from t5x_variants.models.config import REMAT
@@ -182,7 +183,7 @@ def test_remat_leaves_values_and_gradients_unchanged(scan):
   inputs = (tokens(2, 6, seed=1), tokens(2, 6, seed=2))
   _, params = init_params(tiny(scan_layers=scan), *inputs)
   ref_loss, ref_grads = _loss_and_grads(tiny(scan_layers=scan), params, inputs)
-  for policy in REMAT[1:]:
+  for policy in REMAT:
     loss, grads = _loss_and_grads(tiny(scan_layers=scan, remat=policy), params, inputs)
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
@@ -204,6 +205,27 @@ def test_named_remat_policies_keep_what_they_name(policy, saved, capsys):
   jax.ad_checkpoint.print_saved_residuals(lambda p: jnp.mean(model.apply({'params': p}, *inputs)), params)
   named = set(re.findall(r"named '(\w+)'", capsys.readouterr().out))
   assert named == saved
+
+
+def test_auto_remat_is_full_on_a_gpu_in_bfloat16_and_none_elsewhere(monkeypatch, capsys):
+  """'auto' by platform and dtype, and the stack applies what it resolves to for the platform
+  being traced: no named residual kept when the platform is said to be a GPU."""
+  assert tiny(dtype='bfloat16').remat_policy('gpu') == 'full'
+  assert [tiny(dtype='bfloat16').remat_policy(p) for p in ('cpu', 'tpu')] == ['none', 'none']
+  assert tiny().remat_policy('gpu') == 'none'  # float32
+  assert tiny(dtype='bfloat16', remat='minimal').remat_policy('gpu') == 'minimal'
+  inputs = (tokens(2, 6, seed=1), tokens(2, 6, seed=2))
+  config = tiny(scan_layers=False, dtype='bfloat16', attention_kernel='xla')
+  _, params = init_params(config, *inputs)
+  model = build_model(config)
+
+  def kept():
+    capsys.readouterr()
+    jax.ad_checkpoint.print_saved_residuals(lambda p: jnp.mean(model.apply({'params': p}, *inputs)), params)
+    return set(re.findall(r"named '(\w+)'", capsys.readouterr().out))
+  assert kept()  # the CPU: 'none' keeps named residuals (the key and value projections among them)
+  monkeypatch.setattr(fused_attention, 'platform', lambda: 'gpu')
+  assert kept() == set()
 
 
 def test_dropout_is_active_only_when_enabled():

@@ -112,6 +112,7 @@ def bench(config, batch: int, lengths, steps: int = 10, warmup: int = 2,
   return {
       'device': jax.devices()[0].device_kind, 'devices': jax.device_count(),
       'architecture': config.architecture, 'dtype': str(config.dtype), 'batch': batch,
+      'remat': config.remat_policy(jax.default_backend()),
       'lengths': dict(lengths), 'steps': steps, 'median_step_seconds': median,
       'step_seconds': times, 'tokens_per_second': tokens / median,
       'sequences_per_second': batch / median, 'train_flops_per_step': flop,
@@ -171,7 +172,8 @@ def main(argv=None):
                    with_profile=args.profile)
     result['optimizer'] = ours
     result['xla_command_buffers'] = not no_command_buffers
-  print(f'{result["device"]} x{result["devices"]}: {result["tokens_per_second"]:,.0f} tok/s, '
+  print(f'{result["device"]} x{result["devices"]} (remat {result["remat"]}): '
+        f'{result["tokens_per_second"]:,.0f} tok/s, '
         f'{result["sequences_per_second"]:.2f} seq/s, median step {result["median_step_seconds"] * 1000:.1f} ms, '
         f'{result["tflops_per_second"]:.3f} TFLOP/s, MFU {result["mfu"]:.1%} of '
         f'{result["peak_tflops"]:.2f} ({result["peak_source"]}), peak memory '

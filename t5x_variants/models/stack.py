@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import flax.linen as nn
 
+from t5x_variants.layers import fused_attention
 from t5x_variants.layers.attention import causal_mask
 from t5x_variants.layers.norms import Norm
 from t5x_variants.layers.placement import has_final_norm
@@ -85,8 +86,9 @@ class Stack(nn.Module):
     x = nn.Dropout(c.dropout_rate, c.dropout_broadcast_dims)(x, deterministic=deterministic)
 
     layer = TransformerLayer
-    if c.remat != 'none':
-      layer = nn.remat(layer, policy=REMAT_POLICIES[c.remat], prevent_cse=not c.scan_layers)
+    remat = c.remat_policy(fused_attention.platform())
+    if remat != 'none':
+      layer = nn.remat(layer, policy=REMAT_POLICIES[remat], prevent_cse=not c.scan_layers)
     kwargs = dict(config=c, stack=self.stack, cross_attention=self.cross_attention,
                   causal=self.causal, deterministic=deterministic, decode=decode)
     args = (q_positions, k_positions, self_mask, bias, encoded, cross_mask, decode_position,

@@ -119,7 +119,7 @@ def compile_plan(plan: Plan, target: Target, batch: int, lengths, options: Dict)
   result = {'target': target.name, 'devices': target.num_devices, 'device_kind': target.device_kind,
             'mesh': dataclasses.asdict(plan.mesh),
             'mesh_shape': dict(plan.mesh.mesh(target.devices).shape),
-            'remat': plan.config.remat, 'dtype': plan.config.dtype,
+            'remat': plan.config.remat_policy(target.platform), 'dtype': plan.config.dtype,
             'scan_layers': plan.config.scan_layers, 'num_microbatches': plan.num_microbatches,
             'batch': batch, 'lengths': dict(lengths), 'memory_limit_bytes': target.memory_bytes,
             'memory_limit_source': target.memory_source, 'flags': plan.flags(),
