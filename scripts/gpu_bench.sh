@@ -7,8 +7,8 @@
 #   scripts/gpu_bench.sh OUTDIR JOB...
 #
 # JOB: h32, h128 (defaults: ours with --profile, and HF + torch.compile, Adafactor), h128a (both
-# with AdamW: optax / PyTorch's fused), x128 (the XLA attention path, no remat: the old default),
-# r128_POLICY (a remat policy, e.g. r128_full, r128_save_qkv_attention), tests (the suite with
+# with AdamW: optax / PyTorch's fused), x128 (the XLA attention path), rBATCH_POLICY (ours alone
+# with a remat policy, e.g. r128_none, r32_full, r128_save_qkv_attention), tests (the suite with
 # JAX_PLATFORMS=cuda, slow tests left out). GPU_BENCH_MAX_S, if set, caps each job's seconds (a
 # lease's deadline).
 set -u
@@ -34,9 +34,9 @@ for job in "$@"; do
              --gin.make_optimizer.optimizer=@adamw --output="$OUT/$job.json" ;;
     x128) run "$job" 300 "${FULL[@]}" "${BENCH[@]}" --batch=128 --profile \
             --gin.TransformerConfig.attention_kernel="'xla'" --output="$OUT/$job.json" ;;
-    r128_*) run "$job" 300 "${FULL[@]}" "${BENCH[@]}" --batch=128 \
-              --gin.TransformerConfig.remat="'${job#r128_}'" --output="$OUT/$job.json" ;;
-    tests) run "$job" 590 env JAX_PLATFORMS=cuda python3 -m pytest -q -p no:cacheprovider -m 'not slow' tests ;;
+    r[0-9]*_*) batch=${job%%_*}; run "$job" 300 "${FULL[@]}" "${BENCH[@]}" --batch="${batch#r}" \
+              --gin.TransformerConfig.remat="'${job#*_}'" --output="$OUT/$job.json" ;;
+    tests) run "$job" 590 env JAX_PLATFORMS=cuda python3 -m pytest -v -n 4 -p no:cacheprovider -m 'not slow' tests ;;
     *) echo "unknown job $job" ;;
   esac
 done
