@@ -187,7 +187,6 @@ def main(argv=None):
   if hf:
     result['hf'] = hf
     result['speedup_vs_hf'] = hf['median_step_seconds'] / result['median_step_seconds']
-    memory = hf['peak_memory_bytes']
     print(f't5x_variants ({ours}) is {result["speedup_vs_hf"]:.2f}x the speed of HF PyTorch T5'
           + (f' in {result["peak_memory_bytes"] / memory:.2f}x its memory' if memory else '')
           + ('' if hf['optimizer'] == ours else ' (different optimizers)'))
