@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One call on a lent GPU machine whose image lacks gin and tensorboardX: install the wheels
+# carried in .whl/, run scripts/gpu_bench.sh's jobs one after another until SECONDS have passed,
+# and pack every log and JSON into $OUT/all.tgz (a call brings back a few files, not a folder).
+#
+#   scripts/gpu_lease.sh SECONDS JOB...      e.g. scripts/gpu_lease.sh 560 gpu_tests tests h128 h32
+#
+# The wheels, fetched once on the host that sends the call (Python 3.12 is the device image's):
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux2014_x86_64 -d .whl gin-config==0.5.0 tensorboardX==2.6.5
+# A job that would start with under 30 s left is not started; the ones not run are named.
+set -u
+budget=${1:?SECONDS}
+shift
+start=$(date +%s)
+out=${OUT:?OUT: the folder whose files come back}/all
+mkdir -p "$out"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python3 -c 'import jax, torch, transformers; print("jax", jax.__version__, "torch", torch.__version__,
+    "transformers", transformers.__version__, jax.devices())'
+  git log -1 --format='code %H' 2>/dev/null; } >"$out/machine.txt" 2>&1
+for job in "$@"; do
+  left=$((budget - ($(date +%s) - start)))
+  if ((left < 30)); then
+    echo "deadline: not run: $*"
+    break
+  fi
+  GPU_BENCH_MAX_S=$left scripts/gpu_bench.sh "$out" "$job"
+  shift
+done
+tar czf "$OUT/all.tgz" -C "$OUT" all && rm -rf "$out"
