@@ -6,8 +6,10 @@
 #   scripts/seed_sweeps.sh train ROOT PARALLEL NAME... # the accelerator host: ROOT/<NAME> sweeps
 #
 # NAME: synthesizer_span, synthesizer_lm, magneto_mlm, magneto_span, deepnet_6, deepnet_18,
-# lr_depth2, lr_depth8 (3 seeds each), glu5 (GLU Table 1, 5 seeds). Both steps are resumable
-# (written batches and finished runs are kept).
+# deepnet_50, deepnet_100 (the 4 placements x paper / code init), lr_depth2, lr_depth8 (3 seeds
+# each), glu5 (GLU Table 1, 5 seeds), deepnet_500 (DeepNet's 1,000-layer model at the recipes'
+# width: Post-LN and DeepNorm, paper init, 1 seed). Both steps are resumable (written batches
+# and finished runs are kept).
 set -u
 MODE=$1 ROOT=$2
 shift 2
@@ -37,10 +39,15 @@ for name in "$@"; do
       task=${name#magneto_}; task=${task/span/span_corruption}
       sweep "$name" --gin_file="gin/experiments/foundation/${task}_small.gin" \
         --variants="$NORM/pre_ln.gin,$NORM/subln.gin" --variants="$INIT" --seeds=3 --paper=magneto ;;
-    deepnet_6|deepnet_18)
+    deepnet_6|deepnet_18|deepnet_50|deepnet_100)
       sweep "$name" --gin_file=gin/experiments/deepnet/span_corruption_small.gin \
         --variants="$ALL_NORMS" --variants="$INIT" \
         --variants="gin/experiments/deepnet/depth_${name#deepnet_}.gin" --seeds=3 --paper=deepnet ;;
+    deepnet_500)
+      sweep "$name" --gin_file=gin/experiments/deepnet/span_corruption_small.gin \
+        --variants="$NORM/post_ln.gin,$NORM/deepnorm.gin" --variants=gin/variants/init/xavier.gin \
+        --gin.TransformerConfig.num_encoder_layers=500 --gin.TransformerConfig.num_decoder_layers=500 \
+        --seeds=1 --paper=deepnet ;;
     lr_depth2|lr_depth8)
       sweep "$name" --gin_file=gin/experiments/stability/lm_small.gin \
         --variants="$ALL_NORMS" --variants="$INIT" \
