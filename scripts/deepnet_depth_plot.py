@@ -9,38 +9,27 @@ seed) with its 95% Student t interval, for the paper's init and the authors' cod
 """
 import sys
 
-import numpy as np
 from matplotlib.figure import Figure
 
-from t5x_variants.sweeps.statistics import t_interval
+from t5x_variants.sweeps.plots import OKABE_ITO
 
 PLATEAU = 5.8585  # scripts/unigram_baseline.py on the same held-out tokens
 # layers per stack: (Post-LN mean, std), (DeepNorm mean, std), paper init (§2's depth table).
 MEANS = {2: ((5.260, 0.025), (5.269, 0.039)), 6: ((5.338, 0.037), (5.207, 0.031)),
-         18: ((6.062, 0.113), (5.162, 0.042))}
-# 50+50, paper init, seeds 0, 1, 2 (§2's per-seed table): final held-out log-ppl, and DeepNorm -
-# Post-LN per seed from the unrounded losses.
-POST_LN_50 = (5.965, 6.273, 6.191)
-DEEPNORM_50 = (5.108, 5.125, 5.163)
-DIFFS_50 = (-0.858, -1.147, -1.028)
+         18: ((6.062, 0.113), (5.162, 0.042)), 50: ((6.143, 0.160), (5.132, 0.028))}
 # DeepNorm - Post-LN, paired by seed: (mean, low, high), from §2's comparison tables.
 PAIRED = {'paper init': {2: (0.009, -0.067, 0.084), 6: (-0.131, -0.247, -0.016),
-                         18: (-0.900, -1.093, -0.708)},
+                         18: (-0.900, -1.093, -0.708), 50: (-1.011, -1.372, -0.650)},
           'code init': {2: (0.078, -0.049, 0.204), 6: (0.102, 0.029, 0.174),
                         18: (-0.147, -0.629, 0.336)}}
 
 
 def main(path: str) -> None:
-  means = {**MEANS, 50: tuple((np.mean(v), np.std(v, ddof=1)) for v in (POST_LN_50, DEEPNORM_50))}
-  diff = t_interval(DIFFS_50)
-  paired = {k: dict(v) for k, v in PAIRED.items()}
-  paired['paper init'][50] = (diff.mean, diff.low, diff.high)
-
   fig = Figure(figsize=(8, 3.2), dpi=100)
   left, right = fig.subplots(1, 2)
-  depths = sorted(means)
-  for i, (name, colour) in enumerate((('Post-LN', '#D55E00'), ('DeepNorm', '#0072B2'))):
-    left.errorbar(depths, [means[d][i][0] for d in depths], [means[d][i][1] for d in depths],
+  depths = sorted(MEANS)
+  for i, (name, colour) in enumerate((('Post-LN', OKABE_ITO[4]), ('DeepNorm', OKABE_ITO[3]))):
+    left.errorbar(depths, [MEANS[d][i][0] for d in depths], [MEANS[d][i][1] for d in depths],
                   marker='o', capsize=3, color=colour, label=name)
   left.axhline(PLATEAU, color='grey', ls=':', label='unigram plateau')
   left.set(xscale='log', xticks=depths, xticklabels=depths, xlabel='layers per stack',
@@ -48,7 +37,7 @@ def main(path: str) -> None:
   left.minorticks_off()
   left.set_title("paper's init: mean +- std over 3 seeds", fontsize=9)
   left.legend(fontsize=7)
-  for (init, rows), shift, colour in zip(paired.items(), (0.97, 1.03), ('#0072B2', '#009E73')):
+  for (init, rows), shift, colour in zip(PAIRED.items(), (0.97, 1.03), OKABE_ITO[3:1:-1]):
     ds = sorted(rows)
     m = [rows[d][0] for d in ds]
     right.errorbar([d * shift for d in ds], m, [[rows[d][0] - rows[d][1] for d in ds],
