@@ -4,7 +4,8 @@ import json
 import os
 import sys
 
-os.environ.update(JAX_PLATFORMS='cpu', XLA_FLAGS='--xla_force_host_platform_device_count=8')
+os.environ.update(JAX_PLATFORMS='cpu', XLA_FLAGS=f'{os.environ.get("XLA_FLAGS", "")} '
+                  '--xla_force_host_platform_device_count=8')
 sys.path.insert(0, os.path.dirname(__file__))
 
 import jax  # noqa: E402

@@ -167,12 +167,13 @@ def test_pretrain_resume_eval_infer_and_finetune_on_a_bucket(gcs, local_cwd):
 
 @pytest.mark.slow
 def test_a_sweep_and_its_report_on_a_bucket(gcs, local_cwd):
-  """t5xv-sweep with its sweep directory on the bucket (two variants, through the real trainer),
-  then t5xv-report there: sweep.json, each run's directory and train.log, report.md and its
-  plots are objects on the server."""
+  """The suite's sweep end to end: t5xv-sweep of 2 FFN variants x 1 seed of the small GLU recipe
+  cut to 4 steps through the real t5xv-train, its sweep directory on the bucket, then t5xv-report
+  there: sweep.json, each run's directory and train.log, report.md and its plots are objects on
+  the server, and the report's rows are those of one finished seed."""
   bin_dir = os.path.dirname(sys.executable)
   sweep_dir = gcs.new_bucket() + '/sweep'
-  tiny = ['--gin.TRAIN_STEPS=2', '--gin.BATCH_SIZE=4', '--gin.train.log_period=1',
+  tiny = ['--gin.TRAIN_STEPS=4', '--gin.BATCH_SIZE=4', '--gin.train.log_period=2',
           '--gin.train.eval_period=2', '--gin.train.eval_batches=1', '--gin.Checkpointer.period=2',
           '--gin.learning_rate_schedule.warmup_steps=1']
   out = subprocess.run([os.path.join(bin_dir, 't5xv-sweep'), f'--sweep_dir={sweep_dir}',
@@ -180,6 +181,7 @@ def test_a_sweep_and_its_report_on_a_bucket(gcs, local_cwd):
                         f'--variants={REPO}/gin/variants/ffn/relu.gin,{REPO}/gin/variants/ffn/swiglu.gin',
                         '--paper=glu', *tiny], capture_output=True, text=True)
   assert out.returncode == 0, out.stdout + out.stderr
+  assert '[2/2] swiglu seed 0: done' in out.stdout and 'sweep' in out.stdout.splitlines()[-1]
   saved = json.loads(gcs.read(f'{sweep_dir}/sweep.json'))
   assert [(r['name'], r['status']) for r in saved['runs']] == [('relu-seed0', 'done'),
                                                                ('swiglu-seed0', 'done')]
@@ -188,12 +190,21 @@ def test_a_sweep_and_its_report_on_a_bucket(gcs, local_cwd):
   assert out.returncode == 0, out.stderr
   objects = gcs.objects(sweep_dir)
   for run in ('relu-seed0', 'swiglu-seed0'):
-    assert {f'{run}/train.log', f'{run}/checkpoint_2/commit_success.txt', f'{run}/config.gin'} <= set(objects)
-    assert b'done: step 2' in gcs.read(f'{sweep_dir}/{run}/train.log')
+    assert {f'{run}/train.log', f'{run}/config.gin',
+            f'{run}/checkpoint_4/commit_success.txt'} <= set(objects)
+    assert not [n for n in objects if n.startswith(f'{run}/checkpoint_2/')]  # the recipe keeps 1
+    assert b'done: step 4' in gcs.read(f'{sweep_dir}/{run}/train.log')
   assert {'report.md', 'sweep_curves.png', 'sweep_final.png'} <= set(objects), sorted(objects)
-  assert gcs.read(f'{sweep_dir}/sweep_final.png').startswith(b'\x89PNG')
+  for name in ('sweep_curves', 'sweep_final'):
+    assert gcs.read(f'{sweep_dir}/{name}.png').startswith(b'\x89PNG')
   text = gcs.read(f'{sweep_dir}/report.md').decode()
-  assert next(l for l in text.splitlines() if l.startswith('| swiglu |'))
+  for variant in ('relu', 'swiglu'):
+    row = next(l for l in text.splitlines() if l.startswith(f'| {variant} |'))
+    cells = [c.strip() for c in row.strip('|').split('|')]
+    assert cells[1:3] == ['1 done', '4/4'] and cells[6] == f'{cells[5]} (n=1, no interval)'
+    assert cells[8] == 'no'
+    assert 0 < float(cells[5]) < 9  # a log-perplexity below ln(4224) = 8.35
+  assert 'Spearman' not in text  # fewer than 3 variants: no ranking
 
 
 @pytest.mark.slow

@@ -1,8 +1,9 @@
 """t5xv-sweep and t5xv-report: the grid (gin-file and --grid binding axes) and its commands,
 resuming and recording failures (with a stand-in trainer), reading run directories (divergence,
 resumed steps), Spearman's rho, its bootstrap interval and the flipped pairs, t intervals over
-seeds and paired differences against a baseline, the report's tables and plots; and a
-2-variant x 1-seed sweep of a tiny recipe end to end through the real trainer."""
+seeds and paired differences against a baseline, the report's tables and plots; a sweep that
+writes its batches once and trains 4 runs from them through the real trainer. (The suite's sweep
+and report end to end through the real trainer, on a bucket: tests/test_gcs.py.)"""
 import json
 import os
 import subprocess
@@ -227,40 +228,6 @@ def test_depth_sweep_and_diagnostics_plots(tmp_path):
   for name in ('runs_curves', 'runs_final', 'runs_depth', 'runs_diagnostics'):
     assert f'({name}.png)' in text
     assert_png(tmp_path / 'out' / f'{name}.png')
-
-
-@pytest.mark.slow
-def test_a_tiny_sweep_end_to_end(tmp_path):
-  """2 FFN variants x 1 seed of the small GLU recipe cut to 4 steps, through t5xv-sweep and the
-  real t5xv-train; then t5xv-report."""
-  bin_dir = os.path.dirname(sys.executable)
-  sweep_dir = tmp_path / 'sweep'
-  tiny = ['--gin.TRAIN_STEPS=4', '--gin.BATCH_SIZE=4', '--gin.train.log_period=2',
-          '--gin.train.eval_period=2', '--gin.train.eval_batches=1', '--gin.Checkpointer.period=2',
-          '--gin.learning_rate_schedule.warmup_steps=1']
-  out = subprocess.run([os.path.join(bin_dir, 't5xv-sweep'), f'--sweep_dir={sweep_dir}',
-                        '--gin_file=gin/experiments/glu_variants/small.gin',
-                        '--variants=gin/variants/ffn/relu.gin,gin/variants/ffn/swiglu.gin',
-                        '--paper=glu', *tiny], cwd=REPO, capture_output=True, text=True)
-  assert out.returncode == 0, out.stdout + out.stderr
-  assert '[2/2] swiglu seed 0: done' in out.stdout and 'sweep' in out.stdout.splitlines()[-1]
-  saved = json.loads((sweep_dir / 'sweep.json').read_text())
-  assert [(r['name'], r['status']) for r in saved['runs']] == [('relu-seed0', 'done'),
-                                                               ('swiglu-seed0', 'done')]
-  assert (sweep_dir / 'swiglu-seed0' / 'checkpoint_4').exists()
-  out = subprocess.run([os.path.join(bin_dir, 't5xv-report'), f'--sweep_dir={sweep_dir}'],
-                       cwd=REPO, capture_output=True, text=True)
-  assert out.returncode == 0, out.stderr
-  text = (sweep_dir / 'report.md').read_text()
-  for variant in ('relu', 'swiglu'):
-    row = next(l for l in text.splitlines() if l.startswith(f'| {variant} |'))
-    cells = [c.strip() for c in row.strip('|').split('|')]
-    assert cells[1:3] == ['1 done', '4/4'] and cells[6] == f'{cells[5]} (n=1, no interval)'
-    assert cells[8] == 'no'
-    assert 0 < float(cells[5]) < 9  # a log-perplexity below ln(4224) = 8.35
-  assert 'Spearman' not in text  # fewer than 3 variants: no ranking
-  for name in ('sweep_curves', 'sweep_final'):
-    assert_png(sweep_dir / f'{name}.png')
 
 
 def test_print_commands_lists_the_unfinished_runs(tmp_path, capsys):

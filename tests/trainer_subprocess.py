@@ -26,7 +26,8 @@ import sys
 
 mode, model_dir, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 devices = {'mesh': 8, 'slow': 1, 'process': 2, 'kill': 1, 'plain': 1, 'churn': 1}[mode]
-os.environ['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={devices}'
+os.environ['XLA_FLAGS'] = (f'{os.environ.get("XLA_FLAGS", "")} '  # the suite's, then the devices
+                           f'--xla_force_host_platform_device_count={devices}').strip()
 if devices > 1:  # host devices: the CPU's, also on a GPU machine
   os.environ['JAX_PLATFORMS'] = 'cpu'
 sys.path.insert(0, os.path.dirname(__file__))
