@@ -15,6 +15,7 @@ from gcs_server import FaultProxy, client_environment
 from t5x_variants.sweeps.runs import read_run
 from t5x_variants.train import checkpoints, storage
 from test_faults import STEPS, reference  # noqa: F401 (a fixture: 6 straight local steps)
+from test_sweeps import assert_png
 from test_trainer import subprocess_train  # noqa: F401 (a fixture)
 from train_helpers import eval_batches, run_train
 
@@ -196,7 +197,7 @@ def test_a_sweep_and_its_report_on_a_bucket(gcs, local_cwd):
     assert b'done: step 4' in gcs.read(f'{sweep_dir}/{run}/train.log')
   assert {'report.md', 'sweep_curves.png', 'sweep_final.png'} <= set(objects), sorted(objects)
   for name in ('sweep_curves', 'sweep_final'):
-    assert gcs.read(f'{sweep_dir}/{name}.png').startswith(b'\x89PNG')
+    assert_png(gcs.read(f'{sweep_dir}/{name}.png'))
   text = gcs.read(f'{sweep_dir}/report.md').decode()
   for variant in ('relu', 'swiglu'):
     row = next(l for l in text.splitlines() if l.startswith(f'| {variant} |'))

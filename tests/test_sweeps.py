@@ -200,11 +200,15 @@ def test_ranking_names_the_flipped_pairs(tmp_path):
   assert rho == pytest.approx(0.8)
 
 
-def assert_png(path):
+def assert_png(png):
+  """``png``: a file's path, or its bytes (an object read from a bucket)."""
+  import io  # pylint: disable=g-import-not-at-top
   import matplotlib.image  # pylint: disable=g-import-not-at-top
-  with open(path, 'rb') as f:
-    assert f.read(8) == PNG_MAGIC
-  image = matplotlib.image.imread(path)
+  if not isinstance(png, bytes):
+    with open(png, 'rb') as f:
+      png = f.read()
+  assert png[:8] == PNG_MAGIC
+  image = matplotlib.image.imread(io.BytesIO(png))
   assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
   assert image.std() > 0  # something is drawn
 
