@@ -3,10 +3,12 @@ says of each (FLOPs, bytes accessed, estimated seconds): compiler figures, not r
 
 - attention: the encoder self-attention's forward and backward at one chip's share of batch 128
   on v5p-16 (16 x 512 x 12 heads x 64, bfloat16, T5's bias with its gradient), the XLA reference
-  path against the Pallas TPU kernel, and the kernel without the bias (what the bias costs it:
-  the kernel takes one bias per example, broadcast over the batch, its gradient summed after).
-  The cost model sees inside a Pallas kernel only the CostEstimate the kernel declares (the
-  forward declares one, the backward kernels none).
+  path against the project's row kernel (layers/row_attention.py: the bias read once per head,
+  its gradient summed inside) and JAX's flash kernel (one bias per example, broadcast over the
+  batch, its gradient summed after), each also without the bias (what the bias costs it). The
+  cost model sees inside a Pallas kernel only the CostEstimate the kernel declares (the row
+  kernel declares forward and backward; JAX's declares its forward, not its two backward
+  kernels).
 - loss: the output-logits matmul and the loss over the 32,128-token vocabulary, forward and
   backward, at 16 x 114 targets.
 - adafactor: the optimizer update of T5-base's parameters (every chip updates all of them under
@@ -22,7 +24,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from t5x_variants.layers import attention, fused_attention
+from t5x_variants.layers import attention, fused_attention, row_attention
 from t5x_variants.models import TransformerConfig, build_model, init_inputs, losses
 from t5x_variants.train import optimizer, targets
 
@@ -56,10 +58,17 @@ def main():
   def pallas_without_bias(q, k, v, ab):  # what T5's bias costs the kernel (ab unused: zero grad)
     return fused_attention.attend(q, k, v, None, implementation='pallas') + 0 * jnp.sum(ab)
 
-  for name, f in (('attention, XLA path', reference), ('attention, Pallas kernel', pallas),
-                  ('attention, Pallas kernel, no bias', pallas_without_bias)):
+  whole_rows = row_attention.MAX_ROW_ELEMENTS
+  for name, f, row_budget in (
+      ('attention, XLA path', reference, whole_rows),
+      ('attention, row kernel (the TPU default)', pallas, whole_rows),
+      ('attention, row kernel, no bias', pallas_without_bias, whole_rows),
+      ("attention, JAX's flash kernel", pallas, 0),
+      ("attention, JAX's flash kernel, no bias", pallas_without_bias, 0)):
+    row_attention.MAX_ROW_ELEMENTS = row_budget  # 0: every row too long for the row kernel
     loss = lambda q, k, v, ab, f=f: jnp.sum(jnp.square(f(q, k, v, ab).astype(jnp.float32)))
     rows.append((name, cost(jax.grad(loss, argnums=(0, 1, 2, 3)), qkv, qkv, qkv, bias)))
+  row_attention.MAX_ROW_ELEMENTS = whole_rows
 
   t, vocab, d_model = 114, 32128, 768
   def logits_loss(x, w, targets_, weights):

@@ -119,12 +119,17 @@ OPTIONS = {'num_microbatches': 1, 'label_smoothing': 0.0, 'z_loss': 1e-4,
 
 @needs_libtpu
 def test_tiny_step_compiles_for_a_v5e_slice(v5e_2x2):
-  """The compiled program's memory adds up, and the figures beside it are the model's."""
+  """The compiled program's memory adds up, the figures beside it are the model's, and its
+  traffic names the attention kernel."""
   from t5x_variants.models import flops
   assert v5e_2x2.num_devices == 4 and v5e_2x2.device_kind == 'TPU v5 lite'
   plan = _plan(dtype='bfloat16')
-  r = aot.compile_plan(plan, v5e_2x2, 8, LENGTHS, OPTIONS)
+  r = aot.compile_plan(plan, v5e_2x2, 8, LENGTHS, OPTIONS, traffic=40)
   assert r['fits'] is True and r['mesh_shape'] == {'data': 4, 'model': 1}
+  # t5xv-compile --traffic: the attention kernels and the matmuls among the program's traffic
+  assert {'kernel', 'matmul'} <= set(r['traffic']['by_kind'])
+  assert any(k == 'kernel' and s.endswith('encoder/layers/self_attention/pallas_call')
+             for k, s, _, _ in r['traffic']['by_source']), r['traffic']['by_source']
   assert r['total_bytes'] == (r['argument_bytes'] + r['output_bytes'] - r['alias_bytes']
                               + r['temp_bytes'] + r['code_bytes'])
   # The donated state is aliased to the new state: what is counted once is at least the state.
@@ -280,8 +285,8 @@ def test_a_tpu_slice_gets_the_tpu_attention_kernel_from_any_host(v5e_2x2):
   texts = {k: aot.lower(_plan(dtype='bfloat16', attention_kernel=k), v5e_2x2, 8, LENGTHS, OPTIONS)[0]
            .as_text() for k in ('auto', 'xla')}
   assert texts['xla'].count('tpu_custom_call') == 0
-  # forward, dK/dV and dQ kernels for the encoder, decoder and cross-attention (scanned layers)
-  assert texts['auto'].count('tpu_custom_call') == 9
+  # forward and backward row kernels for the encoder, decoder and cross-attention (scanned layers)
+  assert texts['auto'].count('tpu_custom_call') == 6
 
 
 # An HLO collective's output type (one array or a tuple of them) and its kind.

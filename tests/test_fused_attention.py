@@ -18,7 +18,7 @@ import pytest
 from jax.experimental.pallas import tpu as pltpu
 
 from conftest import HOST_DEVICES, init_params, tiny, tokens
-from t5x_variants.layers import fused_attention
+from t5x_variants.layers import fused_attention, row_attention
 from t5x_variants.models import build_model
 from t5x_variants.train.decoding import decode
 
@@ -115,11 +115,20 @@ def test_packed_rows_and_synthesizers_take_the_reference_path_with_a_reason(jax_
     init_params(tiny(attention_kernel='cudnn', self_attention=('dense', 'dot_product')), enc, dec)
 
 
-def test_pallas_kernel_equals_the_reference_path(tpu_interpret):
-  """The TPU kernel itself (interpreted): encoder self-attention with padding as segment ids,
-  causal decoder self-attention, cross-attention over padded keys, lengths 12 and 8 padded to its
-  128-tile; logits and every gradient, the relative bias table's (broadcast over the batch for
-  the kernel and summed back) included."""
+@pytest.fixture(params=['rows', 'flash'])
+def tpu_kernel(request, monkeypatch, tpu_interpret):
+  """Each TPU kernel: the whole-row kernel (layers/row_attention.py, what T5's lengths get) and
+  JAX's flash attention (what rows too long for it get; here by a row budget of 0)."""
+  if request.param == 'flash':
+    monkeypatch.setattr(row_attention, 'MAX_ROW_ELEMENTS', 0)
+  return request.param
+
+
+def test_pallas_kernels_equal_the_reference_path(tpu_kernel):
+  """The TPU kernels themselves (interpreted): encoder self-attention with padding as lengths,
+  causal decoder self-attention, cross-attention over padded keys, lengths 12 and 8 padded to
+  the 128-tile; logits and every gradient, the relative bias table's included (summed over the
+  batch inside the row kernel; broadcast over it for JAX's kernel and summed back)."""
   inputs, valid = padded_batch('encoder_decoder')
   ref, got = reference_and_kernel('pallas', inputs, valid)
   assert_close(ref, got, rtol=1e-4, atol=1e-5)
@@ -133,13 +142,16 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
 from jax.sharding import NamedSharding, PartitionSpec as P
 from conftest import init_params, tiny, tokens
-from t5x_variants.layers import fused_attention
+from t5x_variants.layers import fused_attention, row_attention
 from t5x_variants.models import build_model
 from t5x_variants.train import partitioning
 fused_attention.platform = lambda: 'tpu'
 calls = []
-kernel = tpu_flash.flash_attention
-tpu_flash.flash_attention = lambda q, *a, **k: calls.append(q.shape) or kernel(q, *a, **k)
+def counted(module, name):
+  kernel = getattr(module, name)
+  setattr(module, name, lambda q, *a, **k: calls.append((name, q.shape)) or kernel(q, *a, **k))
+counted(tpu_flash, 'flash_attention')
+counted(row_attention, 'attention')
 enc, dec = np.array(tokens(4, 12)), np.array(tokens(4, 8, seed=1))
 enc[1, 5:] = 0
 _, params = init_params(tiny(attention_kernel='xla'), enc, dec)
@@ -150,25 +162,31 @@ def grads(kernel, mesh):
   rep, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P('data'))
   return partitioning.jit(jax.value_and_grad(f), mesh, in_shardings=(rep, rows, rows))(params, enc, dec)
 ref = grads('xla', partitioning.make_mesh(devices=jax.devices()[:1]))
-with pltpu.force_tpu_interpret_mode():
-  got = grads('pallas', partitioning.make_mesh(data=2, model=2, devices=jax.devices()[:4]))
-for a, b in zip(jax.tree_util.tree_leaves(ref), jax.tree_util.tree_leaves(got)):
-  np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-5)
-print(sorted(set(calls)))
+seen = []
+for row_budget in (row_attention.MAX_ROW_ELEMENTS, 0):  # the row kernel, then JAX's flash kernel
+  row_attention.MAX_ROW_ELEMENTS = row_budget
+  with pltpu.force_tpu_interpret_mode():
+    got = grads('pallas', partitioning.make_mesh(data=2, model=2, devices=jax.devices()[:4]))
+  for a, b in zip(jax.tree_util.tree_leaves(ref), jax.tree_util.tree_leaves(got)):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-5)
+  seen += sorted(set(calls))
+print(seen)
 """
 
 
 @pytest.mark.slow
 def test_pallas_kernel_per_device_on_a_mesh_equals_one_device():
-  """On a data=2 x model=2 mesh (partitioning.jit) the kernel runs under shard_map on each
-  device's 2 rows and 2 of the 4 heads, and the loss and every gradient equal the reference path
-  on one device: the bias gradient is summed over the devices that split the batch."""
+  """On a data=2 x model=2 mesh (partitioning.jit) each TPU kernel (the row kernel, then JAX's
+  flash kernel) runs under shard_map on each device's 2 rows and 2 of the 4 heads, and the loss
+  and every gradient equal the reference path on one device: the bias gradient is summed over
+  the devices that split the batch."""
   env = {**os.environ, **HOST_DEVICES}
   out = subprocess.run([sys.executable, '-c', PALLAS_ON_A_MESH, os.path.dirname(__file__)],
                        capture_output=True, text=True, env=env, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
   # (rows per device, heads per device, length padded to the tile, head_dim)
-  assert out.stdout.split('\n')[-2] == '[(2, 2, 128, 8)]'
+  assert out.stdout.split('\n')[-2] == (
+      "[('attention', (2, 2, 128, 8)), ('flash_attention', (2, 2, 128, 8))]")
 
 
 def test_kernel_choice_and_limits(monkeypatch):

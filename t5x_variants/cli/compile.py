@@ -1,7 +1,7 @@
 """t5xv-compile: compile the real train step for a TPU slice or an N-device host, no data read.
 
   t5xv-compile --gin_file=gin/runs/pretrain.gin --gin_file=gin/models/t5_base.gin \\
-    --topology=v5e:4x4 [--suggest] [--estimate] [--output=compile.json]
+    --topology=v5e:4x4 [--suggest] [--estimate] [--traffic=25] [--output=compile.json]
   t5xv-compile ... --devices=8 [--device_memory_gib=80]
 
 Takes the same gin as ``t5xv-train`` (run file, size, variants, recipe, ``--gin.`` bindings) and
@@ -9,14 +9,16 @@ prints one table: per-device arguments, temporaries and total against the device
 or not with the margin, compile time, model FLOPs per step and, where the compiler's cost model
 gives one, an estimated step time and MFU (estimates, never measurements). ``--suggest`` compiles
 the usual memory knobs (remat, FSDP, model-axis sizes, microbatches) cheapest first and prints
-the ones that fit as flags to paste. Exit status 2 when the configuration does not fit.
+the ones that fit as flags to paste. ``--traffic=N`` adds where the step's memory traffic goes
+(our count from the compiled program: by kind of instruction and its N largest sources, the
+model ops they came from). Exit status 2 when the configuration does not fit.
 """
 import dataclasses
 import json
 import sys
 
 from t5x_variants.cli import common, launch
-from t5x_variants.train import aot, partitioning, storage, targets
+from t5x_variants.train import aot, hlo_traffic, partitioning, storage, targets
 
 INPUTS = {'encoder': 'inputs', 'decoder': 'targets'}  # the feature length each stack reads
 
@@ -97,6 +99,8 @@ def main(argv=None):
   parser.add_argument('--max_compiles', type=int, default=12, help='--suggest compiles at most this many')
   parser.add_argument('--estimate', action='store_true',
                       help='with scanned layers, compile once more unrolled for the cost-model estimate')
+  parser.add_argument('--traffic', type=int, default=0, metavar='N',
+                      help='print the compiled step\'s memory traffic by kind and its N largest sources')
   parser.add_argument('--output', default=None, help='write the results as JSON here')
   with common.clear_errors('t5xv-compile'):
     args = common.parse_args(parser, argv)
@@ -125,15 +129,18 @@ def main(argv=None):
       target.memory_source = 'given with --device_memory_gib'
     options = aot.train_options()
     plan = aot.Plan(config, partitioning.MeshConfig(), options['num_microbatches'])
-    result = aot.compile_plan(plan, target, batch, lengths, options)
+    result = aot.compile_plan(plan, target, batch, lengths, options, traffic=args.traffic)
     if args.estimate and config.scan_layers and not result.get('compiler_refused'):
       unrolled = aot.compile_plan(dataclasses.replace(
-          plan, config=dataclasses.replace(config, scan_layers=False)), target, batch, lengths, options)
-      for key in ('cost_model', 'estimated_step_seconds', 'estimated_mfu'):
+          plan, config=dataclasses.replace(config, scan_layers=False)), target, batch, lengths, options,
+          traffic=args.traffic)
+      for key in ('cost_model', 'estimated_step_seconds', 'estimated_mfu', 'traffic'):
         if key in unrolled:
           result[key] = unrolled[key]
       result['estimate_from'] = 'an unrolled compile (scan_layers=False)'
     print(_table(result))
+    if 'traffic' in result:
+      print(hlo_traffic.table(result['traffic']))
     if args.suggest or result['fits'] is False:
       print(f'configurations that fit {target.name}, cheapest first '
             f'(at most {args.max_compiles} compiles):')

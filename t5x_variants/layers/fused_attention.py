@@ -1,7 +1,8 @@
 """softmax(Q K^T / sqrt(d_h) + B) V in one fused kernel that never writes the (batch, heads, q, k)
 logits or probabilities to memory and returns the bias gradient dB itself: cuDNN's flash
-attention on NVIDIA GPUs (``jax.nn.dot_product_attention``), the Pallas flash attention of
-``jax.experimental.pallas.ops.tpu`` on TPUs.
+attention on NVIDIA GPUs (``jax.nn.dot_product_attention``); on TPUs a Pallas kernel over whole
+rows (layers/row_attention.py) where they fit, JAX's Pallas flash attention
+(``jax.experimental.pallas.ops.tpu``) where they do not.
 
 Which kernel runs is ``TransformerConfig.attention_kernel``:
 - ``'xla'``: the project's reference path in layers/attention.py (float32 logits and softmax,
@@ -17,9 +18,9 @@ The platform is the one the step is compiled for: the mesh it is traced under
 Masks reach a kernel as sequence lengths (valid queries and keys are a prefix of each row, as
 for unpacked T5 rows whose padding is id 0 at the end) and a causal flag; a packed row (segment
 ids) is not a prefix, so packed batches take the reference path. T5's relative position bias
-enters in the compute dtype with shape (1, heads, q, k). cuDNN sums its gradient over the batch
-inside the kernel; the Pallas kernel takes one bias per example, so there it is broadcast over
-the batch and its per-example gradients summed after the kernel.
+enters in the compute dtype with shape (1, heads, q, k). cuDNN and the row kernel sum its gradient
+over the batch inside the kernel; JAX's flash kernel takes one bias per example, so there it is
+broadcast over the batch and its per-example gradients summed after the kernel.
 """
 import warnings
 from typing import Optional, Tuple
@@ -29,6 +30,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
 from jax.sharding import PartitionSpec as P
+
+from t5x_variants.layers import row_attention
 
 KERNELS = ('auto', 'xla', 'cudnn', 'pallas')
 PLATFORMS = {'cudnn': 'gpu', 'pallas': 'tpu'}
@@ -118,50 +121,59 @@ def attend(query, key, value, bias=None, lengths: Tuple = (None, None), causal: 
       query_seq_lengths=q_lengths, key_value_seq_lengths=k_lengths, implementation=implementation)
 
 
-def _segment_ids(lengths, batch: int, n: int, padded: int):
-  """(batch, padded) int32 segment ids: 1 before each row's length (every position of ``n`` when
-  ``lengths`` is None), 0 after it and in the ``padded - n`` positions added to fill a tile."""
-  n = jnp.full((batch,), n, jnp.int32) if lengths is None else jnp.minimum(lengths, n)
-  return (jnp.arange(padded)[None, :] < n[:, None]).astype(jnp.int32)
+def _lengths(lengths, batch: int, n: int):
+  """(batch,) int32 valid positions of each row: ``n`` for every row when ``lengths`` is None."""
+  return jnp.full((batch,), n, jnp.int32) if lengths is None else jnp.minimum(lengths, n)
 
 
 def _tpu_flash(query, key, value, bias, q_lengths, k_lengths, causal):
-  """The Pallas TPU kernel: (Q K^T + B) with Q pre-scaled by 1/sqrt(d_h). It tiles q and k by
-  128 (its default; it needs k tiles of 128 with segment ids), so both are padded to a multiple
-  of 128 and the padding is masked as segment id 0 (as a row's own padding) and cut off the
-  output. Per device under ``shard_map`` when traced on a mesh (``partitioning.jit``): the batch
-  and the heads over the mesh axes their logical-axis rules name (the heads where they divide)."""
+  """The Pallas TPU kernels, q and k padded to a multiple of 128 (the padding masked as a row's
+  own): layers/row_attention.py where its whole rows fit (T5's lengths), else JAX's flash
+  attention, which tiles q and k by 128 (its default; it needs k tiles of 128 with segment
+  ids), takes Q pre-scaled by 1/sqrt(d_h) and one bias per example (broadcast over the batch,
+  its gradient summed after). Per device under ``shard_map`` when traced on a mesh
+  (``partitioning.jit``): the batch and the heads over the mesh axes their logical-axis rules
+  name (the heads where they divide)."""
   b, q, h, d = query.shape
   k = key.shape[1]
   pq, pk = (-(-n // _TPU_BLOCK) * _TPU_BLOCK for n in (q, k))
-  q_ids, k_ids = _segment_ids(q_lengths, b, q, pq), _segment_ids(k_lengths, b, k, pk)
+  q_lengths, k_lengths = _lengths(q_lengths, b, q), _lengths(k_lengths, b, k)
   pad = lambda x, n: jnp.pad(x, [(0, 0), (0, n - x.shape[1]), (0, 0), (0, 0)])
-  query = pad(query / jnp.sqrt(d).astype(query.dtype), pq)
-  key, value = pad(key, pk), pad(value, pk)
+  query, key, value = pad(query, pq), pad(key, pk), pad(value, pk)
   if bias is not None:
     bias = jnp.pad(bias, [(0, 0), (0, 0), (0, pq - q), (0, pk - k)])
-  t = _TPU_BLOCK
-  blocks = tpu_flash.BlockSizes(
-      block_q=t, block_k_major=t, block_k=t, block_b=1, block_q_major_dkv=t, block_k_major_dkv=t,
-      block_k_dkv=t, block_q_dkv=t, block_k_major_dq=t, block_k_dq=t, block_q_dq=t)
+  rows = row_attention.fits(pq, pk)
+  heads_first = lambda x: jnp.swapaxes(x, 1, 2)
 
-  def kernel(qs, ks, vs, qi, ki, ab):
-    heads_first = lambda x: jnp.swapaxes(x, 1, 2)
+  def row_kernel(qs, ks, vs, ql, kl, ab):
+    out = row_attention.attention(heads_first(qs), heads_first(ks), heads_first(vs),
+                                  None if ab is None else ab[0], ql, kl, d ** -0.5, causal)
+    return heads_first(out)
+
+  def flash_kernel(qs, ks, vs, ql, kl, ab):
+    t = _TPU_BLOCK
+    blocks = tpu_flash.BlockSizes(
+        block_q=t, block_k_major=t, block_k=t, block_b=1, block_q_major_dkv=t,
+        block_k_major_dkv=t, block_k_dkv=t, block_q_dkv=t, block_k_major_dq=t, block_k_dq=t,
+        block_q_dq=t)
+    qi, ki = ((jnp.arange(n)[None, :] < lens[:, None]).astype(jnp.int32)
+              for n, lens in ((pq, ql), (pk, kl)))
     if ab is not None:
       ab = jnp.broadcast_to(ab, (qs.shape[0],) + ab.shape[1:])
     out = tpu_flash.flash_attention(
-        heads_first(qs), heads_first(ks), heads_first(vs), ab, tpu_flash.SegmentIds(qi, ki),
-        causal=causal, sm_scale=1.0, block_sizes=blocks)
+        heads_first(qs / jnp.sqrt(d).astype(qs.dtype)), heads_first(ks), heads_first(vs), ab,
+        tpu_flash.SegmentIds(qi, ki), causal=causal, sm_scale=1.0, block_sizes=blocks)
     return heads_first(out) * qi[:, :, None, None].astype(out.dtype)
 
+  kernel = row_kernel if rows else flash_kernel
   mesh = jax.sharding.get_abstract_mesh()
   if not mesh.empty and mesh.size > 1:
     batch_axis, _, heads_axis = nn.logical_to_mesh_axes(('batch', 'length', 'heads'))
     if heads_axis is not None and h % mesh.shape[heads_axis]:
       heads_axis = None
-    rows, heads = P(batch_axis), P(batch_axis, None, heads_axis)
+    rows_spec, heads = P(batch_axis), P(batch_axis, None, heads_axis)
     kernel = jax.shard_map(kernel, mesh=mesh, check_vma=False,
-                           in_specs=(heads, heads, heads, rows, rows,
+                           in_specs=(heads, heads, heads, rows_spec, rows_spec,
                                      None if bias is None else P(None, heads_axis)),
                            out_specs=heads)
-  return kernel(query, key, value, q_ids, k_ids, bias)[:, :q]
+  return kernel(query, key, value, q_lengths, k_lengths, bias)[:, :q]

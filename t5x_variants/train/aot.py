@@ -28,7 +28,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from t5x_variants.models import build_model, flops, init_inputs
 from t5x_variants.models.config import REMAT, TransformerConfig
-from t5x_variants.train import optimizer, partitioning, train_step, trainer
+from t5x_variants.train import hlo_traffic, optimizer, partitioning, train_step, trainer
 from t5x_variants.train.targets import GIB, Target
 
 STEP_OPTIONS = ('num_microbatches', 'label_smoothing', 'z_loss', 'loss_normalizing_factor')
@@ -111,10 +111,13 @@ def _cost(compiled) -> Dict:
   return dict(cost or {})
 
 
-def compile_plan(plan: Plan, target: Target, batch: int, lengths, options: Dict) -> Dict:
+def compile_plan(plan: Plan, target: Target, batch: int, lengths, options: Dict,
+                 traffic: int = 0) -> Dict:
   """Compiles ``plan`` for ``target``: a dict of per-device memory (bytes), fit, compile seconds,
-  model FLOPs and, where the cost model gives one, the estimated step time and MFU. A compile that
-  the TPU compiler refuses for lack of memory returns ``fits: False`` with its figures."""
+  model FLOPs and, where the cost model gives one, the estimated step time and MFU; with
+  ``traffic``, the compiled program's memory traffic and its ``traffic`` largest sources
+  (hlo_traffic.py). A compile that the TPU compiler refuses for lack of memory returns
+  ``fits: False`` with its figures."""
   lowered, parameters = lower(plan, target, batch, lengths, options)
   result = {'target': target.name, 'devices': target.num_devices, 'device_kind': target.device_kind,
             'mesh': dataclasses.asdict(plan.mesh),
@@ -151,6 +154,8 @@ def compile_plan(plan: Plan, target: Target, batch: int, lengths, options: Dict)
   result['cost_model'] = {'flops_per_device': cost.get('flops'), 'optimal_seconds': seconds,
                           'bytes_accessed_per_device': cost.get('bytes accessed'),
                           'counts_whole_step': not plan.config.scan_layers}
+  if traffic:
+    result['traffic'] = hlo_traffic.summary(compiled.as_text(), top=traffic)
   if seconds and seconds > 0 and not plan.config.scan_layers and target.peak_tflops:
     result['estimated_step_seconds'] = seconds
     result['estimated_mfu'] = (result['model_flops_per_step'] / seconds

@@ -1,0 +1,32 @@
+"""Memory traffic read from a compiled program (train/hlo_traffic.py): bytes from HLO shapes, the
+instructions outside fusions counted once with their operands, and model op names made short."""
+import jax
+import jax.numpy as jnp
+
+from t5x_variants.train import hlo_traffic
+
+
+def test_array_bytes_of_arrays_and_tuples():
+  assert hlo_traffic.array_bytes('bf16[16,512,768]{2,1,0:T(8,128)(2,1)}') == 16 * 512 * 768 * 2
+  assert hlo_traffic.array_bytes('(f32[96]{0}, s32[], pred[3,4]{1,0})') == 96 * 4 + 4 + 12
+
+
+def test_a_matmul_counts_its_operands_and_output():
+  """x (256 x 512) @ w (512 x 128) in float32 reads x and w and writes the product, whatever
+  XLA fuses around it; the reduction beside it is counted apart."""
+  f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
+  f = lambda x, w: (x @ w, jnp.sum(jnp.exp(x), axis=0))
+  traffic = hlo_traffic.summary(jax.jit(f).lower(f32(256, 512), f32(512, 128)).compile().as_text())
+  assert traffic['by_kind']['matmul'] == 4 * (256 * 512 + 512 * 128 + 256 * 128)
+  assert traffic['total_bytes'] == sum(traffic['by_kind'].values())
+  assert traffic['total_bytes'] >= traffic['by_kind']['matmul'] + 4 * 256 * 512
+  assert ['matmul', 'dot_general', 1, traffic['by_kind']['matmul']] in traffic['by_source']
+
+
+def test_op_names_fold_layers_and_mark_the_backward():
+  name = ('jit(train_step)/while/body/closed_call/transpose(jvp(EncoderDecoder))/'
+          'EncoderDecoder.encode/encoder/layers_3/self_attention/shard_map/pallas_call')
+  assert hlo_traffic.source(name) == 'backward: EncoderDecoder.encode/encoder/layers_*/self_attention/pallas_call'
+  assert hlo_traffic.source('jit(train_step)/jvp(EncoderDecoder)/EncoderDecoder.decode/decoder/'
+                            'layers_11/mlp/wo/dot_general') == 'EncoderDecoder.decode/decoder/layers_*/mlp/wo/dot_general'
+  assert hlo_traffic.source('jit(train_step)/while/body/closed_call/jit(_where)/select_n') == 'select_n'
