@@ -142,7 +142,6 @@ def _tpu_flash(query, key, value, bias, q_lengths, k_lengths, causal):
   query, key, value = pad(query, pq), pad(key, pk), pad(value, pk)
   if bias is not None:
     bias = jnp.pad(bias, [(0, 0), (0, 0), (0, pq - q), (0, pk - k)])
-  rows = row_attention.fits(pq, pk)
   heads_first = lambda x: jnp.swapaxes(x, 1, 2)
 
   def row_kernel(qs, ks, vs, ql, kl, ab):
@@ -165,15 +164,15 @@ def _tpu_flash(query, key, value, bias, q_lengths, k_lengths, causal):
         tpu_flash.SegmentIds(qi, ki), causal=causal, sm_scale=1.0, block_sizes=blocks)
     return heads_first(out) * qi[:, :, None, None].astype(out.dtype)
 
-  kernel = row_kernel if rows else flash_kernel
+  kernel = row_kernel if row_attention.fits(pq, pk) else flash_kernel
   mesh = jax.sharding.get_abstract_mesh()
   if not mesh.empty and mesh.size > 1:
     batch_axis, _, heads_axis = nn.logical_to_mesh_axes(('batch', 'length', 'heads'))
     if heads_axis is not None and h % mesh.shape[heads_axis]:
       heads_axis = None
-    rows_spec, heads = P(batch_axis), P(batch_axis, None, heads_axis)
+    rows, heads = P(batch_axis), P(batch_axis, None, heads_axis)
     kernel = jax.shard_map(kernel, mesh=mesh, check_vma=False,
-                           in_specs=(heads, heads, heads, rows_spec, rows_spec,
+                           in_specs=(heads, heads, heads, rows, rows,
                                      None if bias is None else P(None, heads_axis)),
                            out_specs=heads)
   return kernel(query, key, value, q_lengths, k_lengths, bias)[:, :q]
