@@ -129,8 +129,10 @@ def main(argv=None):
       target.memory_source = 'given with --device_memory_gib'
     options = aot.train_options()
     plan = aot.Plan(config, partitioning.MeshConfig(), options['num_microbatches'])
-    result = aot.compile_plan(plan, target, batch, lengths, options, traffic=args.traffic)
-    if args.estimate and config.scan_layers and not result.get('compiler_refused'):
+    unroll = args.estimate and config.scan_layers  # then the unrolled compile gives the traffic
+    result = aot.compile_plan(plan, target, batch, lengths, options,
+                              traffic=0 if unroll else args.traffic)
+    if unroll and not result.get('compiler_refused'):
       unrolled = aot.compile_plan(dataclasses.replace(
           plan, config=dataclasses.replace(config, scan_layers=False)), target, batch, lengths, options,
           traffic=args.traffic)
