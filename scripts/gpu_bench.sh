@@ -10,7 +10,8 @@
 # with AdamW: optax / PyTorch's fused), x128 (the XLA attention path), rBATCH_POLICY (ours alone
 # with a remat policy, e.g. r128_none, r32_full, r128_save_qkv_attention), gpu_tests (the tests
 # that need a GPU: cuDNN against the reference path), tests (the suite with JAX_PLATFORMS=cuda,
-# slow tests left out). GPU_BENCH_MAX_S, if set, caps each job's seconds (a
+# slow tests left out), tests_rev (the same, its files in reverse order: a lease too short for the
+# suite runs its two ends). GPU_BENCH_MAX_S, if set, caps each job's seconds (a
 # lease's deadline).
 set -u
 OUT=${1:?OUTDIR}
@@ -39,7 +40,9 @@ for job in "$@"; do
               --gin.TransformerConfig.remat="'${job#*_}'" --output="$OUT/$job.json" ;;
     gpu_tests) run "$job" 300 env JAX_PLATFORMS=cuda python3 -m pytest -v -p no:cacheprovider \
                  tests/test_fused_attention.py -k 'on_a_gpu' ;;
-    tests) run "$job" 590 env JAX_PLATFORMS=cuda python3 -m pytest -v -n 4 -p no:cacheprovider -m 'not slow' tests ;;
+    tests) run "$job" 590 env JAX_PLATFORMS=cuda python3 -m pytest -v -n 12 -p no:cacheprovider -m 'not slow' tests ;;
+    tests_rev) run "$job" 590 env JAX_PLATFORMS=cuda python3 -m pytest -v -n 12 -p no:cacheprovider -m 'not slow' \
+                 $(ls tests/test_*.py | sort -r) ;;
     *) echo "unknown job $job" ;;
   esac
 done
