@@ -18,6 +18,9 @@ mkdir -p "$out"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+# the console scripts (t5xv-train, t5xv-export, ...) that the suite's end-to-end tests run
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir -e . >/dev/null 2>&1 ||
+  echo "the project's console scripts could not be installed"
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c 'import jax, torch, transformers; print("jax", jax.__version__, "torch", torch.__version__,
     "transformers", transformers.__version__, jax.devices())'

@@ -2,6 +2,7 @@
 the test session and the processes it starts (they inherit the environment), so a computation
 compiled by one test, subprocess or earlier session is read back instead of compiled again."""
 import dataclasses
+import importlib.util
 import os
 
 os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', os.path.join(
@@ -16,6 +17,9 @@ if os.environ['JAX_PLATFORMS'].split(',')[0] in ('cuda', 'gpu'):
   # their own), and memory taken as needed, so the processes the tests start find the GPU free.
   os.environ.setdefault('JAX_DEFAULT_MATMUL_PRECISION', 'highest')
   os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
+  # The tests that resume a run compare it bit for bit with an unbroken one; XLA's GPU kernels
+  # may add with atomics (the embedding's gradient), whose order differs from run to run.
+  os.environ['XLA_FLAGS'] = f'{os.environ.get("XLA_FLAGS", "")} --xla_gpu_deterministic_ops=true'.strip()
 # On the CPU the suite compiles far more than it runs (thousands of programs of tiny models): for
 # it and the processes it starts, XLA's backend optimisation and its CPU fusion emitters are off,
 # which compiles the same programs 2-3x faster (measured in README's Tests). Values agree within
@@ -45,6 +49,27 @@ from t5x_variants.models import TransformerConfig, build_model
 
 TINY = dict(vocab_size=50, d_model=32, num_heads=4, head_dim=8, d_ff=64, num_encoder_layers=2,
             num_decoder_layers=2, encoder_max_length=12, decoder_max_length=12)
+
+
+ON_GPU = jax.default_backend() == 'gpu'
+# The TPU kernels' interpreter runs on the CPU only: on a GPU (an H200, jax 0.11.2) flax's layer
+# scan refused the interpreted kernel at trace time ('broadcasted variable has a data dependency
+# on the scan body'; the interpreter runs the kernel through ordered host callbacks).
+tpu_interpreter = pytest.mark.skipif(ON_GPU, reason='the TPU interpreter runs on the CPU only')
+# The data layer (TensorFlow, seqio: pip install -e '.[data]'), which an accelerator image may lack
+# (the project trains there from pre-built batches).
+HAS_DATA_LAYER = all(importlib.util.find_spec(m) for m in ('tensorflow', 'seqio'))
+NO_DATA_LAYER = "no data layer on this host: TensorFlow and seqio (pip install -e '.[data]')"
+needs_data_layer = pytest.mark.skipif(not HAS_DATA_LAYER, reason=NO_DATA_LAYER)
+
+
+def parse_recipe(files, bindings=()):
+  """Gin files parsed as t5xv-train parses them; on a host without the data layer its bindings
+  are skipped, as t5xv-info and t5xv-bench do."""
+  from t5x_variants.cli import common  # pylint: disable=g-import-not-at-top
+  common.parse_gin(list(files), list(bindings),
+                   configurables=common.library_configurables(HAS_DATA_LAYER),
+                   skip_unknown=False if HAS_DATA_LAYER else list(common.DATA_CONFIGURABLES))
 
 
 def tiny(**overrides) -> TransformerConfig:

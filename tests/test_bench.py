@@ -7,7 +7,7 @@ import gin
 import jax
 import pytest
 
-from conftest import init_params, tiny, tokens
+from conftest import ON_GPU, init_params, parse_recipe, tiny, tokens
 from t5x_variants.cli import bench, common, launch
 from t5x_variants.models import flops
 
@@ -57,6 +57,7 @@ def test_flops_agree_with_xla_cost_analysis(arch, attention, ffn):
   assert 0.95 * xla <= ours <= xla
 
 
+@pytest.mark.skipif(ON_GPU, reason='the CPU run of the bench; on a GPU: scripts/gpu_bench.sh')
 def test_bench_runs_end_to_end_on_cpu(tmp_path, capsys):
   out = tmp_path / 'bench.json'
   assert bench.main(['--gin_file=gin/models/t5_tiny.gin', '--gin.TransformerConfig.vocab_size=512',
@@ -118,6 +119,7 @@ def test_profile_turns_command_buffers_off_only_for_a_cuda_backend():
     assert not profile.expose_gpu_kernels(env, plugins=plugins) and 'XLA_FLAGS' not in env
 
 
+@pytest.mark.skipif(ON_GPU, reason='the CPU run of the bench; on a GPU: scripts/gpu_bench.sh')
 def test_bench_times_the_hf_peer_on_the_same_shape(tmp_path, capsys):
   """--hf: the peer in its own process, same batch and lengths, the same optimizer kind."""
   pytest.importorskip('transformers')
@@ -145,7 +147,7 @@ def test_bench_takes_a_recipe_its_model_batch_and_lengths(tmp_path):
   assert (result['architecture'], result['dtype']) == ('decoder_only', 'float32')
   assert result['batch'] == 4 and result['lengths'] == {'targets': 128}
   gin.clear_config()
-  common.parse_gin(files, ["MODEL_DIR = '/tmp/x'"], configurables=common.library_configurables())
+  parse_recipe(files, ["MODEL_DIR = '/tmp/x'"])
   config = common.build_config()
   assert config.placement == 'subln' and config.num_decoder_layers == 4
   assert result['train_flops_per_step'] == flops.train_flops(config, 4, {'targets': 128})

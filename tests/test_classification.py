@@ -18,11 +18,11 @@ from t5x_variants.data import metrics
 from t5x_variants.models import build_model, init_inputs
 from t5x_variants.models import flops, losses
 from t5x_variants.train import checkpoints, evaluation, partitioning
-from conftest import init_params, jit_apply, tiny, tokens
+from conftest import NO_DATA_LAYER, init_params, jit_apply, tiny, tokens
 from train_helpers import save_fresh_state
 from test_glue import glue_dir  # noqa: F401  (the local GLUE files fixture)
 
-seqio = pytest.importorskip('seqio')
+seqio = pytest.importorskip('seqio', reason=NO_DATA_LAYER)
 
 MLM = tiny(architecture='encoder_only', num_encoder_layers=1)
 CLS = dataclasses.replace(MLM, head='classification', num_labels=2)

@@ -16,10 +16,12 @@ import gin
 import pytest
 from etils import epath
 
-from conftest import HOST_DEVICES
+from conftest import HOST_DEVICES, needs_data_layer
 from t5x_variants.cli import eval as eval_cli, infer, train
 from train_helpers import records_of as records
 
+# The tools train on the embedded corpus through the data layer.
+pytestmark = needs_data_layer
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
 TINY_RUN = ['--gin.TRAIN_STEPS=40', "--gin.TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 16}",

@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from conftest import HOST_DEVICES
+from conftest import HOST_DEVICES, needs_data_layer
 from t5x_variants.train import aot, partitioning, targets
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -259,6 +259,7 @@ def test_compile_for_an_8_device_host_mesh():
   assert 'data 4 x model 2' in out.stdout and 'fits: ' in out.stdout and '1.00 GiB' in out.stdout
 
 
+@needs_data_layer
 @pytest.mark.slow
 @needs_libtpu
 def test_the_readme_pod_command_compiles_and_fits_its_slice():

@@ -6,7 +6,9 @@ import sys
 import numpy as np
 import pytest
 
-seqio = pytest.importorskip('seqio')
+from conftest import NO_DATA_LAYER
+
+seqio = pytest.importorskip('seqio', reason=NO_DATA_LAYER)
 
 from t5x_variants.data import corpus, pipeline, span_corruption, tasks  # noqa: E402
 from t5x_variants.cli.data import main as data_main  # noqa: E402

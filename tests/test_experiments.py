@@ -12,6 +12,8 @@ import jax
 import numpy as np
 import pytest
 
+from conftest import needs_data_layer, parse_recipe
+
 from t5x_variants.cli import common
 from t5x_variants.models import build_model, init_inputs
 from jax.sharding import AbstractMesh
@@ -32,7 +34,7 @@ def experiment_files():
 def load(*files, bindings=()):
   """The TransformerConfig of gin ``files`` (+ bindings), with the data layer's configurables."""
   gin.clear_config()
-  common.parse_gin(list(files), list(bindings), configurables=common.library_configurables())
+  parse_recipe(files, bindings)
   return common.build_config()
 
 
@@ -57,6 +59,7 @@ def test_every_file_is_covered():
     assert any(n.startswith(family) and n.endswith('_small.gin') for n in names), family
 
 
+@needs_data_layer
 @pytest.mark.parametrize('path', experiment_files())
 def test_every_experiment_file_builds(path):
   """Alone (overlays after a recipe of their family), its model config validates and its
@@ -90,6 +93,7 @@ def test_every_experiment_file_builds(path):
   optimizer.make_optimizer(params, schedule).init(params)
 
 
+@needs_data_layer
 @pytest.mark.parametrize('ffn', FFNS)
 def test_glu_recipe_is_t5_v1_0_base_with_222_903_552_parameters(ffn):
   c = load(f'gin/experiments/glu_variants/{ffn}.gin', bindings=['MODEL_DIR = "/tmp/unused"'])
@@ -185,6 +189,7 @@ SMALL_RUNS = [
 ]
 
 
+@needs_data_layer
 @pytest.mark.slow
 @pytest.mark.parametrize('recipe,variant', SMALL_RUNS, ids=lambda p: os.path.basename(p))
 def test_small_recipes_train(recipe, variant, tmp_path):
@@ -220,6 +225,7 @@ def target_of(path):
   return None
 
 
+@needs_data_layer
 @pytest.mark.parametrize('path', FULL_SCALE)
 def test_full_scale_recipes_name_a_slice_their_mesh_fits_in_bfloat16(path):
   """The slice is a valid topology and the recipe's mesh and batch split over its chips evenly

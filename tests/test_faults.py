@@ -17,7 +17,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import tiny
+from conftest import needs_data_layer, tiny
 from t5x_variants.cli import eval as eval_cli
 from t5x_variants.sweeps.runs import read_run
 from t5x_variants.train import checkpoints
@@ -203,6 +203,7 @@ def test_a_checkpoint_of_one_device_resumes_on_8(reference, tmp_path, subprocess
   assert {tuple(json.loads(s)['shape']) for s in sharding.values()} == {(4, 2)}
 
 
+@needs_data_layer
 @pytest.mark.slow
 def test_eval_all_beside_a_training_run_never_reads_a_half_written_checkpoint(
     reference, tmp_path, monkeypatch, subprocess_train):

@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 
+from conftest import needs_data_layer
 from gcs_server import FaultProxy, client_environment
 from t5x_variants.sweeps.runs import read_run
 from t5x_variants.train import checkpoints, storage
@@ -117,6 +118,7 @@ def test_each_writer_session_of_an_appended_file_is_its_own_object(gcs):
   assert sorted(r['step'] for r in records) == [1, 2]
 
 
+@needs_data_layer
 @pytest.mark.slow
 def test_pretrain_resume_eval_infer_and_finetune_on_a_bucket(gcs, local_cwd):
   """t5xv-train (4 steps, then resumed to 8: the losses of a straight 8-step run), t5xv-eval
@@ -166,6 +168,7 @@ def test_pretrain_resume_eval_infer_and_finetune_on_a_bucket(gcs, local_cwd):
   assert {'checkpoint_4/commit_success.txt', 'config.gin'} <= set(gcs.objects(ft))
 
 
+@needs_data_layer
 @pytest.mark.slow
 def test_a_sweep_and_its_report_on_a_bucket(gcs, local_cwd):
   """The suite's sweep end to end: t5xv-sweep of 2 FFN variants x 1 seed of the small GLU recipe
@@ -289,6 +292,7 @@ def _train_command(model_dir, env, steps=4):
                         cwd=REPO, capture_output=True, text=True, env=env, timeout=300)
 
 
+@needs_data_layer
 @pytest.mark.slow
 def test_an_outage_longer_than_the_retries_at_a_commit_is_one_line_and_the_last_checkpoint_intact(
     gcs, proxy):
@@ -309,6 +313,7 @@ def test_an_outage_longer_than_the_retries_at_a_commit_is_one_line_and_the_last_
   assert _committed(f'{root}/run') == ['checkpoint_4', 'checkpoint_8']
 
 
+@needs_data_layer
 @pytest.mark.slow
 def test_403_on_the_bucket_is_one_line_before_any_step(gcs, proxy):
   root = gcs.new_bucket()
@@ -322,6 +327,7 @@ def test_403_on_the_bucket_is_one_line_before_any_step(gcs, proxy):
   assert 'step' not in out.stdout and gcs.objects(root) == {}
 
 
+@needs_data_layer
 def test_a_bucket_that_does_not_exist_is_one_line_at_start_up(gcs, capsys, local_cwd):
   from t5x_variants.cli import train  # pylint: disable=g-import-not-at-top
   os.symlink(os.path.join(REPO, 'gin'), local_cwd / 'gin')

@@ -4,11 +4,14 @@ import math
 import re
 
 import pytest
-import seqio
-import tensorflow_datasets as tfds
 
-from t5x_variants.data import glue, metrics
-from t5x_variants.data import super_glue as sg
+from conftest import NO_DATA_LAYER
+
+seqio = pytest.importorskip('seqio', reason=NO_DATA_LAYER)
+tfds = pytest.importorskip('tensorflow_datasets', reason=NO_DATA_LAYER)
+
+from t5x_variants.data import glue, metrics  # noqa: E402
+from t5x_variants.data import super_glue as sg  # noqa: E402
 
 VOCAB = seqio.ByteVocabulary()
 FEATURES = {k: seqio.Feature(VOCAB) for k in ('inputs', 'targets')}

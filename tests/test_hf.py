@@ -14,7 +14,7 @@ import pytest
 import torch
 import transformers
 
-from conftest import jit_apply, tiny
+from conftest import jit_apply, needs_data_layer, tiny
 from t5x_variants.cli import hf as hf_cli
 from t5x_variants.models import build_model, hf_t5
 from t5x_variants.models.config import TransformerConfig
@@ -200,6 +200,7 @@ def test_export_reads_a_checkpoint_written_by_eight_devices(tmp_path):
   assert_logits_close(ours, hf_logits(exported, inputs, decoder))
 
 
+@needs_data_layer
 @pytest.mark.slow
 def test_an_import_fine_tunes_and_decodes_through_the_commands(tmp_path):
   """t5xv-import -> t5xv-train with gin/runs/finetune.gin from its checkpoint -> t5xv-infer."""

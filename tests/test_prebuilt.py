@@ -11,6 +11,8 @@ import sys
 import numpy as np
 import pytest
 
+from conftest import needs_data_layer
+
 from t5x_variants.data.config import DatasetConfig
 from t5x_variants.train import prebuilt
 
@@ -98,6 +100,7 @@ sys.exit(train.main(sys.argv[1:]))
 '''
 
 
+@needs_data_layer
 @pytest.mark.slow
 def test_a_run_from_prebuilt_batches_without_tensorflow_matches_the_data_layer_run(tmp_path):
   bin_dir = os.path.dirname(sys.executable)
@@ -126,6 +129,7 @@ def test_a_run_from_prebuilt_batches_without_tensorflow_matches_the_data_layer_r
       tmp_path / 'reference' / 'vocab.model').read_bytes()
 
 
+@needs_data_layer
 def test_dataset_config_is_the_data_layers():
   from t5x_variants.data import pipeline  # pylint: disable=g-import-not-at-top
   assert pipeline.DatasetConfig is DatasetConfig

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import tiny
+from conftest import needs_data_layer, tiny
 from train_helpers import save_fresh_state
 from t5x_variants.features import EOS_ID
 from t5x_variants.train.predictor import Predictor, pad_tokens, prompted
@@ -39,6 +39,7 @@ def test_prompted_cuts_the_targets_into_prompt_and_continuation():
     prompted(examples, None, 'embedded_lm')
 
 
+@needs_data_layer
 @pytest.mark.slow
 def test_infer_and_eval_prompt_a_decoder_only_model_on_a_language_modelling_task(tmp_path):
   """t5xv-infer writes the prompt, the reference continuation, the prediction and the

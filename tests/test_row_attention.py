@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
+from conftest import tpu_interpreter
 from t5x_variants.layers import row_attention
 
 SCALE = 0.125
@@ -28,6 +29,7 @@ def reference(q, k, v, bias, q_lens, k_lens, causal):
   return jnp.where((jnp.arange(nq)[None, :] < q_lens[:, None])[:, None, :, None], o, 0)
 
 
+@tpu_interpreter
 @pytest.mark.parametrize('causal,keys,with_bias', [(False, 256, True), (True, 128, True),
                                                    (False, 256, False)])
 def test_kernel_equals_the_formula_with_its_gradients(causal, keys, with_bias):

@@ -3,13 +3,16 @@ import uuid
 
 import numpy as np
 import pytest
-import seqio
-import tensorflow as tf
 
-from t5x_variants.data.mlm import mlm
-from t5x_variants.data.span_corruption import (input_and_target_lengths, merge_span_corruption,
-                                               noise_statistics, random_spans_noise_mask,
-                                               span_corruption)
+from conftest import NO_DATA_LAYER
+
+seqio = pytest.importorskip('seqio', reason=NO_DATA_LAYER)
+tf = pytest.importorskip('tensorflow', reason=NO_DATA_LAYER)
+
+from t5x_variants.data.mlm import mlm  # noqa: E402
+from t5x_variants.data.span_corruption import (  # noqa: E402
+    input_and_target_lengths, merge_span_corruption, noise_statistics, random_spans_noise_mask,
+    span_corruption)
 
 VOCAB = seqio.ByteVocabulary(extra_ids=100)
 V = VOCAB.vocab_size  # sentinels are V - 1, V - 2, ...

@@ -3,10 +3,13 @@ import json
 import re
 
 import pytest
-import seqio
-import tensorflow_datasets as tfds
 
-from t5x_variants.data import glue, metrics, squad, tasks
+from conftest import NO_DATA_LAYER
+
+seqio = pytest.importorskip('seqio', reason=NO_DATA_LAYER)
+tfds = pytest.importorskip('tensorflow_datasets', reason=NO_DATA_LAYER)
+
+from t5x_variants.data import glue, metrics, squad, tasks  # noqa: E402
 
 VOCAB = seqio.ByteVocabulary()
 FEATURES = {k: seqio.Feature(VOCAB) for k in ('inputs', 'targets')}

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from conftest import needs_data_layer
 from t5x_variants.sweeps import grid, papers, report, runs, statistics
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -836,6 +837,7 @@ def test_batches_dir_reaches_every_run_command_and_write_batches_needs_it(tmp_pa
   assert '--parallel must be at least 1' in capsys.readouterr().err
 
 
+@needs_data_layer
 @pytest.mark.slow
 def test_a_sweep_writes_its_batches_once_per_data_and_trains_from_them(tmp_path):
   """2 variants x 2 seeds: --write_batches writes one directory per seed (the variants share

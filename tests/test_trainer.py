@@ -19,7 +19,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import tiny
+from conftest import needs_data_layer, tiny
 from t5x_variants.train import checkpoints, trainer
 from train_helpers import StepBatches, records_of as records, run_train, saved_state, train_losses
 
@@ -208,6 +208,7 @@ def test_a_checkpoint_of_other_optimizer_settings_is_an_error_not_a_restart(refe
   assert sorted(p.name for p in model_dir.glob('checkpoint_*')) == ['checkpoint_2', 'checkpoint_4']
 
 
+@needs_data_layer
 @pytest.mark.slow
 def test_two_processes_train_like_one_and_stop_together(reference, tmp_path, subprocess_train):
   """Two processes joined by jax.distributed (gloo CPU collectives, 2 devices each, a data=2 x
