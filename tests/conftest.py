@@ -11,7 +11,10 @@ os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.2')
 # The suite runs on the CPU; libtpu (extra 'tpu') serves only t5xv-compile's compile-only TPU
 # devices, and would otherwise be started first and warn.
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
-if os.environ['JAX_PLATFORMS'].split(',')[0] in ('cuda', 'gpu'):
+# Read from the setting, not from JAX: processes that import this module may still have to call
+# jax.distributed.initialize, which must come before the backend starts.
+ON_GPU = os.environ['JAX_PLATFORMS'].split(',')[0] in ('cuda', 'gpu')
+if ON_GPU:
   # On a GPU (JAX_PLATFORMS=cuda): float32 matmuls in float32, as on the CPU (JAX's default there
   # is TF32 on Hopper, which the equivalence tests' tolerances do not assume; bfloat16 tests name
   # their own), and memory taken as needed, so the processes the tests start find the GPU free.
@@ -51,7 +54,6 @@ TINY = dict(vocab_size=50, d_model=32, num_heads=4, head_dim=8, d_ff=64, num_enc
             num_decoder_layers=2, encoder_max_length=12, decoder_max_length=12)
 
 
-ON_GPU = jax.default_backend() == 'gpu'
 # The TPU kernels' interpreter runs on the CPU only: on a GPU (an H200, jax 0.11.2) flax's layer
 # scan refused the interpreted kernel at trace time ('broadcasted variable has a data dependency
 # on the scan body'; the interpreter runs the kernel through ordered host callbacks).

@@ -32,7 +32,7 @@ def experiment_files():
 
 
 def load(*files, bindings=()):
-  """The TransformerConfig of gin ``files`` (+ bindings), with the data layer's configurables."""
+  """The TransformerConfig of gin ``files`` (+ bindings), parsed as t5xv-train parses them."""
   gin.clear_config()
   parse_recipe(files, bindings)
   return common.build_config()
