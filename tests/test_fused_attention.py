@@ -2,10 +2,11 @@
 
 On a CPU the cuDNN path runs through jax.nn.dot_product_attention's own XLA implementation
 (``IMPLEMENTATIONS`` patched), which checks everything but the kernel: the masks as sequence
-lengths and a causal flag, the bias, the scale, cached decoding, the fallbacks. On a GPU the
-same comparisons run against cuDNN itself, in bfloat16. The TPU Pallas kernel itself runs on a
-CPU in Pallas' TPU interpret mode (a simulation of the TPU program, slow: tiny shapes), alone
-and per device under shard_map on a mesh; compiled for a v5p slice its HLO holds the kernel.
+lengths and a causal flag, the bias, the scale, cached decoding, the fallbacks. In bfloat16 the
+call and the model are held to their distance from float32: cuDNN itself on a GPU, the XLA
+implementation on a CPU. The TPU Pallas kernels themselves run on a CPU in Pallas' TPU interpret
+mode (a simulation of the TPU program, slow: tiny shapes), alone and per device under shard_map
+on a mesh; compiled for a v5p slice its HLO holds the kernel.
 """
 import os
 import subprocess
