@@ -63,6 +63,8 @@ def test_fits_holds_t5_rows_and_not_longer_ones():
 
 @pytest.mark.skipif(importlib.util.find_spec('libtpu') is None,
                     reason="libtpu is not installed (pip install -e '.[tpu]')")
+# the persistent cache stores executables for compile-only TPU devices but cannot load them back
+@pytest.mark.filterwarnings('ignore:Error reading persistent compilation cache')
 def test_the_cost_model_counts_forward_and_backward_on_a_v5p_chip():
   """Forward (2 matmuls) and backward (6) at the encoder self-attention's shape on one chip:
   16 b h q k d FLOPs in all; no (batch, heads, q, k) array anywhere (the bias is read per
