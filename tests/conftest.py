@@ -69,9 +69,7 @@ def parse_recipe(files, bindings=()):
   """Gin files parsed as t5xv-train parses them; on a host without the data layer its bindings
   are skipped, as t5xv-info and t5xv-bench do."""
   from t5x_variants.cli import common  # pylint: disable=g-import-not-at-top
-  common.parse_gin(list(files), list(bindings),
-                   configurables=common.library_configurables(HAS_DATA_LAYER),
-                   skip_unknown=False if HAS_DATA_LAYER else list(common.DATA_CONFIGURABLES))
+  common.parse_recipe(list(files), list(bindings), with_data=HAS_DATA_LAYER)
 
 
 def tiny(**overrides) -> TransformerConfig:

@@ -240,14 +240,6 @@ def build_config() -> TransformerConfig:
     raise GinConfigError(f'invalid model configuration: {e}') from e
 
 
-def config_from_flags(args, configurables: Mapping[str, Callable] = None,
-                      skip_unknown=False) -> TransformerConfig:
-  """The TransformerConfig of parsed gin flags; GinConfigError if invalid."""
-  parse_gin(args.gin_file, args.gin_bindings, args.gin_search_paths.split(','), configurables,
-            skip_unknown)
-  return build_config()
-
-
 def gin_macro(name: str):
   """The value the parsed gin binds to macro ``name`` (a run file's ``BATCH_SIZE``), or None."""
   try:
@@ -302,6 +294,16 @@ def library_configurables(with_data: bool = True) -> Mapping[str, Callable]:
   return known
 
 
+def parse_recipe(gin_files: List[str], bindings: List[str], search_paths: Sequence[str] = (),
+                 with_data: bool = True, configurables: Optional[Mapping[str, Callable]] = None):
+  """``parse_gin`` with the library's configurables (and the caller's) named in its errors.
+  ``with_data=False``: the data layer is not imported and its bindings are skipped, so the files
+  of a run parse where TensorFlow is absent; a binding of anything else unknown is still an error."""
+  known = {**library_configurables(with_data), **(configurables or {})}
+  parse_gin(gin_files, bindings, search_paths, known,
+            skip_unknown=False if with_data else list(DATA_CONFIGURABLES))
+
+
 def setup(p: argparse.ArgumentParser, argv: Optional[Sequence[str]],
           configurables: Optional[Mapping[str, Callable]] = None,
           with_data: Union[bool, Callable[[argparse.Namespace], bool]] = True):
@@ -314,10 +316,10 @@ def setup(p: argparse.ArgumentParser, argv: Optional[Sequence[str]],
   args = parse_args(p, argv)
   initialize_processes(args)
   data = with_data(args) if callable(with_data) else with_data
-  known = {**library_configurables(data), **(configurables or {})}
   if with_data is False:  # after the flags, whose line numbers gin's messages keep
     args.gin_bindings += [f"{m} = 'unused by {p.prog}'" for m in RUN_MACROS]
-  return args, config_from_flags(args, known, False if data else list(DATA_CONFIGURABLES))
+  parse_recipe(args.gin_file, args.gin_bindings, args.gin_search_paths.split(','), data, configurables)
+  return args, build_config()
 
 
 # --- errors ------------------------------------------------------------------------------------

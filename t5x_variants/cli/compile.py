@@ -110,12 +110,12 @@ def main(argv=None):
       # An executable for compile-only devices is written to a persistent cache but cannot be read back.
       jax.config.update('jax_enable_compilation_cache', False)
     try:
-      known, with_data = common.library_configurables(with_data=True), True
+      common.library_configurables(with_data=True)
+      with_data = True
     except ImportError:  # a host without the data extra: the macros give batch and lengths
-      known, with_data = common.library_configurables(with_data=False), False
+      with_data = False
     args.gin_bindings.insert(0, "MODEL_DIR = 'unused by t5xv-compile'")
-    common.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_paths.split(','), known,
-                     skip_unknown=not with_data)
+    common.parse_recipe(args.gin_file, args.gin_bindings, args.gin_search_paths.split(','), with_data)
     config = common.build_config()
     batch, lengths = _run_settings(args, with_data)
     lengths = {INPUTS[s]: lengths[INPUTS[s]] for s in config.stacks}
