@@ -193,6 +193,21 @@ def test_dense_contracts_and_produces_several_axes_like_einsum():
                              rtol=1e-5, atol=1e-6)
 
 
+def test_dense_for_a_tpu_contracts_as_laid_out_with_the_same_values_and_gradients(monkeypatch):
+  """On a TPU Dense is one dot_general over the axes as they are (layers/dense.py); elsewhere a
+  2-D matmul between reshapes: the same function."""
+  from t5x_variants.layers import fused_attention  # pylint: disable=g-import-not-at-top
+  x = jnp.asarray(np.random.RandomState(0).randn(2, 3, 4, 5), jnp.float32)
+  m = Dense((6, 7), ('heads', 'kv'), ('embed', 'mlp'), use_bias=True, init_scheme='xavier')
+  p = nn.unbox(m.init(jax.random.PRNGKey(0), x)['params'])
+  f = lambda p, x: jnp.sum(jnp.sin(m.apply({'params': p}, x)))
+  two_d = jax.value_and_grad(f, argnums=(0, 1))(p, x)
+  monkeypatch.setattr(fused_attention, 'platform', lambda: 'tpu')
+  laid_out = jax.value_and_grad(f, argnums=(0, 1))(p, x)
+  for a, b in zip(jax.tree_util.tree_leaves(two_d), jax.tree_util.tree_leaves(laid_out)):
+    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+
 def test_shared_bias_must_have_batch_one():
   with pytest.raises(ValueError, match='batch 1'):
     add_shared_bias(jnp.zeros((2, 1, 3, 3)), jnp.zeros((2, 1, 3, 3)))

@@ -3,8 +3,10 @@ import math
 from typing import Any, Tuple
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
+from t5x_variants.layers import fused_attention
 from t5x_variants.layers import init as init_lib
 
 
@@ -31,11 +33,20 @@ class Dense(nn.Module):
     # fsdp-split weight is gathered in the compute dtype, where XLA would otherwise split the
     # matmul over embed and move the activations instead (the logits' all-reduce on v5p).
     kernel = nn.with_logical_constraint(kernel.astype(self.dtype), self.in_axes + self.out_axes)
-    # As one 2-D matmul: with several batch-like dims the weight gradient contracts two of them,
-    # which XLA CPU serves with transposed copies (measured: GEGLU FFN fwd+bwd 357 -> 209 ms).
+    x = x.astype(self.dtype)
     n_rows, n_cols = math.prod(kernel.shape[:n_in]), math.prod(self.features)
-    y = jnp.dot(x.astype(self.dtype).reshape(-1, n_rows), kernel.reshape(n_rows, n_cols))
-    y = y.reshape(x.shape[:x.ndim - n_in] + tuple(self.features))
+    if fused_attention.platform() == 'tpu':
+      # Contracted as laid out: the TPU compiler then writes each output in the layout its
+      # consumer reads (q, k, v heads-first for the attention kernel, and their gradients
+      # back), where a 2-D matmul's output must be transposed by a copy (T5-base on v5p-16,
+      # fsdp, the cost model's estimate: 39.8 -> 34.3 ms, BENCHMARKS.md).
+      y = jax.lax.dot_general(x, kernel, ((tuple(range(x.ndim - n_in, x.ndim)), tuple(range(n_in))), ((), ())))
+    else:
+      # As one 2-D matmul: with several batch-like dims the weight gradient contracts two of them,
+      # which XLA CPU serves with transposed copies (measured: GEGLU FFN fwd+bwd 357 -> 209 ms);
+      # on a GPU the only form measured.
+      y = jnp.dot(x.reshape(-1, n_rows), kernel.reshape(n_rows, n_cols))
+      y = y.reshape(x.shape[:x.ndim - n_in] + tuple(self.features))
     if self.use_bias:
       bias = self.param('bias', nn.with_logical_partitioning(
           init_lib.bias_init(self.init_scheme, self.gain, n_rows), self.out_axes), tuple(self.features), jnp.float32)
