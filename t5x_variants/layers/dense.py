@@ -34,7 +34,7 @@ class Dense(nn.Module):
     # matmul over embed and move the activations instead (the logits' all-reduce on v5p).
     kernel = nn.with_logical_constraint(kernel.astype(self.dtype), self.in_axes + self.out_axes)
     x = x.astype(self.dtype)
-    n_rows, n_cols = math.prod(kernel.shape[:n_in]), math.prod(self.features)
+    n_rows = math.prod(kernel.shape[:n_in])
     if fused_attention.platform() == 'tpu':
       # Contracted as laid out: the TPU compiler then writes each output in the layout its
       # consumer reads (q, k, v heads-first for the attention kernel, and their gradients
@@ -45,7 +45,7 @@ class Dense(nn.Module):
       # As one 2-D matmul: with several batch-like dims the weight gradient contracts two of them,
       # which XLA CPU serves with transposed copies (measured: GEGLU FFN fwd+bwd 357 -> 209 ms);
       # on a GPU the only form measured.
-      y = jnp.dot(x.reshape(-1, n_rows), kernel.reshape(n_rows, n_cols))
+      y = jnp.dot(x.reshape(-1, n_rows), kernel.reshape(n_rows, math.prod(self.features)))
       y = y.reshape(x.shape[:x.ndim - n_in] + tuple(self.features))
     if self.use_bias:
       bias = self.param('bias', nn.with_logical_partitioning(

@@ -128,8 +128,8 @@ class TransformerConfig:
   def remat_policy(self, platform: str) -> str:
     """The remat that runs on ``platform`` ('cpu', 'gpu', 'tpu'). 'auto': 'full' on a GPU with
     bfloat16 compute (measured: T5-base at batch 128 on an H200 ran 7% faster than with 'none'
-    in a sixth of the memory), else 'none' (on v5p-16 the compiler's cost model puts 'full' 12%
-    slower for T5-base; on the CPU recomputation costs its time). BENCHMARKS.md has both."""
+    in a sixth of the memory), else 'none' (on v5p-16 the compiler's cost model puts 'full' 10%
+    slower for T5-base, fsdp; on the CPU recomputation costs its time). BENCHMARKS.md has both."""
     if self.remat != 'auto':
       return self.remat
     return 'full' if platform == 'gpu' and self.dtype == 'bfloat16' else 'none'
