@@ -1,8 +1,8 @@
 """EXPERIMENTS.md §2's depth figure: DeepNorm - Post-LN by layers per stack, from the section's
 tables (their sweep directories were not kept, so the numbers are typed in from them).
 
-Left: the final held-out log-perplexity, mean +- sample std over seeds, with the paper's init,
-and the unigram plateau of the task. Right: the paired difference DeepNorm - Post-LN (seed by
+Left: the final held-out log-perplexity, mean +- sample std over seeds, with the paper's init
+(solid) and the code's (dashed), and the unigram plateau of the task. Right: the paired difference DeepNorm - Post-LN (seed by
 seed) with its 95% Student t interval, for the paper's init and the authors' code's.
 
   python scripts/deepnet_depth_plot.py docs/experiments/deepnet_depth_paired.png
@@ -14,28 +14,32 @@ from matplotlib.figure import Figure
 from t5x_variants.sweeps.plots import OKABE_ITO
 
 PLATEAU = 5.8585  # scripts/unigram_baseline.py on the same held-out tokens
-# layers per stack: (Post-LN mean, std), (DeepNorm mean, std), paper init (§2's depth table).
-MEANS = {2: ((5.260, 0.025), (5.269, 0.039)), 6: ((5.338, 0.037), (5.207, 0.031)),
-         18: ((6.062, 0.113), (5.162, 0.042)), 50: ((6.143, 0.160), (5.132, 0.028))}
+# layers per stack: (Post-LN mean, std), (DeepNorm mean, std) per init (§2's depth table).
+MEANS = {'paper init': {2: ((5.260, 0.025), (5.269, 0.039)), 6: ((5.338, 0.037), (5.207, 0.031)),
+                        18: ((6.062, 0.113), (5.162, 0.042)), 50: ((6.143, 0.160), (5.132, 0.028))},
+         'code init': {2: ((5.195, 0.022), (5.272, 0.064)), 6: ((5.125, 0.012), (5.227, 0.037)),
+                       18: ((5.397, 0.260), (5.250, 0.066)), 50: ((5.949, 0.284), (5.203, 0.055))}}
 # DeepNorm - Post-LN, paired by seed: (mean, low, high), from §2's comparison tables.
 PAIRED = {'paper init': {2: (0.009, -0.067, 0.084), 6: (-0.131, -0.247, -0.016),
                          18: (-0.900, -1.093, -0.708), 50: (-1.011, -1.372, -0.650)},
           'code init': {2: (0.078, -0.049, 0.204), 6: (0.102, 0.029, 0.174),
-                        18: (-0.147, -0.629, 0.336)}}
+                        18: (-0.147, -0.629, 0.336), 50: (-0.746, -1.559, 0.067)}}
 
 
 def main(path: str) -> None:
   fig = Figure(figsize=(8, 3.2), dpi=100)
   left, right = fig.subplots(1, 2)
-  depths = sorted(MEANS)
-  for i, (name, colour) in enumerate((('Post-LN', OKABE_ITO[4]), ('DeepNorm', OKABE_ITO[3]))):
-    left.errorbar(depths, [MEANS[d][i][0] for d in depths], [MEANS[d][i][1] for d in depths],
-                  marker='o', capsize=3, color=colour, label=name)
+  depths = sorted(MEANS['paper init'])
+  for (init, means), style, shift in zip(MEANS.items(), ('-', '--'), (0.97, 1.03)):
+    for i, (name, colour) in enumerate((('Post-LN', OKABE_ITO[4]), ('DeepNorm', OKABE_ITO[3]))):
+      left.errorbar([d * shift for d in depths], [means[d][i][0] for d in depths],
+                    [means[d][i][1] for d in depths], marker='o', capsize=3, color=colour, ls=style,
+                    label=f'{name}, {init}')
   left.axhline(PLATEAU, color='grey', ls=':', label='unigram plateau')
   left.set(xscale='log', xticks=depths, xticklabels=depths, xlabel='layers per stack',
            ylabel='final held-out log-ppl')
   left.minorticks_off()
-  left.set_title("paper's init: mean +- std over 3 seeds", fontsize=9)
+  left.set_title('mean +- std over 3 seeds', fontsize=9)
   left.legend(fontsize=7)
   for (init, rows), shift, colour in zip(PAIRED.items(), (0.97, 1.03), OKABE_ITO[3:1:-1]):
     ds = sorted(rows)
