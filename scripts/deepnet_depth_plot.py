@@ -2,8 +2,9 @@
 tables (their sweep directories were not kept, so the numbers are typed in from them).
 
 Left: the final held-out log-perplexity, mean +- sample std over seeds, with the paper's init
-(solid) and the code's (dashed), and the unigram plateau of the task. Right: the paired difference DeepNorm - Post-LN (seed by
-seed) with its 95% Student t interval, for the paper's init and the authors' code's.
+(solid) and the code's (dashed), and the unigram plateau of the task. Right: the paired
+difference DeepNorm - Post-LN (seed by seed) with its 95% Student t interval, for the paper's
+init and the authors' code's.
 
   python scripts/deepnet_depth_plot.py docs/experiments/deepnet_depth_paired.png
 """

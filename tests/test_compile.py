@@ -134,7 +134,8 @@ def test_tiny_step_compiles_for_a_v5e_slice(v5e_2x2):
   # q, k, v reach the kernel heads-first, and their gradients leave it, with no copy between:
   # the projections' matmuls write the layout the kernel reads (layers/dense.py; a 2-D matmul
   # here had the backward's padded q, k, v copied).
-  assert not [row for row in sources if row[0] == 'copy' and re.search(r'_attention/(pad|transpose)$', row[1])], sources
+  assert not [row for row in sources
+              if row[0] == 'copy' and re.search(r'_attention/(pad|transpose)$', row[1])], sources
   assert r['total_bytes'] == (r['argument_bytes'] + r['output_bytes'] - r['alias_bytes']
                               + r['temp_bytes'] + r['code_bytes'])
   # The donated state is aliased to the new state: what is counted once is at least the state.

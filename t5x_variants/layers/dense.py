@@ -40,7 +40,8 @@ class Dense(nn.Module):
       # consumer reads (q, k, v heads-first for the attention kernel, and their gradients
       # back), where a 2-D matmul's output must be transposed by a copy (T5-base on v5p-16,
       # fsdp, the cost model's estimate: 39.8 -> 34.3 ms, BENCHMARKS.md).
-      y = jax.lax.dot_general(x, kernel, ((tuple(range(x.ndim - n_in, x.ndim)), tuple(range(n_in))), ((), ())))
+      contracted = (tuple(range(x.ndim - n_in, x.ndim)), tuple(range(n_in)))
+      y = jax.lax.dot_general(x, kernel, (contracted, ((), ())))
     else:
       # As one 2-D matmul: with several batch-like dims the weight gradient contracts two of them,
       # which XLA CPU serves with transposed copies (measured: GEGLU FFN fwd+bwd 357 -> 209 ms);
