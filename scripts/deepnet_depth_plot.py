@@ -20,8 +20,8 @@ MEANS = {'paper init': {2: ((5.260, 0.025), (5.269, 0.039)), 6: ((5.338, 0.037),
                         18: ((6.062, 0.113), (5.162, 0.042)), 50: ((6.143, 0.160), (5.132, 0.028))},
          'code init': {2: ((5.195, 0.022), (5.272, 0.064)), 6: ((5.125, 0.012), (5.227, 0.037)),
                        18: ((5.397, 0.260), (5.250, 0.066)), 50: ((5.949, 0.284), (5.203, 0.055))}}
-# layers per stack: (Post-LN, DeepNorm) of the one seed that ran, the paper's init (§2's 100+100).
-ONE_SEED = {100: (5.935, 5.099)}
+# layers per stack: (Post-LN, DeepNorm) where one seed ran, per init (§2's 100+100).
+ONE_SEED = {'paper init': {100: (5.935, 5.099)}}
 # DeepNorm - Post-LN, paired by seed: (mean, low, high), from §2's comparison tables.
 PAIRED = {'paper init': {2: (0.009, -0.067, 0.084), 6: (-0.131, -0.247, -0.016),
                          18: (-0.900, -1.093, -0.708), 50: (-1.011, -1.372, -0.650)},
@@ -33,15 +33,16 @@ def main(path: str) -> None:
   fig = Figure(figsize=(8, 3.2), dpi=100)
   left, right = fig.subplots(1, 2)
   depths = sorted(MEANS['paper init'])
-  ticks = depths + sorted(ONE_SEED)
+  ticks = sorted(set(depths).union(*ONE_SEED.values()))
   for (init, means), style, shift in zip(MEANS.items(), ('-', '--'), (0.97, 1.03)):
     for i, (name, colour) in enumerate((('Post-LN', OKABE_ITO[4]), ('DeepNorm', OKABE_ITO[3]))):
       left.errorbar([d * shift for d in depths], [means[d][i][0] for d in depths],
                     [means[d][i][1] for d in depths], marker='o', capsize=3, color=colour, ls=style,
                     label=f'{name}, {init}')
-      if init == 'paper init':
-        left.plot(list(ONE_SEED), [v[i] for v in ONE_SEED.values()], marker='o', ls='none',
-                  mfc='none', color=colour, label=f'{name}, paper init, 1 seed')
+      one = ONE_SEED.get(init, {})
+      if one:
+        left.plot(list(one), [v[i] for v in one.values()], marker='o', ls='none', mfc='none',
+                  color=colour, label=f'{name}, {init}, 1 seed')
   left.axhline(PLATEAU, color='grey', ls=':', label='unigram plateau')
   left.set(xscale='log', xticks=ticks, xticklabels=ticks, xlabel='layers per stack',
            ylabel='final held-out log-ppl')
@@ -54,8 +55,10 @@ def main(path: str) -> None:
     right.errorbar([d * shift for d in ds], m, [[rows[d][0] - rows[d][1] for d in ds],
                                                  [rows[d][2] - rows[d][0] for d in ds]],
                    marker='o', capsize=3, ls='none', color=colour, label=init)
-  right.plot(list(ONE_SEED), [deep - post for post, deep in ONE_SEED.values()], marker='o',
-             ls='none', mfc='none', color=OKABE_ITO[3], label='paper init, 1 seed')
+    one = ONE_SEED.get(init, {})
+    if one:
+      right.plot(list(one), [deep - post for post, deep in one.values()], marker='o', ls='none',
+                 mfc='none', color=colour, label=f'{init}, 1 seed')
   right.axhline(0, color='grey', lw=0.8)
   right.set(xscale='log', xticks=ticks, xticklabels=ticks, xlabel='layers per stack',
             ylabel='DeepNorm - Post-LN (nats)')
