@@ -29,10 +29,11 @@ def main(run: str, step: str = '600', num_batches: str = '4'):
                                ('MIXTURE_OR_TASK_NAME', 'TASK_FEATURE_LENGTHS', 'BATCH_SIZE'))
   arch = config.architecture
 
-  def logits(dropout):
+  def argmax_and_sums(dropout):  # the training loss's sums (train_step.logits_loss)
     def fn(params, batch, rng):
-      return predictor.model.apply({'params': params}, **train_step.model_inputs(config, batch),
-                                   enable_dropout=dropout, rngs={'dropout': rng})
+      logits = predictor.model.apply({'params': params}, **train_step.model_inputs(config, batch),
+                                     enable_dropout=dropout, rngs={'dropout': rng})
+      return logits.argmax(-1), train_step.logits_loss(config, logits, batch)[1]
     return jax.jit(fn)
 
   rows = [('held-out, unpacked', pipeline.eval_batches(task, lengths, arch, batch_size), False),
@@ -40,18 +41,16 @@ def main(run: str, step: str = '600', num_batches: str = '4'):
           ('train, packed', pipeline.batches(task, lengths, arch, batch_size), False),
           ('train, packed, dropout', pipeline.batches(task, lengths, arch, batch_size), True)]
   for label, batches, dropout in rows:
-    fn, nll, right, total = logits(dropout), 0.0, 0, 0
+    fn, sums = argmax_and_sums(dropout), collections.Counter()
     predicted, right_tokens = collections.Counter(), collections.Counter()
     for i, batch in zip(range(int(num_batches)), batches):
-      out = np.asarray(fn(predictor.params, batch, jax.random.PRNGKey(i)), np.float32)
+      argmax, m = fn(predictor.params, batch, jax.random.PRNGKey(i))
+      sums.update({k: float(m[k]) for k in ('loss', 'correct', 'num_tokens')})
       target, weight = batch['decoder_target_tokens'], batch['decoder_loss_weights'] > 0
-      log_p = np.asarray(jax.nn.log_softmax(out, -1))
-      nll -= np.take_along_axis(log_p, target[..., None], -1)[..., 0][weight].sum()
-      argmax = out.argmax(-1)
-      hit = (argmax == target) & weight
-      right, total = right + hit.sum(), total + weight.sum()
+      argmax = np.asarray(argmax)
       predicted.update(argmax[weight].tolist())
-      right_tokens.update(target[hit].tolist())
+      right_tokens.update(target[(argmax == target) & weight].tolist())
+    nll, right, total = sums['loss'], int(sums['correct']), int(sums['num_tokens'])
     print(f'{label}: loss {nll / total:.3f}, token accuracy {right / total:.4f} ({right}/{total}); '
           f'argmax {predicted.most_common(4)}; right {right_tokens.most_common(4)}')
 
