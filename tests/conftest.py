@@ -29,15 +29,18 @@ if ON_GPU:
 # the tests' tolerances either way; TPU programs compiled here for t5xv-compile are unaffected
 # (their memory figures are the same byte for byte); a GPU run keeps every optimisation.
 CPU_COMPILE_FLAGS = '--xla_cpu_use_fusion_emitters=false'
-if os.environ['JAX_PLATFORMS'].split(',')[0] == 'cpu':
+ON_CPU = os.environ['JAX_PLATFORMS'].split(',')[0] == 'cpu'
+if ON_CPU:
   os.environ.setdefault('JAX_DISABLE_MOST_OPTIMIZATIONS', '1')
   os.environ['XLA_FLAGS'] = f'{os.environ.get("XLA_FLAGS", "")} {CPU_COMPILE_FLAGS}'.strip()
 # A restore without target shardings (unsafe on another topology) is an error here and in the
 # processes the tests start; pyproject.toml's filterwarnings says the same to pytest.
 # A process that stands a mesh on 8 host devices: the CPU's, also on a GPU machine (a process on
-# the GPU would see one device).
-HOST_DEVICES = {'JAX_PLATFORMS': 'cpu',
-                'XLA_FLAGS': f'{CPU_COMPILE_FLAGS} --xla_force_host_platform_device_count=8'}
+# the GPU would see one device). It takes the CPU compile flags where this process runs with them:
+# the GPU image's jaxlib (0.11.2) no longer knows the fusion-emitter flag, and XLA stops at an
+# unknown flag.
+HOST_DEVICES = {'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': ' '.join(
+    [CPU_COMPILE_FLAGS] * ON_CPU + ['--xla_force_host_platform_device_count=8'])}
 RESTORE_WITHOUT_SHARDINGS = 'error:Sharding info not provided when restoring:UserWarning'
 os.environ['PYTHONWARNINGS'] = ','.join(
     w for w in (os.environ.get('PYTHONWARNINGS'), RESTORE_WITHOUT_SHARDINGS) if w)

@@ -111,8 +111,15 @@ def attend(query, key, value, bias=None, lengths: Tuple = (None, None), causal: 
   """(batch, q, heads, d_h) outputs of queries (batch, q, heads, d_h) over keys and values
   (batch, k, heads, d_h), all in the compute dtype. ``bias``: (1, heads, q, k) or None;
   ``lengths``: (query lengths, key lengths), each (batch,) int32 or None for every position;
-  ``causal``: key index <= query index. Rows past a query length come out as zeros."""
+  ``causal``: key index <= query index. Rows past a query length come out as zeros, and so do
+  the queries of an example with no valid key (an all-padding input under cross-attention): the
+  kernels leave softmax over an empty set undefined (cuDNN's gradient there was garbage on an
+  H100), so such an example's query length is set to 0. The reference path gives those queries
+  the mean of the values instead; no loss reaches them unless an example has targets but no
+  inputs."""
   q_lengths, k_lengths = (None if n is None else n.astype(jnp.int32) for n in lengths)
+  if k_lengths is not None:
+    q_lengths = jnp.where(k_lengths == 0, 0, query.shape[1] if q_lengths is None else q_lengths)
   bias = None if bias is None else bias.astype(query.dtype)
   if implementation == 'pallas':
     return _tpu_flash(query, key, value, bias, q_lengths, k_lengths, causal)
