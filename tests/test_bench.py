@@ -42,8 +42,9 @@ def test_flops_count_a_shared_query_once():
     ('encoder_decoder', 'dot_product', 'geglu'),
     ('decoder_only', ('dense', 'factorized_random', 'dot_product'), 'relu'),
     ('encoder_only', 'factorized_dense', 'swiglu')])
-@pytest.mark.skipif(ON_GPU, reason="XLA's GPU cost analysis counted 3-4% of the formula's FLOPs "
-                    "on an H100 (by our reading it skips the cuBLAS calls); the CPU's counts every dot")
+@pytest.mark.skipif(ON_GPU, reason="XLA's GPU cost analysis counted 3-4% of the formula's "
+                    "FLOPs on an H100 (by our reading it skips the cuBLAS calls); the CPU's counts "
+                    "every dot")
 def test_flops_agree_with_xla_cost_analysis(arch, attention, ffn):
   """XLA counts every dot plus the elementwise work the formula leaves out: the formula is at most
   XLA's count and within 5% of it (unrolled layers: XLA counts a scan body once)."""

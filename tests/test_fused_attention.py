@@ -310,15 +310,17 @@ def test_the_cudnn_call_in_bfloat16_is_float32_attention_rounded(causal, keys, b
 def test_queries_with_no_valid_key_come_out_as_zeros(bfloat16_kernel):
   """Cross-attention of an example whose inputs are all padding (key length 0, query length 8):
   zero outputs and nothing of its gradient in q, k, v or the shared bias (the other example's
-  bias gradient alone), where softmax over no keys is otherwise left to the kernel."""
+  bias gradient alone, to bfloat16 rounding), where softmax over no keys is otherwise left to
+  the kernel."""
   rng = np.random.default_rng(0)
   q, k, v = (jnp.asarray(rng.normal(size=(2, n, 2, 64)), jnp.bfloat16) for n in (8, 16, 16))
   bias = jnp.asarray(rng.normal(size=(1, 2, 8, 16)), jnp.bfloat16)
   cotangent = jnp.asarray(rng.normal(size=(2, 8, 2, 64)), jnp.float32)
 
+  implementation = fused_attention.IMPLEMENTATIONS[bfloat16_kernel]
+
   def outputs_and_gradients(*x, k_lengths):
-    f = lambda *x: fused_attention.attend(*x, lengths=(None, k_lengths),
-                                          implementation=fused_attention.IMPLEMENTATIONS[bfloat16_kernel])
+    f = lambda *x: fused_attention.attend(*x, lengths=(None, k_lengths), implementation=implementation)
     loss = lambda *x: jnp.sum(f(*x).astype(jnp.float32) * cotangent[:len(x[0])])
     return jax.jit(lambda *x: (f(*x), *jax.grad(loss, (0, 1, 2, 3))(*x)))(*x)
 
@@ -326,7 +328,7 @@ def test_queries_with_no_valid_key_come_out_as_zeros(bfloat16_kernel):
   for name, x in (('out', out), ('dq', dq), ('dk', dk), ('dv', dv)):
     assert not np.asarray(x[1], np.float32).any(), name
   alone = outputs_and_gradients(q[:1], k[:1], v[:1], bias, k_lengths=jnp.array([16]))
-  np.testing.assert_array_equal(np.asarray(dbias, np.float32), np.asarray(alone[-1], np.float32))
+  assert relative_error(dbias, alone[-1]) <= 1e-2  # a kernel may sum the batch in another order
 
 
 def test_cudnn_with_an_all_padding_row_stays_finite(bfloat16_kernel):

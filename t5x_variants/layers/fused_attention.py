@@ -114,9 +114,9 @@ def attend(query, key, value, bias=None, lengths: Tuple = (None, None), causal: 
   ``causal``: key index <= query index. Rows past a query length come out as zeros, and so do
   the queries of an example with no valid key (an all-padding input under cross-attention): the
   kernels leave softmax over an empty set undefined (cuDNN's gradient there was garbage on an
-  H100), so such an example's query length is set to 0. The reference path gives those queries
-  the mean of the values instead; no loss reaches them unless an example has targets but no
-  inputs."""
+  H100 and an H200), so such an example's query length is set to 0. The reference path gives
+  those queries the mean of the values instead; no loss reaches them unless an example has
+  targets but no inputs."""
   q_lengths, k_lengths = (None if n is None else n.astype(jnp.int32) for n in lengths)
   if k_lengths is not None:
     q_lengths = jnp.where(k_lengths == 0, 0, query.shape[1] if q_lengths is None else q_lengths)
