@@ -2,10 +2,9 @@
 tables (their sweep directories were not kept, so the numbers are typed in from them).
 
 Left: the final held-out log-perplexity, mean +- sample std over seeds, with the paper's init
-(solid) and the code's (dashed), each seed of the 100+100 pairs (hollow: fewer than three
-seeds), and the unigram plateau of the task. Right: the paired difference DeepNorm - Post-LN
-(seed by seed) with its 95% Student t interval, for the paper's init and the authors' code's
-(100+100: each seed's difference, no interval).
+(solid) and the code's (dashed), and the unigram plateau of the task. Right: the paired
+difference DeepNorm - Post-LN (seed by seed) with its 95% Student t interval, for the paper's
+init and the authors' code's.
 
   python scripts/deepnet_depth_plot.py docs/experiments/deepnet_depth_paired.png
 """
@@ -18,15 +17,14 @@ from t5x_variants.sweeps.plots import OKABE_ITO
 PLATEAU = 5.8585  # scripts/unigram_baseline.py on the same held-out tokens
 # layers per stack: (Post-LN mean, std), (DeepNorm mean, std) per init (§2's depth table).
 MEANS = {'paper init': {2: ((5.260, 0.025), (5.269, 0.039)), 6: ((5.338, 0.037), (5.207, 0.031)),
-                        18: ((6.062, 0.113), (5.162, 0.042)), 50: ((6.143, 0.160), (5.132, 0.028))},
+                        18: ((6.062, 0.113), (5.162, 0.042)), 50: ((6.143, 0.160), (5.132, 0.028)),
+                        100: ((5.989, 0.070), (5.119, 0.019))},
          'code init': {2: ((5.195, 0.022), (5.272, 0.064)), 6: ((5.125, 0.012), (5.227, 0.037)),
                        18: ((5.397, 0.260), (5.250, 0.066)), 50: ((5.949, 0.284), (5.203, 0.055))}}
-# layers per stack: [(Post-LN, DeepNorm) per seed] where fewer than three ran, per init (§2's
-# 100+100).
-FEW_SEEDS = {'paper init': {100: [(5.935, 5.099), (6.068, 5.137)]}}
 # DeepNorm - Post-LN, paired by seed: (mean, low, high), from §2's comparison tables.
 PAIRED = {'paper init': {2: (0.009, -0.067, 0.084), 6: (-0.131, -0.247, -0.016),
-                         18: (-0.900, -1.093, -0.708), 50: (-1.011, -1.372, -0.650)},
+                         18: (-0.900, -1.093, -0.708), 50: (-1.011, -1.372, -0.650),
+                         100: (-0.870, -1.002, -0.738)},
           'code init': {2: (0.078, -0.049, 0.204), 6: (0.102, 0.029, 0.174),
                         18: (-0.147, -0.629, 0.336), 50: (-0.746, -1.559, 0.067)}}
 
@@ -34,22 +32,18 @@ PAIRED = {'paper init': {2: (0.009, -0.067, 0.084), 6: (-0.131, -0.247, -0.016),
 def main(path: str) -> None:
   fig = Figure(figsize=(8, 3.2), dpi=100)
   left, right = fig.subplots(1, 2)
-  depths = sorted(MEANS['paper init'])
-  ticks = sorted(set(depths).union(*FEW_SEEDS.values()))
+  ticks = sorted(MEANS['paper init'])
   for (init, means), style, shift in zip(MEANS.items(), ('-', '--'), (0.97, 1.03)):
+    depths = sorted(means)
     for i, (name, colour) in enumerate((('Post-LN', OKABE_ITO[4]), ('DeepNorm', OKABE_ITO[3]))):
       left.errorbar([d * shift for d in depths], [means[d][i][0] for d in depths],
                     [means[d][i][1] for d in depths], marker='o', capsize=3, color=colour, ls=style,
                     label=f'{name}, {init}')
-      few = [(d, pair[i]) for d, pairs in FEW_SEEDS.get(init, {}).items() for pair in pairs]
-      if few:
-        left.plot(*zip(*few), marker='o', ls='none', mfc='none', color=colour,
-                  label=f'{name}, {init}, per seed')
   left.axhline(PLATEAU, color='grey', ls=':', label='unigram plateau')
   left.set(xscale='log', xticks=ticks, xticklabels=ticks, xlabel='layers per stack',
            ylabel='final held-out log-ppl')
   left.minorticks_off()
-  left.set_title('mean +- std over 3 seeds; hollow: single seeds', fontsize=8)
+  left.set_title('mean +- std over 3 seeds', fontsize=8)
   left.legend(fontsize=7)
   for (init, rows), shift, colour in zip(PAIRED.items(), (0.97, 1.03), OKABE_ITO[3:1:-1]):
     ds = sorted(rows)
@@ -57,15 +51,11 @@ def main(path: str) -> None:
     right.errorbar([d * shift for d in ds], m, [[rows[d][0] - rows[d][1] for d in ds],
                                                  [rows[d][2] - rows[d][0] for d in ds]],
                    marker='o', capsize=3, ls='none', color=colour, label=init)
-    few = [(d, deep - post) for d, pairs in FEW_SEEDS.get(init, {}).items() for post, deep in pairs]
-    if few:
-      right.plot(*zip(*few), marker='o', ls='none', mfc='none', color=colour,
-                 label=f'{init}, per seed')
   right.axhline(0, color='grey', lw=0.8)
   right.set(xscale='log', xticks=ticks, xticklabels=ticks, xlabel='layers per stack',
             ylabel='DeepNorm - Post-LN (nats)')
   right.minorticks_off()
-  right.set_title('paired by seed, 95% t interval (n = 3); hollow: single seeds', fontsize=8)
+  right.set_title('paired by seed, 95% t interval (n = 3)', fontsize=8)
   right.legend(fontsize=7)
   fig.tight_layout()
   fig.savefig(path)
