@@ -203,8 +203,12 @@ def test_a_checkpoint_of_one_device_resumes_on_8(reference, tmp_path, subprocess
   assert {tuple(json.loads(s)['shape']) for s in sharding.values()} == {(4, 2)}
 
 
+# An orbax restore that fails because the checkpoint is deleted under it returns while one of its
+# thread-pool reads is still running; that read then posts its result to orbax's already closed
+# event loop ('Event loop is closed', ignored by Python). Harmless: the checkpoint is skipped.
 @needs_data_layer
 @pytest.mark.slow
+@pytest.mark.filterwarnings('ignore::pytest.PytestUnraisableExceptionWarning')
 def test_eval_all_beside_a_training_run_never_reads_a_half_written_checkpoint(
     reference, tmp_path, monkeypatch, subprocess_train):
   """t5xv-eval --gin.EVAL_ALL=True in a loop beside a run that saves every step and keeps 2 (so
