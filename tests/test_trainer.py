@@ -190,7 +190,8 @@ def test_a_checkpoint_of_another_model_is_an_error_not_a_restart(reference, tmp_
   shutil.copytree(ref_dir, model_dir)
   info = (model_dir / 'model-info.txt').read_text()
   with pytest.raises(checkpoints.CheckpointError,
-                     match=r"\['wi'\]\['kernel'\]: saved \(1, 32, 64\), this run \(1, 32, 128\)"):
+                     match=r"params/decoder/layers/mlp/wi/kernel: saved \(1, 32, 64\), this run "
+                           r"\(1, 32, 128\)"):
     run_train(model_dir, 6, config=tiny(num_encoder_layers=1, num_decoder_layers=1, d_ff=128))
   assert sorted(p.name for p in model_dir.glob('checkpoint_*')) == ['checkpoint_2', 'checkpoint_4']
   assert (model_dir / 'model-info.txt').read_text() == info
@@ -198,12 +199,52 @@ def test_a_checkpoint_of_another_model_is_an_error_not_a_restart(reference, tmp_
 
 def test_a_checkpoint_of_other_optimizer_settings_is_an_error_not_a_restart(reference, tmp_path):
   """Resuming with global-norm clipping added (another optimizer-state structure, same
-  parameters) raises CheckpointError saying the parameters are readable, and moves nothing aside."""
+  parameters) raises CheckpointError naming an optimizer-state entry that differs, and moves
+  nothing aside."""
   ref_dir, _, _ = reference
   model_dir = tmp_path / 'run'
   shutil.copytree(ref_dir, model_dir)
   gin.bind_parameter('make_optimizer.global_norm_clip', 1.0)
-  with pytest.raises(checkpoints.CheckpointError, match='readable parameters but cannot be resumed'):
+  with pytest.raises(checkpoints.CheckpointError,
+                     match=r'optimizer state of other optimizer settings \(opt_state/1/.*: saved '
+                           r'nothing, this run'):
+    run_train(model_dir, 6)
+  assert sorted(p.name for p in model_dir.glob('checkpoint_*')) == ['checkpoint_2', 'checkpoint_4']
+
+
+def test_readable_parameters_with_an_unreadable_optimizer_state_are_damaged_not_another_run(
+    reference, tmp_path, monkeypatch):
+  """checkpoint_4's parameters read, its names and shapes are this run's, but the rest of its
+  state does not read (as when a damaged file holds only optimizer-state arrays): it is moved
+  aside as damaged, not refused as another run's, and steps 3-4 are reproduced from checkpoint_2."""
+  ref_dir, ref, _ = reference
+  model_dir = tmp_path / 'run'
+  shutil.copytree(ref_dir, model_dir)
+  restore = checkpoints.Checkpointer.restore
+
+  def unreadable_at_4(self, step, *args, **kwargs):
+    if step == 4:
+      raise ValueError('Encountered error while reading array index (a truncated file)')
+    return restore(self, step, *args, **kwargs)
+
+  monkeypatch.setattr(checkpoints.Checkpointer, 'restore', unreadable_at_4)
+  assert run_train(model_dir, 4)['step'] == 4
+  assert (model_dir / 'checkpoint_4.unreadable' / 'state').is_dir()
+  assert [r['loss'] for r in records(model_dir)[4:]] == [ref[3], ref[4]]
+
+
+def test_a_state_that_reads_without_its_data_position_is_an_error_not_a_fallback(
+    reference, tmp_path):
+  """checkpoint_4 without this host's data-position file (what a run with another number of
+  processes finds): CheckpointError saying the data position cannot be restored, and nothing
+  moved aside (the state itself is whole)."""
+  ref_dir, _, _ = reference
+  model_dir = tmp_path / 'run'
+  shutil.copytree(ref_dir, model_dir)
+  for host_file in (model_dir / 'checkpoint_4' / 'data').glob('host-*'):
+    host_file.unlink()
+  with pytest.raises(checkpoints.CheckpointError, match='readable state but its data position '
+                     'cannot be restored by this run'):
     run_train(model_dir, 6)
   assert sorted(p.name for p in model_dir.glob('checkpoint_*')) == ['checkpoint_2', 'checkpoint_4']
 

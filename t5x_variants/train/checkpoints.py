@@ -144,14 +144,15 @@ class Checkpointer:
   def restore_latest(self, abstract_state, data_iterator=None):
     """(state, step) of the newest readable checkpoint, laid out as ``abstract_state`` says (its
     shardings may differ from the saving run's: another mesh or device count); None if there is no
-    checkpoint. A damaged one (its parameters cannot be read) is renamed ``<name>.unreadable`` and
-    the one before is tried. A checkpoint of another run configuration raises CheckpointError:
-    other parameter names or shapes, or readable parameters with an optimizer state or data
-    position this run cannot take (other optimizer settings, another number of processes)."""
+    checkpoint. A checkpoint of another run configuration raises CheckpointError: other parameter
+    names or shapes, another optimizer state (other optimizer settings), or a state that reads
+    with a data position this run cannot take (another number of processes or data pipeline).
+    Any other that cannot be read is damaged: it is renamed ``<name>.unreadable`` and the one
+    before is tried."""
     steps = self.steps()
     for step in reversed(steps):
       path = ocp.step.build_step_path(self.model_dir, _NAME_FORMAT, step)
-      mismatch = _params_mismatch(path, abstract_state.params)
+      mismatch = _saved_mismatch(path, abstract_state, 'params')
       if mismatch:
         raise CheckpointError(f'{path} holds another model ({mismatch}); resume with the '
                               'configuration it was trained with, or use a new model_dir')
@@ -159,16 +160,17 @@ class Checkpointer:
         return self.restore(step, abstract_state, data_iterator), step
       except Exception as e:  # orbax raises many types for a damaged directory
         reason = f'{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}'
-        try:
-          restore_params(str(path), abstract_state.params)
-        except CheckpointError:
-          pass  # the parameters themselves are unreadable: damaged
-        else:
+        retry = ('Resume with those settings, or start a new model_dir with '
+                 'train.init_checkpoint pointing at it.')
+        mismatch = _saved_mismatch(path, abstract_state, 'opt_state')
+        if mismatch:
+          raise CheckpointError(f'{path} holds the optimizer state of other optimizer settings '
+                                f'({mismatch}). {retry}') from e
+        if _resumable(data_iterator) and self._state_reads(step, abstract_state):
           raise CheckpointError(
-              f'{path} has readable parameters but cannot be resumed by this run ({reason}): the '
-              'optimizer settings, the number of processes or the data pipeline differ from the run '
-              'that wrote it. Resume with those settings, or start a new model_dir with '
-              'train.init_checkpoint pointing at it.') from e
+              f'{path} has a readable state but its data position cannot be restored by this run '
+              f'({reason}): the number of processes or the data pipeline differ from the run that '
+              f'wrote it. {retry}') from e
         logging.error('checkpoint %s cannot be read (%s); falling back to the previous one', path,
                       reason)
         multihost_utils.sync_global_devices(f'unreadable {step}')
@@ -180,6 +182,14 @@ class Checkpointer:
       raise CheckpointError(f'no checkpoint in {self.model_dir} can be read; all were renamed '
                             '*.unreadable. Rerun to start from scratch, or restore them.')
     return None
+
+  def _state_reads(self, step: int, abstract_state) -> bool:
+    """Whether the state of checkpoint ``step`` restores without its data position."""
+    try:
+      self.restore(step, abstract_state)
+    except Exception:  # pylint: disable=broad-except  (damaged: any of orbax's errors)
+      return False
+    return True
 
   def restore(self, step: int, abstract_state, data_iterator=None):
     items = {'state': ocp.args.StandardRestore(_abstract(abstract_state))}
@@ -194,22 +204,19 @@ def list_checkpoints(run_dir: str):
   return [m.path for m in sorted(_NAME_FORMAT.find_all(run_dir), key=lambda m: m.step)]
 
 
-def _params_mismatch(path: epath.Path, abstract_params) -> Optional[str]:
-  """The first parameter whose saved shape differs from ``abstract_params``' (or that only one of
-  them has); None if they agree or the saved metadata cannot be read (a damaged checkpoint)."""
-  handler = ocp.PyTreeCheckpointHandler()
+def _saved_mismatch(path: epath.Path, abstract_state, part: str) -> Optional[str]:
+  """The first array of ``part`` ('params', 'opt_state') whose shape saved in checkpoint ``path``
+  differs from ``abstract_state``'s (or that only one of them has), named as orbax saves it; None
+  if they agree or the saved metadata cannot be read (a damaged checkpoint)."""
   try:
-    saved = handler.metadata(path / 'state').tree['params']
-  except Exception:  # no readable metadata: a damaged checkpoint, for the fallback
+    saved = _saved_shapes(path, part)
+  except Exception:  # pylint: disable=broad-except  (no readable metadata: damaged)
     return None
-  finally:
-    handler.close()
-  shapes = lambda tree: {jax.tree_util.keystr(k): tuple(x.shape)
-                         for k, x in jax.tree_util.tree_leaves_with_path(tree)}
-  saved, wanted = shapes(saved), shapes(abstract_params)
+  wanted = _shapes(getattr(abstract_state, part))
   for key in sorted(saved.keys() | wanted.keys()):
     if saved.get(key) != wanted.get(key):
-      return f'{key}: saved {saved.get(key)}, this run {wanted.get(key)}'
+      return (f'{part}/{key}: saved {saved.get(key, "nothing")}, '
+              f'this run {wanted.get(key, "nothing")}')
   return None
 
 
@@ -225,18 +232,20 @@ def checkpoint_path(path: str) -> epath.Path:
   return latest.path
 
 
-def _saved_param_shapes(path: epath.Path):
-  """{'a/b/c': shape} of the parameters saved in checkpoint ``path`` (from orbax's metadata)."""
+def _saved_shapes(path: epath.Path, part: str = 'params'):
+  """{'a/b/c': shape} of ``part`` of the state saved in checkpoint ``path`` (orbax's metadata)."""
   handler = ocp.PyTreeCheckpointHandler()
   try:
-    return _shapes(handler.metadata(path / 'state').tree['params'])
+    return _shapes(handler.metadata(path / 'state').tree[part])
   finally:
     handler.close()
 
 
 def _shapes(tree):
-  return {'/'.join(str(getattr(k, 'key', k)) for k in p): tuple(x.shape)
-          for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+  """{'a/b/c': shape} of ``tree``'s arrays, named as orbax saves them (a list item by its index,
+  an optimizer state's fields by name, empty nodes left out)."""
+  flat = ocp.tree.to_flat_dict(ocp.tree.serialize_tree(tree, keep_empty_nodes=True))
+  return {'/'.join(map(str, k)): tuple(x.shape) for k, x in flat.items() if hasattr(x, 'shape')}
 
 
 def _subtree(tree, keep):
@@ -288,7 +297,7 @@ def restore_params(path: str, abstract_params, fresh: Sequence[str] = ()):
   what was dropped is logged."""
   path = checkpoint_path(path)
   try:
-    saved = _saved_param_shapes(path)
+    saved = _saved_shapes(path)
   except Exception as e:
     raise CheckpointError(f'cannot read the parameters of {path}: {e}') from e
   wanted = _shapes(abstract_params)
