@@ -2,9 +2,10 @@
 tables (their sweep directories were not kept, so the numbers are typed in from them).
 
 Left: the final held-out log-perplexity, mean +- sample std over seeds, with the paper's init
-(solid) and the code's (dashed), and the unigram plateau of the task. Right: the paired
+(solid) and the code's (dashed), and the unigram plateau of the task. Middle: the paired
 difference DeepNorm - Post-LN (seed by seed) with its 95% Student t interval, for the paper's
-init and the authors' code's.
+init and the authors' code's. Right: Pre-LN and Sub-LN against DeepNorm the same way, the
+paper's init.
 
   python scripts/deepnet_depth_plot.py docs/experiments/deepnet_depth_paired.png
 """
@@ -28,10 +29,26 @@ PAIRED = {'paper init': {2: (0.009, -0.067, 0.084), 6: (-0.131, -0.247, -0.016),
           'code init': {2: (0.078, -0.049, 0.204), 6: (0.102, 0.029, 0.174),
                         18: (-0.147, -0.629, 0.336), 50: (-0.746, -1.559, 0.067)}}
 
+# Pre-LN / Sub-LN - DeepNorm, the paper's init, paired by seed: (mean, low, high).
+OTHERS = {'Pre-LN': {6: (0.039, 0.018, 0.060), 18: (0.006, -0.101, 0.113),
+                     50: (0.011, -0.032, 0.054)},
+          'Sub-LN': {6: (0.064, 0.033, 0.094), 18: (0.099, 0.030, 0.169)}}
+
+
+def _paired(ax, rows, shift, colour, label, ticks):
+  ds = sorted(rows)
+  m = [rows[d][0] for d in ds]
+  ax.errorbar([d * shift for d in ds], m, [[rows[d][0] - rows[d][1] for d in ds],
+                                           [rows[d][2] - rows[d][0] for d in ds]],
+              marker='o', capsize=3, ls='none', color=colour, label=label)
+  ax.axhline(0, color='grey', lw=0.8)
+  ax.set(xscale='log', xticks=ticks, xticklabels=ticks, xlabel='layers per stack')
+  ax.minorticks_off()
+
 
 def main(path: str) -> None:
-  fig = Figure(figsize=(8, 3.2), dpi=100)
-  left, right = fig.subplots(1, 2)
+  fig = Figure(figsize=(11, 3.2), dpi=100)
+  left, middle, right = fig.subplots(1, 3)
   ticks = sorted(MEANS['paper init'])
   for (init, means), style, shift in zip(MEANS.items(), ('-', '--'), (0.97, 1.03)):
     depths = sorted(means)
@@ -46,16 +63,15 @@ def main(path: str) -> None:
   left.set_title('mean +- std over 3 seeds', fontsize=8)
   left.legend(fontsize=7)
   for (init, rows), shift, colour in zip(PAIRED.items(), (0.97, 1.03), OKABE_ITO[3:1:-1]):
-    ds = sorted(rows)
-    m = [rows[d][0] for d in ds]
-    right.errorbar([d * shift for d in ds], m, [[rows[d][0] - rows[d][1] for d in ds],
-                                                 [rows[d][2] - rows[d][0] for d in ds]],
-                   marker='o', capsize=3, ls='none', color=colour, label=init)
-  right.axhline(0, color='grey', lw=0.8)
-  right.set(xscale='log', xticks=ticks, xticklabels=ticks, xlabel='layers per stack',
-            ylabel='DeepNorm - Post-LN (nats)')
-  right.minorticks_off()
-  right.set_title('paired by seed, 95% t interval (n = 3)', fontsize=8)
+    _paired(middle, rows, shift, colour, init, ticks)
+  middle.set(ylabel='DeepNorm - Post-LN (nats)')
+  middle.set_title('paired by seed, 95% t interval (n = 3)', fontsize=8)
+  middle.legend(fontsize=7)
+  depths = sorted(set().union(*OTHERS.values()))
+  for (name, rows), shift, colour in zip(OTHERS.items(), (0.97, 1.03), OKABE_ITO[:2]):
+    _paired(right, rows, shift, colour, name, depths)
+  right.set(ylabel='variant - DeepNorm (nats)')
+  right.set_title('paper init, paired by seed, 95% t interval (n = 3)', fontsize=8)
   right.legend(fontsize=7)
   fig.tight_layout()
   fig.savefig(path)
