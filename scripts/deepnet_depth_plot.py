@@ -36,15 +36,18 @@ OTHERS = {'Pre-LN': {6: (0.039, 0.018, 0.060), 18: (0.006, -0.101, 0.113),
                      50: (0.110, 0.066, 0.154)}}
 
 
-def _paired(ax, rows, shift, colour, label, ticks):
-  ds = sorted(rows)
-  m = [rows[d][0] for d in ds]
-  ax.errorbar([d * shift for d in ds], m, [[rows[d][0] - rows[d][1] for d in ds],
-                                           [rows[d][2] - rows[d][0] for d in ds]],
-              marker='o', capsize=3, ls='none', color=colour, label=label)
+def _paired(ax, series, colours, ticks, ylabel, title):
+  """One panel of paired differences: {label: {depth: (mean, low, high)}}, one colour each."""
+  for (label, rows), shift, colour in zip(series.items(), (0.97, 1.03), colours):
+    ds = sorted(rows)
+    ax.errorbar([d * shift for d in ds], [rows[d][0] for d in ds],
+                [[rows[d][0] - rows[d][1] for d in ds], [rows[d][2] - rows[d][0] for d in ds]],
+                marker='o', capsize=3, ls='none', color=colour, label=label)
   ax.axhline(0, color='grey', lw=0.8)
-  ax.set(xscale='log', xticks=ticks, xticklabels=ticks, xlabel='layers per stack')
+  ax.set(xscale='log', xticks=ticks, xticklabels=ticks, xlabel='layers per stack', ylabel=ylabel)
   ax.minorticks_off()
+  ax.set_title(title, fontsize=8)
+  ax.legend(fontsize=7)
 
 
 def main(path: str) -> None:
@@ -63,17 +66,10 @@ def main(path: str) -> None:
   left.minorticks_off()
   left.set_title('mean +- std over 3 seeds', fontsize=8)
   left.legend(fontsize=7)
-  for (init, rows), shift, colour in zip(PAIRED.items(), (0.97, 1.03), OKABE_ITO[3:1:-1]):
-    _paired(middle, rows, shift, colour, init, ticks)
-  middle.set(ylabel='DeepNorm - Post-LN (nats)')
-  middle.set_title('paired by seed, 95% t interval (n = 3)', fontsize=8)
-  middle.legend(fontsize=7)
-  depths = sorted(set().union(*OTHERS.values()))
-  for (name, rows), shift, colour in zip(OTHERS.items(), (0.97, 1.03), OKABE_ITO[:2]):
-    _paired(right, rows, shift, colour, name, depths)
-  right.set(ylabel='variant - DeepNorm (nats)')
-  right.set_title('paper init, paired by seed, 95% t interval (n = 3)', fontsize=8)
-  right.legend(fontsize=7)
+  _paired(middle, PAIRED, OKABE_ITO[3:1:-1], ticks, 'DeepNorm - Post-LN (nats)',
+          'paired by seed, 95% t interval (n = 3)')
+  _paired(right, OTHERS, OKABE_ITO[:2], sorted(set().union(*OTHERS.values())),
+          'variant - DeepNorm (nats)', 'paper init, paired by seed, 95% t interval (n = 3)')
   fig.tight_layout()
   fig.savefig(path)
 
