@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from t5x_variants.cli import common, info, launch
+from t5x_variants.cli import common, hf, info, launch, report
 
 
 def test_reexec_is_skipped_when_set_or_turned_off():
@@ -61,6 +61,15 @@ def test_a_usage_error_is_one_line_with_status_2(argv, message, capsys):
   err = capsys.readouterr().err
   assert e.value.code == 2 and err.count('\n') == 1 and err.startswith('t5xv-info: error:')
   assert message in err
+
+
+@pytest.mark.parametrize('main', [report.main, hf.import_main, hf.export_main],
+                         ids=['report', 'import', 'export'])
+def test_commands_without_gin_give_one_line_usage_errors_too(main, capsys):
+  with pytest.raises(SystemExit) as e:
+    main(['--no_such_flag'])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and err.count('\n') == 1 and err.startswith('t5xv-'), err
 
 
 def test_multiprocess_flags_missing_are_one_error():

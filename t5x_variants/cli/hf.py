@@ -16,7 +16,6 @@ spiece.model for ``T5ForConditionalGeneration.from_pretrained``. A variant trans
 cannot express is refused with the axis that it lacks; ``--params_only`` then writes our
 parameter tree as ``params.safetensors`` ('/'-joined names) with ``config.gin`` instead.
 """
-import argparse
 import json
 import sys
 
@@ -146,7 +145,7 @@ def export_checkpoint(checkpoint_path: str, output_dir: str, params_only: bool =
 
 
 def import_main(argv=None):
-  p = argparse.ArgumentParser(prog='t5xv-import', description=__doc__.strip().splitlines()[0])
+  p = common.ArgumentParser(prog='t5xv-import', description=__doc__.strip().splitlines()[0])
   p.add_argument('--hf_dir', required=True, help='a local transformers T5 checkpoint directory')
   p.add_argument('--model_dir', required=True, help='the run directory to write')
   p.add_argument('--unrolled', action='store_true', help='unrolled layers (scan_layers=False)')
@@ -159,7 +158,7 @@ def import_main(argv=None):
 
 
 def export_main(argv=None):
-  p = argparse.ArgumentParser(prog='t5xv-export', description=__doc__.strip().splitlines()[0])
+  p = common.ArgumentParser(prog='t5xv-export', description=__doc__.strip().splitlines()[0])
   p.add_argument('--checkpoint_path', required=True, help='a run directory or checkpoint_<step>')
   p.add_argument('--output_dir', required=True)
   p.add_argument('--params_only', action='store_true',
