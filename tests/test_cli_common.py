@@ -63,13 +63,14 @@ def test_a_usage_error_is_one_line_with_status_2(argv, message, capsys):
   assert message in err
 
 
-@pytest.mark.parametrize('main', [report.main, hf.import_main, hf.export_main],
-                         ids=['report', 'import', 'export'])
-def test_commands_without_gin_give_one_line_usage_errors_too(main, capsys):
+@pytest.mark.parametrize('main, prog', [(report.main, 't5xv-report'), (hf.import_main, 't5xv-import'),
+                                        (hf.export_main, 't5xv-export')])
+def test_commands_without_gin_give_one_line_usage_errors_too(main, prog, capsys):
   with pytest.raises(SystemExit) as e:
     main(['--no_such_flag'])
   err = capsys.readouterr().err
-  assert e.value.code == 2 and err.count('\n') == 1 and err.startswith('t5xv-'), err
+  assert e.value.code == 2 and err.count('\n') == 1 and err.startswith(f'{prog}: error:'), err
+  assert 'unrecognized arguments: --no_such_flag' in err or 'required' in err
 
 
 def test_multiprocess_flags_missing_are_one_error():
