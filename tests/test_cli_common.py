@@ -73,6 +73,18 @@ def test_commands_without_gin_give_one_line_usage_errors_too(main, prog, capsys)
   assert 'unrecognized arguments: --no_such_flag' in err or 'required' in err
 
 
+@pytest.mark.parametrize('argv, message', [
+    ([], 'the following arguments are required: command'),
+    (['convert'], "invalid choice: 'convert'"),
+    (['import', '--model_dir=/tmp/x'], 't5xv-import: error: the following arguments are required: --hf_dir'),
+    (['export'], 't5xv-export: error: the following arguments are required: --checkpoint_path')])
+def test_python_m_hf_dispatches_to_import_or_export(argv, message, capsys):
+  with pytest.raises(SystemExit) as e:
+    hf.main(argv)
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and err.count('\n') == 1 and message in err, err
+
+
 def test_multiprocess_flags_missing_are_one_error():
   args = common.parser('t5xv-x', 'doc').parse_args(['--multiprocess_gpu', '--process_count=2'])
   with pytest.raises(common.UsageError, match='needs --coordinator_address, --process_index'):

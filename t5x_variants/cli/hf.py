@@ -2,6 +2,7 @@
 
   t5xv-import --hf_dir=/models/flan-t5-small --model_dir=/runs/flan_t5_small
   t5xv-export --checkpoint_path=/runs/t5_base_geglu --output_dir=/models/t5_base_geglu
+  python -m t5x_variants.cli.hf import|export FLAGS    (the same two commands)
 
 t5xv-import reads a local transformers T5 directory (config.json and model.safetensors, its
 sharded index, or pytorch_model.bin; T5 v1.0, v1.1 and Flan-T5 layouts) and writes a run
@@ -168,3 +169,17 @@ def export_main(argv=None):
     written = export_checkpoint(args.checkpoint_path, args.output_dir, args.params_only)
   print(f'wrote {written} to {args.output_dir}')
   return 0
+
+
+def main(argv=None):
+  """``python -m t5x_variants.cli.hf import|export FLAGS``: t5xv-import or t5xv-export."""
+  argv = sys.argv[1:] if argv is None else argv
+  p = common.ArgumentParser(prog='python -m t5x_variants.cli.hf',
+                            description=__doc__.strip().splitlines()[0])
+  p.add_argument('command', choices=('import', 'export'))
+  command = p.parse_args(argv[:1]).command
+  return {'import': import_main, 'export': export_main}[command](argv[1:])
+
+
+if __name__ == '__main__':
+  sys.exit(main())
