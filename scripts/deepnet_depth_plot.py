@@ -19,7 +19,7 @@ PLATEAU = 5.8585  # scripts/unigram_baseline.py on the same held-out tokens
 # layers per stack: (Post-LN mean, std), (DeepNorm mean, std) per init (§2's depth table).
 MEANS = {'paper init': {2: ((5.260, 0.025), (5.269, 0.039)), 6: ((5.338, 0.037), (5.207, 0.031)),
                         18: ((6.062, 0.113), (5.162, 0.042)), 50: ((6.143, 0.160), (5.132, 0.028)),
-                        100: ((5.989, 0.070), (5.119, 0.019))},
+                        100: ((5.989, 0.070), (5.120, 0.019))},
          'code init': {2: ((5.195, 0.022), (5.272, 0.064)), 6: ((5.125, 0.012), (5.227, 0.037)),
                        18: ((5.397, 0.260), (5.250, 0.066)), 50: ((5.949, 0.284), (5.203, 0.055))}}
 # DeepNorm - Post-LN, paired by seed: (mean, low, high), from §2's comparison tables.
