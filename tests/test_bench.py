@@ -9,7 +9,7 @@ import pytest
 
 from conftest import ON_GPU, init_params, parse_recipe, tiny, tokens
 from t5x_variants.cli import bench, common, launch
-from t5x_variants.models import flops
+from t5x_variants.models import flops, summary
 
 
 def test_flops_match_a_hand_count():
@@ -133,6 +133,9 @@ def test_bench_times_the_hf_peer_on_the_same_shape(tmp_path, capsys):
   result = json.loads(out.read_text())
   hf = result['hf']
   assert (hf['device'], hf['optimizer'], hf['compile']) == ('cpu', 'adafactor', False)
+  ours = common.build_config()  # the same model: untied, as ours (transformers 5 would tie it)
+  assert not ours.tie_embeddings
+  assert hf['parameters'] == sum(r[3] for r in summary.param_rows(summary.abstract_params(ours)))
   assert result['optimizer'] == 'adafactor'
   assert hf['tokens_per_second'] == pytest.approx(2 * 24 / hf['median_step_seconds'])
   assert result['speedup_vs_hf'] == pytest.approx(hf['median_step_seconds'] / result['median_step_seconds'])

@@ -59,6 +59,8 @@ def bench(spec: dict, inputs, labels) -> dict:
   device = torch.device(spec['device'])
   torch.manual_seed(0)
   model = transformers.T5ForConditionalGeneration(transformers.T5Config(**spec['hf_config']))
+  if not spec['hf_config']['tie_word_embeddings']:  # transformers 5 ties lm_head at construction
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
   model = model.to(device).train()
   if spec['optimizer'] == 'adafactor':
     opt = transformers.optimization.Adafactor(
