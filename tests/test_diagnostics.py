@@ -3,7 +3,6 @@ a fixed batch, against direct computations; in the trainer: no effect on trainin
 norm against the checkpoints' parameters, and a resume that continues the values."""
 import functools
 
-import flax.linen as nn
 import gin
 import jax
 import numpy as np

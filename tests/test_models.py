@@ -2,7 +2,6 @@
 dropout, bf16 and a very deep scanned model."""
 import re
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -42,7 +42,7 @@ def test_single_stack_counts(arch):
 
 def test_layernorm_biases_subln_norms_and_dense_biases():
   base = tiny(architecture='decoder_only', num_decoder_layers=1)
-  d, f, v, hd = base.d_model, base.d_ff, base.vocab_size, base.num_heads * base.head_dim
+  d, f, hd = base.d_model, base.d_ff, base.num_heads * base.head_dim
   plain = count(abstract_params(base))
   assert count(abstract_params(tiny(architecture='decoder_only', num_decoder_layers=1,
                                     norm='layernorm'))) == plain + 3 * d

@@ -5,7 +5,6 @@ import os
 import subprocess
 import sys
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -33,7 +33,6 @@ from t5x_variants.cli import common, launch, profile
 from t5x_variants.models import build_model, flops, init_inputs
 from t5x_variants.train import optimizer, partitioning, train_step
 
-FEATURES = {'encoder': 'inputs', 'decoder': 'targets'}  # the feature length each stack reads
 DEFAULT_LENGTHS = {'inputs': 512, 'targets': 114}  # without a flag or a run file
 # Published dense peaks in TFLOP/s per device: (bf16, fp32). H100/H200 SXM fp32 is without TF32.
 PEAKS = {'H100': (989.0, 67.0), 'H200': (989.0, 67.0), 'A100': (312.0, 19.5),
@@ -155,7 +154,7 @@ def main(argv=None):
     batch = args.batch or common.gin_macro('BATCH_SIZE') or 8
     run_lengths = common.gin_macro('TASK_FEATURE_LENGTHS') or {}
     lengths = {f: getattr(args, f'{f}_length') or run_lengths.get(f) or DEFAULT_LENGTHS[f]
-               for f in (FEATURES[s] for s in config.stacks)}
+               for f in (common.STACK_FEATURES[s] for s in config.stacks)}
     peak = (args.peak_tflops, 'given with --peak_tflops') if args.peak_tflops else None
     ours = optimizer_kind()
     hf = None

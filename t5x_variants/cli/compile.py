@@ -20,8 +20,6 @@ import sys
 from t5x_variants.cli import common, launch
 from t5x_variants.train import aot, hlo_traffic, partitioning, storage, targets
 
-INPUTS = {'encoder': 'inputs', 'decoder': 'targets'}  # the feature length each stack reads
-
 
 def _run_settings(args, with_data: bool):
   """(global batch size, {'inputs': n, 'targets': m}) of the run: the flags, else the gin-bound
@@ -118,7 +116,7 @@ def main(argv=None):
     common.parse_recipe(args.gin_file, args.gin_bindings, args.gin_search_paths.split(','), with_data)
     config = common.build_config()
     batch, lengths = _run_settings(args, with_data)
-    lengths = {INPUTS[s]: lengths[INPUTS[s]] for s in config.stacks}
+    lengths = {f: lengths[f] for f in (common.STACK_FEATURES[s] for s in config.stacks)}
     missing = [f'--{k}_length' for k, v in lengths.items() if not v]
     if missing:
       raise common.UsageError(f'no sequence lengths: give {" and ".join(missing)} or a run file')

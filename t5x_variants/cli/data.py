@@ -48,8 +48,7 @@ def inspect_task(name, split='validation', n=5, lengths=None, out=None):
   examples = [{k: np.asarray(v) for k, v in ex.items()} for ex in ds.take(n).as_numpy_iterator()]
   if not examples:
     raise ValueError(f'{name} {split} produced no examples with lengths {lengths}')
-  features = task.output_features
-  vocabulary = features['targets' if 'targets' in features else 'inputs'].vocabulary
+  vocabulary = tasks.output_vocabulary(task)
   for i, ex in enumerate(examples):
     print(f'--- example {i}', file=out)
     for key in ('inputs', 'targets'):

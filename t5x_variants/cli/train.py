@@ -21,9 +21,7 @@ from t5x_variants.train import storage
 def vocabulary_files(name: str):
   """{'vocab.model': path} when the task's vocabulary is a SentencePiece file (local or gs://)."""
   from t5x_variants.data import tasks  # pylint: disable=g-import-not-at-top
-  from t5x_variants.train import storage  # pylint: disable=g-import-not-at-top
-  features = tasks.get_task_or_mixture(name).output_features
-  vocab = features['targets' if 'targets' in features else 'inputs'].vocabulary  # classification: inputs only
+  vocab = tasks.output_vocabulary(tasks.get_task_or_mixture(name))
   path = getattr(vocab, 'sentencepiece_model_file', None)
   return {'vocab.model': path} if path and storage.path(path).exists() else {}
 

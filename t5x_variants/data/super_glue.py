@@ -11,6 +11,8 @@ from typing import Iterator, Sequence
 import seqio
 import tensorflow as tf
 
+from t5x_variants.data import tasks
+
 NO_LABEL = '<unk>'
 _BOOL_NAMES = ('False', 'True')
 _DETERMINERS = frozenset('a an the this that these those his her its their my our your some'.split())
@@ -110,10 +112,6 @@ def wsc_correct_referent(ex):
   return ex['label'] == 1
 
 
-def _decode(value) -> str:
-  return value.decode('utf-8') if isinstance(value, bytes) else value
-
-
 def multirc_postprocess(output: str, example=None, is_target: bool = False) -> dict:
   """'True'/'False' -> {'group': (paragraph, question), 'value': 1/0, or -1 if unrecognised}."""
   del is_target
@@ -124,7 +122,7 @@ def multirc_postprocess(output: str, example=None, is_target: bool = False) -> d
 
 def record_postprocess(output: str, example=None, is_target: bool = False):
   """Targets become the list of gold answers; predictions stay strings."""
-  return [_decode(a) for a in example['answers']] if is_target else output
+  return [tasks.text(a) for a in example['answers']] if is_target else output
 
 
 def _content_words(text: str) -> set:
@@ -137,5 +135,5 @@ def wsc_postprocess(output: str, example=None, is_target: bool = False) -> int:
   if is_target:
     return int(example['label'])
   predicted = _content_words(output)
-  candidate = _content_words(_decode(example['targets_pretokenized']))
+  candidate = _content_words(tasks.text(example['targets_pretokenized']))
   return int(bool(predicted and candidate) and (predicted <= candidate or candidate <= predicted))

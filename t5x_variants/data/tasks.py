@@ -155,6 +155,13 @@ def task_examples(task, split: str, lengths: Mapping[str, int],
     return list(ds.as_numpy_iterator())
 
 
+def output_vocabulary(task_or_mixture) -> seqio.Vocabulary:
+  """The vocabulary of what the model writes: the targets', or the inputs' for a classification
+  task (inputs only)."""
+  features = task_or_mixture.output_features
+  return features['targets' if 'targets' in features else 'inputs'].vocabulary
+
+
 def text(x) -> str:
   """A pretokenized feature (bytes from tf.data) as str."""
   return x.decode() if isinstance(x, bytes) else str(x)

@@ -26,7 +26,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from t5x_variants.models import build_model, flops, init_inputs
+from t5x_variants.models import build_model, flops, init_inputs, summary
 from t5x_variants.models.config import REMAT, TransformerConfig
 from t5x_variants.train import hlo_traffic, optimizer, partitioning, train_step, trainer
 from t5x_variants.train.targets import GIB, Target
@@ -189,11 +189,10 @@ def candidate_plans(plan: Plan, target: Target, batch: int) -> List[Plan]:
   (minimal, dots_and_probs, full), +1 for FSDP, +log2(model) for a model axis, +log2(microbatches);
   ties: less remat first. Meshes that split a parameter or the batch unevenly are left out (no
   compile needed to know)."""
-  model = build_model(plan.config)
-  boxed = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), *init_inputs(plan.config))['params'])
+  boxed = summary.abstract_params(plan.config)
   n = target.num_devices
   ranked = []
-  for size in (m for m in range(1, n + 1) if n % m == 0):
+  for size in partitioning.divisors(n):
     for fsdp in (False, True) if n // size > 1 else (False,):  # FSDP splits over 'data'
       mesh_config = partitioning.MeshConfig(data=n // size, model=size, fsdp=fsdp)
       mesh = mesh_config.mesh(target.devices)

@@ -61,7 +61,7 @@ def param_shardings(abstract_params, mesh: Mesh, rules) -> object:
   return nn.logical_to_mesh_sharding(nn.get_partition_spec(abstract_params), mesh, rules)
 
 
-def _divisors(n: int):
+def divisors(n: int):
   return [d for d in range(1, n + 1) if n % d == 0]
 
 
@@ -87,7 +87,7 @@ def check_mesh(boxed_params, mesh: Mesh, rules):
     if bad:
       name, size, where = bad[0]
       common = math.gcd(*(size for size, _ in dims.values()))
-      fits = [d for d in _divisors(common) if mesh.size % d == 0]
+      fits = [d for d in divisors(common) if mesh.size % d == 0]
       listed = ', '.join(f'{k} {v[0]}' for k, v in dims.items())
       raise ValueError(
           f"mesh axis '{axis}' of size {n} does not divide {name} = {size} (e.g. {where}); "

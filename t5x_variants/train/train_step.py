@@ -112,10 +112,10 @@ def _classification_sums(config: TransformerConfig, logits, batch, label_smoothi
 def train_step(state: TrainState, batch: Dict[str, jnp.ndarray], rng, *, model, config, tx,
                schedule: Callable, num_microbatches: int = 1, label_smoothing: float = 0.0,
                z_loss: float = 0.0, loss_normalizing_factor: Union[str, float] = 'num_tokens',
-               skip_nonfinite: bool = True, dropout: bool = False):
+               dropout: bool = False):
   """Returns (new state, metrics). A step whose loss or gradients are not finite leaves the
-  parameters and optimizer state unchanged when ``skip_nonfinite`` (metrics['skipped'] = 1); the
-  step count still advances."""
+  parameters and optimizer state unchanged (metrics['skipped'] = 1); the step count still
+  advances."""
   grad_fn = jax.grad(functools.partial(summed_loss, model, config, label_smoothing=label_smoothing,
                                        z_loss=z_loss), argnums=0, has_aux=True)
   micro = jax.tree_util.tree_map(lambda x: x.reshape((num_microbatches, -1) + x.shape[1:]), batch)
@@ -138,9 +138,9 @@ def train_step(state: TrainState, batch: Dict[str, jnp.ndarray], rng, *, model, 
              'num_tokens': sums['num_tokens'], 'learning_rate': schedule(state.step),
              'grad_norm': optax.tree_utils.tree_norm(grads), 'param_norm': optax.tree_utils.tree_norm(new.params)}
   finite = jnp.isfinite(metrics['loss']) & jnp.isfinite(metrics['grad_norm'])
-  if skip_nonfinite:  # the step still counts: it consumed a batch
-    keep = lambda a, b: jax.tree_util.tree_map(lambda x, y: jnp.where(finite, x, y), a, b)
-    new = TrainState(new.step, keep(new.params, state.params), keep(new.opt_state, state.opt_state))
+  keep = lambda a, b: jax.tree_util.tree_map(lambda x, y: jnp.where(finite, x, y), a, b)
+  # the step still counts: it consumed a batch
+  new = TrainState(new.step, keep(new.params, state.params), keep(new.opt_state, state.opt_state))
   metrics['skipped'] = (~finite).astype(jnp.int32)
   return new, metrics
 
