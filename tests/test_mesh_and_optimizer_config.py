@@ -24,6 +24,15 @@ def test_every_entry_point_takes_the_gin_bound_mesh(tmp_path):
   assert partitioning.MeshConfig(fsdp=True).rules() == partitioning.logical_axis_rules(True)
 
 
+def test_bench_times_the_step_that_training_runs():
+  """The bench builds t5xv-train's step: a gin-bound ``train.num_microbatches`` that a batch of 2
+  cannot split into is refused there as it is by the trainer."""
+  gin.bind_parameter('train.num_microbatches', 3)
+  with pytest.raises(ValueError, match='x 3 microbatches'):
+    bench.bench(tiny(), 2, {'inputs': 8, 'targets': 8}, steps=1, warmup=0)
+  assert bench.bench(tiny(), 3, {'inputs': 8, 'targets': 8}, steps=1, warmup=0)['batch'] == 3
+
+
 @gin.configurable
 def no_update(learning_rate):
   del learning_rate

@@ -18,7 +18,6 @@ Face PyTorch ``T5ForConditionalGeneration`` on the same shape, device, dtype and
 (cli/bench_hf.py; extra ``hf``: torch, transformers), ``--hf_compile`` under ``torch.compile``,
 and prints the ratio of step times.
 """
-import functools
 import json
 import resource
 import statistics
@@ -30,8 +29,8 @@ import jax
 import numpy as np
 
 from t5x_variants.cli import common, launch, profile
-from t5x_variants.models import build_model, flops, init_inputs
-from t5x_variants.train import optimizer, partitioning, train_step
+from t5x_variants.models import flops
+from t5x_variants.train import aot, partitioning, train_step, trainer
 
 DEFAULT_LENGTHS = {'inputs': 512, 'targets': 114}  # without a flag or a run file
 # Published dense peaks in TFLOP/s per device: (bf16, fp32). H100/H200 SXM fp32 is without TF32.
@@ -74,20 +73,17 @@ def peak_memory():
 
 
 def bench(config, batch: int, lengths, steps: int = 10, warmup: int = 2,
-          mesh: partitioning.MeshConfig = None, num_microbatches: int = 1, peak=None,
+          mesh: partitioning.MeshConfig = None, num_microbatches: int = None, peak=None,
           with_profile: bool = False) -> dict:
-  """Times ``steps`` train steps after ``warmup``; returns every figure and the FLOP formula."""
-  mesh_config = mesh or partitioning.MeshConfig()
-  mesh = mesh_config.mesh()
-  model = build_model(config)
-  schedule = optimizer.learning_rate_schedule()
-  rng = jax.random.PRNGKey(0)
-  layout = train_step.state_layout(
-      model, functools.partial(optimizer.make_optimizer, learning_rate=schedule), mesh,
-      mesh_config.rules(), rng, init_inputs(config))
-  state = train_step.create_state(layout, model, rng, init_inputs(config))
-  step = train_step.make_train_step(layout.shardings, mesh, model=model, config=config, tx=layout.tx,
-                                    schedule=schedule, num_microbatches=num_microbatches)
+  """Times ``steps`` train steps after ``warmup``; returns every figure and the FLOP formula.
+  The step is t5xv-train's: its gin-bound mesh, optimizer, microbatches (unless given) and loss
+  options, dropout when the config has any."""
+  sharded = trainer.ShardedModel.build(config, mesh or partitioning.MeshConfig(), 0)
+  mesh, rng = sharded.mesh, sharded.rng
+  options = aot.train_options()
+  num_microbatches = num_microbatches or options['num_microbatches']
+  state = train_step.create_state(sharded.layout, sharded.model, rng, sharded.inputs)
+  step = sharded.make_train_step(num_microbatches, **aot.loss_options(options))
   partitioning.check_batch(batch, mesh, num_microbatches)
   data = partitioning.global_batch(train_step.synthetic_batch(config, batch, lengths), mesh)
   start = time.perf_counter()

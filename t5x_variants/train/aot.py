@@ -2,7 +2,7 @@
 device, whether it fits, compile time, and the compiler's cost-model estimate; and a search over
 the usual memory knobs for configurations that fit.
 
-The step is the trainer's own (``train_step.make_train_step`` with the run's mesh, shardings,
+The step is the trainer's own (``trainer.ShardedModel``'s, with the run's mesh, shardings,
 optimizer, schedule, microbatches, dtype and remat), lowered on abstract arrays: no parameter,
 batch or data is ever materialised, so a 3B-parameter step compiles on a laptop.
 
@@ -14,7 +14,6 @@ describe the step only when layers are unrolled (``scan_layers=False``); they ar
 the compiler's model, never measurements.
 """
 import dataclasses
-import functools
 import inspect
 import math
 import re
@@ -26,9 +25,9 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from t5x_variants.models import build_model, flops, init_inputs, summary
+from t5x_variants.models import flops, summary
 from t5x_variants.models.config import REMAT, TransformerConfig
-from t5x_variants.train import hlo_traffic, optimizer, partitioning, train_step, trainer
+from t5x_variants.train import hlo_traffic, partitioning, train_step, trainer
 from t5x_variants.train.targets import GIB, Target
 
 STEP_OPTIONS = ('num_microbatches', 'label_smoothing', 'z_loss', 'loss_normalizing_factor')
@@ -39,6 +38,12 @@ def train_options() -> Dict:
   defaults = {k: p.default for k, p in inspect.signature(trainer.train).parameters.items()}
   bound = gin.get_bindings(trainer.train)
   return {k: bound.get(k, defaults[k]) for k in STEP_OPTIONS}
+
+
+def loss_options(options: Dict) -> Dict:
+  """The loss's share of ``train_options()``: what ``ShardedModel.make_train_step`` takes beside
+  the microbatch count."""
+  return {k: v for k, v in options.items() if k != 'num_microbatches'}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,21 +90,11 @@ def abstract_batch(config: TransformerConfig, batch: int, lengths, sharding) -> 
 def lower(plan: Plan, target: Target, batch: int, lengths, options: Dict):
   """(the lowered train step of ``plan`` on ``target``, its parameter count); ValueError if the
   mesh does not fit the devices, the parameters or the batch (checked before tracing the step)."""
-  mesh = plan.mesh.mesh(target.devices)
-  config = plan.config
-  model = build_model(config)
-  schedule = optimizer.learning_rate_schedule()
-  rng = jax.random.PRNGKey(0)
-  layout = train_step.state_layout(
-      model, functools.partial(optimizer.make_optimizer, learning_rate=schedule), mesh,
-      plan.mesh.rules(), rng, init_inputs(config))
+  sharded = trainer.ShardedModel.build(plan.config, plan.mesh, 0, target.devices)
+  mesh, layout, rng = sharded.mesh, sharded.layout, sharded.rng
   partitioning.check_batch(batch, mesh, plan.num_microbatches)
-  step = train_step.make_train_step(
-      layout.shardings, mesh, model=model, config=config, tx=layout.tx, schedule=schedule,
-      num_microbatches=plan.num_microbatches, label_smoothing=options['label_smoothing'],
-      z_loss=options['z_loss'], loss_normalizing_factor=options['loss_normalizing_factor'],
-      dropout=config.uses_dropout)
-  data = abstract_batch(config, batch, lengths, partitioning.batch_sharding(mesh))
+  step = sharded.make_train_step(plan.num_microbatches, **loss_options(options))
+  data = abstract_batch(plan.config, batch, lengths, partitioning.batch_sharding(mesh))
   key = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=NamedSharding(mesh, PartitionSpec()))
   count = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(layout.abstract.params))
   return step.lower(layout.abstract, data, key), count

@@ -90,7 +90,7 @@ class NonFiniteGuard:
 
 
 @dataclasses.dataclass
-class _ShardedModel:
+class ShardedModel:
   """The model on the mesh: its train state's layout (shapes, shardings, optimizer), the state it
   starts from and its jitted steps."""
   config: TransformerConfig
@@ -102,10 +102,12 @@ class _ShardedModel:
   inputs: tuple
 
   @classmethod
-  def build(cls, config: TransformerConfig, mesh_config: partitioning.MeshConfig, seed: int):
-    """``config``'s model on ``mesh_config``'s mesh, with the gin-bound ``learning_rate_schedule``
-    and ``make_optimizer``; ``seed``: the RNG of initialisation and dropout."""
-    mesh = mesh_config.mesh()
+  def build(cls, config: TransformerConfig, mesh_config: partitioning.MeshConfig, seed: int,
+            devices=None):
+    """``config``'s model on ``mesh_config``'s mesh (of ``devices``, default this host's), with
+    the gin-bound ``learning_rate_schedule`` and ``make_optimizer``; ``seed``: the RNG of
+    initialisation and dropout."""
+    mesh = mesh_config.mesh(devices)
     model, rng, inputs = build_model(config), jax.random.PRNGKey(seed), init_inputs(config)
     schedule = optimizer.learning_rate_schedule()
     layout = train_step.state_layout(
@@ -352,7 +354,7 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
   ``max_skipped_in_a_row`` skipped ones in a row, or at the end if no step's update was applied.
   """
   guard = NonFiniteGuard(on_nonfinite, max_skipped_in_a_row)
-  sharded = _ShardedModel.build(config, mesh or partitioning.MeshConfig(), seed)
+  sharded = ShardedModel.build(config, mesh or partitioning.MeshConfig(), seed)
   ckpt, data = checkpoints.Checkpointer(model_dir), train_data()
   state, start = sharded.restore_or_init(ckpt, data, model_dir, init_checkpoint)
   _write_run_files(model_dir, config, files or {})  # after restoring: a refused resume keeps them
