@@ -10,6 +10,12 @@ from t5x_variants.train import checkpoints, optimizer, partitioning, train_step
 from conftest import tiny
 
 
+def init_state(model, tx_fn, mesh, rules, rng, inputs):
+  """(fresh sharded TrainState, its shardings, tx)."""
+  layout = train_step.state_layout(model, tx_fn, mesh, rules, rng, inputs)
+  return train_step.create_state(layout, model, rng, inputs), layout.shardings, layout.tx
+
+
 def synthetic_batch(batch=8, length=8, seed=0):
   """A batch of the tiny encoder-decoder: ``length`` input and target tokens per row."""
   return train_step.synthetic_batch(tiny(), batch, {'inputs': length, 'targets': length}, seed)
@@ -23,9 +29,8 @@ def setup(mesh, config=None, lr=0.01, optimizer_fn=optimizer.adafactor, **step_k
   model = build_model(config)
   schedule = optimizer.learning_rate_schedule('constant', base=lr)
   tx_fn = lambda params: optimizer.make_optimizer(params, learning_rate=schedule, optimizer=optimizer_fn)
-  state, shardings, tx = train_step.init_state(model, tx_fn, mesh,
-                                               partitioning.MeshConfig().rules(),
-                                               jax.random.PRNGKey(0), init_inputs(config))
+  state, shardings, tx = init_state(model, tx_fn, mesh, partitioning.MeshConfig().rules(),
+                                    jax.random.PRNGKey(0), init_inputs(config))
   step = train_step.make_train_step(shardings, mesh, model=model, config=config, tx=tx,
                                     schedule=schedule, **step_kwargs)
   return state, step
@@ -146,8 +151,8 @@ def save_fresh_state(config, model_dir, seed, step=1):
   import jax
   mesh = partitioning.MeshConfig().mesh()
   tx_fn = lambda p: optimizer.make_optimizer(p, optimizer.learning_rate_schedule('constant', base=0.01))
-  state, _, _ = train_step.init_state(build_model(config), tx_fn, mesh, partitioning.MeshConfig().rules(),
-                                      jax.random.PRNGKey(seed), init_inputs(config))
+  state, _, _ = init_state(build_model(config), tx_fn, mesh, partitioning.MeshConfig().rules(),
+                           jax.random.PRNGKey(seed), init_inputs(config))
   ckpt = checkpoints.Checkpointer(str(model_dir), period=1)
   ckpt.save(step, state, force=True)
   ckpt.close()

@@ -190,12 +190,6 @@ def create_state(layout: StateLayout, model, rng, init_inputs, params=None) -> T
   return jax.jit(merged, out_shardings=layout.shardings)(given)
 
 
-def init_state(model, tx_fn: Callable, mesh, rules, rng, init_inputs):
-  """(fresh sharded TrainState, its shardings, tx)."""
-  layout = state_layout(model, tx_fn, mesh, rules, rng, init_inputs)
-  return create_state(layout, model, rng, init_inputs), layout.shardings, layout.tx
-
-
 def make_train_step(shardings: TrainState, mesh, **kwargs):
   """The jitted step: state in place (donated), batch split over 'data'."""
   step = functools.partial(train_step, **kwargs)
