@@ -40,7 +40,8 @@ OTHERS = {'Pre-LN': {6: (0.039, 0.018, 0.060), 18: (0.006, -0.101, 0.113),
 
 def _paired(ax, series, colours, ticks, ylabel, title):
   """One panel of paired differences: {label: {depth: (mean, low, high)}}, one colour each."""
-  for (label, rows), shift, colour in zip(series.items(), (0.97, 1.03), colours):
+  for i, ((label, rows), colour) in enumerate(zip(series.items(), colours)):
+    shift = 1 + 0.06 * (i - (len(series) - 1) / 2)  # side by side around each depth
     ds = sorted(rows)
     ax.errorbar([d * shift for d in ds], [rows[d][0] for d in ds],
                 [[rows[d][0] - rows[d][1] for d in ds], [rows[d][2] - rows[d][0] for d in ds]],
