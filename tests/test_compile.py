@@ -233,6 +233,16 @@ def test_compile_bad_input_is_one_line(compile_main, args, says):
   assert len(err.strip().splitlines()) == 1, err
 
 
+def test_compile_reads_a_fine_tune_run_without_its_checkpoint(compile_main):
+  """The trainer's run macros (``common.RUN_MACROS``) are not the compiler's: a fine-tune run
+  file parses without ``INITIAL_CHECKPOINT_PATH`` (it stops here for want of lengths, before a
+  compile)."""
+  status, err = compile_main('--gin_file=gin/runs/finetune.gin', '--gin_file=gin/models/t5_tiny.gin',
+                             '--devices=1', '--gin.TASK_FEATURE_LENGTHS=None')
+  assert status == 2 and 'INITIAL_CHECKPOINT_PATH' not in err, err
+  assert 'no sequence lengths' in err, err
+
+
 @pytest.mark.slow
 @needs_libtpu
 def test_compile_cli_does_not_fit_exits_2_with_suggestions(tmp_path):

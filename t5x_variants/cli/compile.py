@@ -112,7 +112,7 @@ def main(argv=None):
       with_data = True
     except ImportError:  # a host without the data extra: the macros give batch and lengths
       with_data = False
-    args.gin_bindings.insert(0, "MODEL_DIR = 'unused by t5xv-compile'")
+    args.gin_bindings[:0] = [f"{m} = 'unused by t5xv-compile'" for m in common.RUN_MACROS]
     common.parse_recipe(args.gin_file, args.gin_bindings, args.gin_search_paths.split(','), with_data)
     config = common.build_config()
     batch, lengths = _run_settings(args, with_data)
