@@ -110,6 +110,14 @@ def test_profile_categories():
   assert found['copy.3'] == 'copies'  # not its metadata's 'dot_general'
 
 
+def test_the_hf_ratio_names_what_our_step_does_that_the_peers_does_not():
+  """The peer runs dropout 0, one microbatch: a ratio against a heavier step of ours says so."""
+  same = {'dropout': False, 'num_microbatches': 1}
+  assert bench.unlike(same, {'optimizer': 'adafactor'}, 'adafactor') == ''
+  assert bench.unlike({'dropout': True, 'num_microbatches': 4}, {'optimizer': 'adamw'}, 'adafactor') == (
+      ' (different optimizers, dropout on in ours only, 4 microbatches in ours)')
+
+
 def test_profile_turns_command_buffers_off_only_for_a_cuda_backend():
   """On a GPU the trace shows XLA's command buffers, not kernels ('command_buffer_N': every op
   'other'); --profile turns them off there, keeping the user's XLA flags, and nowhere else."""

@@ -8,15 +8,16 @@ Takes the same gin as ``t5xv-train`` (run file, size, variants, recipe, ``--gin.
 batch and lengths are the flags', else the run's (``BATCH_SIZE``, ``TASK_FEATURE_LENGTHS``), else
 8 and 512 / 114.
 
-Runs the trainer's own step (``train_step.make_train_step``: the same mesh (``MeshConfig``),
-optimizer (``make_optimizer``), schedule and dtype, all from gin) on synthetic batches, so it
-needs no TensorFlow. Reports tokens/s (input + target
+Runs the step t5xv-train would (``trainer.ShardedModel``: the same mesh (``MeshConfig``),
+optimizer (``make_optimizer``), schedule, dtype, ``train.num_microbatches`` and loss options, all
+from gin, and dropout when the model has any) on synthetic batches, so it needs no TensorFlow. Reports tokens/s (input + target
 positions), sequences/s, the median step time, achieved TFLOP/s by ``models/flops.py`` (whose
 docstring says what is counted) and MFU against a named peak, peak memory, and compile time.
 ``--profile`` adds where the step's device time goes (cli/profile.py). ``--hf`` also times Hugging
-Face PyTorch ``T5ForConditionalGeneration`` on the same shape, device, dtype and optimizer
-(cli/bench_hf.py; extra ``hf``: torch, transformers), ``--hf_compile`` under ``torch.compile``,
-and prints the ratio of step times.
+Face PyTorch ``T5ForConditionalGeneration`` on the same shape, device, dtype and optimizer, with
+dropout 0 and one microbatch (cli/bench_hf.py; extra ``hf``: torch, transformers),
+``--hf_compile`` under ``torch.compile``, and prints the ratio of step times (saying so where our
+step differs: dropout on, several microbatches, another optimizer).
 """
 import json
 import resource
@@ -82,9 +83,9 @@ def bench(config, batch: int, lengths, steps: int = 10, warmup: int = 2,
   mesh, rng = sharded.mesh, sharded.rng
   options = aot.train_options()
   num_microbatches = num_microbatches or options['num_microbatches']
+  partitioning.check_batch(batch, mesh, num_microbatches)
   state = train_step.create_state(sharded.layout, sharded.model, rng, sharded.inputs)
   step = sharded.make_train_step(num_microbatches, **aot.loss_options(options))
-  partitioning.check_batch(batch, mesh, num_microbatches)
   data = partitioning.global_batch(train_step.synthetic_batch(config, batch, lengths), mesh)
   start = time.perf_counter()
   step = step.lower(state, data, rng).compile()
@@ -107,6 +108,7 @@ def bench(config, batch: int, lengths, steps: int = 10, warmup: int = 2,
   return {
       'device': jax.devices()[0].device_kind, 'devices': jax.device_count(),
       'architecture': config.architecture, 'dtype': str(config.dtype), 'batch': batch,
+      'num_microbatches': num_microbatches, 'dropout': config.uses_dropout,
       'remat': config.remat_policy(jax.default_backend()),
       'lengths': dict(lengths), 'steps': steps, 'median_step_seconds': median,
       'step_seconds': times, 'tokens_per_second': tokens / median,
@@ -128,6 +130,14 @@ def optimizer_kind() -> str:
   except ValueError:
     return 'adafactor'
   return str(bound).strip('@').split('.')[-1]
+
+
+def unlike(result, hf, ours: str) -> str:
+  """' (...)' naming what our timed step does that the HF peer's does not, else ''."""
+  differ = ([] if hf['optimizer'] == ours else ['different optimizers']) + (
+      ['dropout on in ours only'] if result['dropout'] else []) + (
+      [f"{result['num_microbatches']} microbatches in ours"] if result['num_microbatches'] > 1 else [])
+  return f" ({', '.join(differ)})" if differ else ''
 
 
 def main(argv=None):
@@ -184,7 +194,7 @@ def main(argv=None):
     result['speedup_vs_hf'] = hf['median_step_seconds'] / result['median_step_seconds']
     print(f't5x_variants ({ours}) is {result["speedup_vs_hf"]:.2f}x the speed of HF PyTorch T5'
           + (f' in {result["peak_memory_bytes"] / memory:.2f}x its memory' if memory else '')
-          + ('' if hf['optimizer'] == ours else ' (different optimizers)'))
+          + unlike(result, hf, ours))
   if args.output:
     with open(args.output, 'w') as f:
       json.dump(result, f, indent=1)

@@ -129,6 +129,7 @@ class ShardedModel:
     return train_step.create_state(self.layout, self.model, self.rng, self.inputs, params), 0
 
   def make_train_step(self, num_microbatches: int, **loss):
+    """The jitted step on this mesh; ``loss``: label_smoothing, z_loss, loss_normalizing_factor."""
     return train_step.make_train_step(
         self.layout.shardings, self.mesh, model=self.model, config=self.config, tx=self.layout.tx,
         schedule=self.schedule, num_microbatches=num_microbatches,
