@@ -10,9 +10,10 @@ batch and lengths are the flags', else the run's (``BATCH_SIZE``, ``TASK_FEATURE
 
 Runs the step t5xv-train would (``trainer.ShardedModel``: the same mesh (``MeshConfig``),
 optimizer (``make_optimizer``), schedule, dtype, ``train.num_microbatches`` and loss options, all
-from gin, and dropout when the model has any) on synthetic batches, so it needs no TensorFlow. Reports tokens/s (input + target
-positions), sequences/s, the median step time, achieved TFLOP/s by ``models/flops.py`` (whose
-docstring says what is counted) and MFU against a named peak, peak memory, and compile time.
+from gin, and dropout when the model has any) on synthetic batches, so it needs no TensorFlow.
+Reports tokens/s (input + target positions), sequences/s, the median step time, achieved TFLOP/s
+by ``models/flops.py`` (whose docstring says what is counted) and MFU against a named peak, peak
+memory, and compile time.
 ``--profile`` adds where the step's device time goes (cli/profile.py). ``--hf`` also times Hugging
 Face PyTorch ``T5ForConditionalGeneration`` on the same shape, device, dtype and optimizer, with
 dropout 0 and one microbatch (cli/bench_hf.py; extra ``hf``: torch, transformers),
@@ -82,10 +83,10 @@ def bench(config, batch: int, lengths, steps: int = 10, warmup: int = 2,
   sharded = trainer.ShardedModel.build(config, mesh or partitioning.MeshConfig(), 0)
   mesh, rng = sharded.mesh, sharded.rng
   options = aot.train_options()
-  num_microbatches = num_microbatches or options['num_microbatches']
+  num_microbatches = options['num_microbatches'] = num_microbatches or options['num_microbatches']
   partitioning.check_batch(batch, mesh, num_microbatches)
   state = train_step.create_state(sharded.layout, sharded.model, rng, sharded.inputs)
-  step = sharded.make_train_step(num_microbatches, **aot.loss_options(options))
+  step = sharded.make_train_step(**options)
   data = partitioning.global_batch(train_step.synthetic_batch(config, batch, lengths), mesh)
   start = time.perf_counter()
   step = step.lower(state, data, rng).compile()

@@ -40,12 +40,6 @@ def train_options() -> Dict:
   return {k: bound.get(k, defaults[k]) for k in STEP_OPTIONS}
 
 
-def loss_options(options: Dict) -> Dict:
-  """The loss's share of ``train_options()``: what ``ShardedModel.make_train_step`` takes beside
-  the microbatch count."""
-  return {k: v for k, v in options.items() if k != 'num_microbatches'}
-
-
 @dataclasses.dataclass(frozen=True)
 class Plan:
   """One way to run the step: model (its remat and dtype), mesh and microbatches."""
@@ -93,7 +87,7 @@ def lower(plan: Plan, target: Target, batch: int, lengths, options: Dict):
   sharded = trainer.ShardedModel.build(plan.config, plan.mesh, 0, target.devices)
   mesh, layout, rng = sharded.mesh, sharded.layout, sharded.rng
   partitioning.check_batch(batch, mesh, plan.num_microbatches)
-  step = sharded.make_train_step(plan.num_microbatches, **loss_options(options))
+  step = sharded.make_train_step(**{**options, 'num_microbatches': plan.num_microbatches})
   data = abstract_batch(plan.config, batch, lengths, partitioning.batch_sharding(mesh))
   key = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=NamedSharding(mesh, PartitionSpec()))
   count = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(layout.abstract.params))
