@@ -92,6 +92,18 @@ def test_topology_names():
       targets.parse_topology(bad)
 
 
+@needs_libtpu
+def test_every_tpu_generation_and_gpu_gets_its_published_peak():
+  """The peak table is keyed by the device kind libtpu gives each generation (a v5p chip is 'TPU
+  v5', a v5e chip 'TPU v5 lite'); a GPU is known by its model in its kind."""
+  for spec, peak in (('v4:2x2x1', 275.0), ('v5e:2x2', 197.0), ('v5p:2x2x1', 459.0),
+                     ('v6e:2x2', 918.0)):
+    assert targets.tpu_target(spec).peak_tflops == peak, spec
+  assert targets.published_peak('NVIDIA H100 80GB HBM3') == 989.0
+  assert targets.published_peak('NVIDIA H100 80GB HBM3', bf16=False) == 67.0
+  assert targets.published_peak('cpu') is None
+
+
 def test_compiler_out_of_memory_messages():
   gib = 2**30
   assert aot.compiler_oom('RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory '

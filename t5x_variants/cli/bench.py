@@ -32,12 +32,9 @@ import numpy as np
 
 from t5x_variants.cli import common, launch, profile
 from t5x_variants.models import flops
-from t5x_variants.train import aot, partitioning, train_step, trainer
+from t5x_variants.train import aot, partitioning, targets, train_step, trainer
 
 DEFAULT_LENGTHS = {'inputs': 512, 'targets': 114}  # without a flag or a run file
-# Published dense peaks in TFLOP/s per device: (bf16, fp32). H100/H200 SXM fp32 is without TF32.
-PEAKS = {'H100': (989.0, 67.0), 'H200': (989.0, 67.0), 'A100': (312.0, 19.5),
-         'TPU v4': (275.0, 275.0 / 2), 'TPU v5 lite': (197.0, 197.0 / 2), 'TPU v5p': (459.0, 459.0 / 2)}
 
 
 def measured_matmul_peak(n: int = 2048) -> float:
@@ -59,9 +56,10 @@ def peak_tflops(config):
   """(peak TFLOP/s of all devices, where it comes from)."""
   device = jax.devices()[0]
   bf16 = config.dtype == 'bfloat16'
-  for name, (p16, p32) in PEAKS.items():
-    if name.lower() in device.device_kind.lower():
-      return (p16 if bf16 else p32) * jax.device_count(), f'published {name} dense {"bf16" if bf16 else "fp32"} peak'
+  peak = targets.published_peak(device.device_kind, bf16)
+  if peak:
+    return (peak * jax.device_count(),
+            f'published {device.device_kind} dense {"bf16" if bf16 else "fp32"} peak')
   return (measured_matmul_peak() * jax.device_count(),
           f'measured 2048x2048 fp32 matmul on {device.device_kind}')
 

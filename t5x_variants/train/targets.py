@@ -4,10 +4,11 @@ N-device host mesh.
 A TPU target (``v5e:4x4``, ``v4:2x2x2``, ``v5p:2x2x4``, ``v6e:8x8``: generation, then chips
 per dimension) is described by libtpu's compile-only topology (``jax.experimental.topologies``,
 extra ``tpu``); its devices can be compiled for but hold no data. v4 and v5p chips are one
-"megacore" device each (two TensorCores), as on Cloud TPU. The memory per chip and the dense
-bf16 peak are the published figures of each generation. A host target (``--devices=N``) uses N
-accelerators of this host when it has them, else N virtual CPU devices (which compile the same
-sharded program for XLA's CPU backend: its memory figures are the CPU compiler's).
+"megacore" device each (two TensorCores), as on Cloud TPU. The memory per chip is what the TPU
+compiler allows, the dense bf16 peak of a chip or GPU its published figure (``PUBLISHED_PEAKS``).
+A host target (``--devices=N``) uses N accelerators of this host when it has them, else N
+virtual CPU devices (which compile the same sharded program for XLA's CPU backend: its memory
+figures are the CPU compiler's).
 """
 import dataclasses
 import os
@@ -17,15 +18,31 @@ from typing import List, Optional
 GIB = 2**30
 
 # generation -> (topology prefix, chip_config_name, dimensions, HBM GiB per chip that the TPU
-# compiler lets a program use, dense bf16 peak TFLOP/s per chip). The HBM figures are those the
-# compiler of libtpu 0.0.42.1 states when a program exceeds them (of 32 / 16 / 95 / 32 GiB
-# physical); the peaks are the published ones.
+# compiler lets a program use). The HBM figures are those the compiler of libtpu 0.0.42.1 states
+# when a program exceeds them (of 32 / 16 / 95 / 32 GiB physical).
 TPU_GENERATIONS = {
-    'v4': ('v4', 'megacore', 3, 30.75, 275.0),
-    'v5e': ('v5e', 'default', 2, 15.75, 197.0),
-    'v5p': ('v5p', 'megacore', 3, 95.74, 459.0),
-    'v6e': ('v6e', 'default', 2, 31.25, 918.0),
+    'v4': ('v4', 'megacore', 3, 30.75),
+    'v5e': ('v5e', 'default', 2, 15.75),
+    'v5p': ('v5p', 'megacore', 3, 95.74),
+    'v6e': ('v6e', 'default', 2, 31.25),
 }
+
+# Published dense peak TFLOP/s per device, (bf16, fp32), by jax's ``device_kind``: a TPU's exactly
+# ('TPU v5' is a v5p chip, 'TPU v5 lite' a v5e), a GPU's by its model in the name ('NVIDIA H100
+# 80GB HBM3'). GPU fp32 is without TF32; a TPU's fp32 is taken as half its bf16.
+PUBLISHED_PEAKS = {
+    'TPU v4': (275.0, 137.5), 'TPU v5 lite': (197.0, 98.5), 'TPU v5': (459.0, 229.5),
+    'TPU v6 lite': (918.0, 459.0),
+    'H100': (989.0, 67.0), 'H200': (989.0, 67.0), 'A100': (312.0, 19.5),
+}
+
+
+def published_peak(device_kind: str, bf16: bool = True) -> Optional[float]:
+  """The published dense peak TFLOP/s of one device of this kind, None where none is known."""
+  for name, (p16, p32) in PUBLISHED_PEAKS.items():
+    if device_kind == name if name.startswith('TPU') else name in device_kind:
+      return p16 if bf16 else p32
+  return None
 
 
 @dataclasses.dataclass
@@ -76,7 +93,7 @@ def parse_topology(spec: str):
 def tpu_target(spec: str) -> Target:
   """The compile-only devices of a named TPU slice (libtpu needed)."""
   gen, shape = parse_topology(spec)
-  prefix, chip_config, _, hbm_gib, peak = TPU_GENERATIONS[gen]
+  prefix, chip_config, _, hbm_gib = TPU_GENERATIONS[gen]
   try:
     import libtpu  # pylint: disable=g-import-not-at-top,unused-import
   except ImportError as e:
@@ -89,7 +106,8 @@ def tpu_target(spec: str) -> Target:
     devices = topologies.get_topology_desc(name, 'tpu', chip_config_name=chip_config).devices
   except Exception as e:  # pylint: disable=broad-except
     raise ValueError(f'libtpu cannot describe topology {spec!r}: {str(e).splitlines()[0]}') from e
-  return Target(name, 'tpu', list(devices), devices[0].device_kind, int(hbm_gib * GIB), peak,
+  kind = devices[0].device_kind
+  return Target(name, 'tpu', list(devices), kind, int(hbm_gib * GIB), published_peak(kind),
                 f'what the TPU compiler allows a {gen} chip')
 
 
@@ -112,5 +130,6 @@ def host_target(num_devices: int, accelerators: bool = True) -> Target:
       raise ValueError(f'--devices={num_devices}: this process already started jax with '
                        f'{len(devices)} CPU devices')
     devices, limit, source = devices[:num_devices], None, 'none known'
-  return Target(f'{num_devices}x {devices[0].device_kind}', devices[0].platform, devices,
-                devices[0].device_kind, limit, None, source)
+  kind = devices[0].device_kind
+  return Target(f'{num_devices}x {kind}', devices[0].platform, devices, kind, limit,
+                published_peak(kind), source)
