@@ -12,14 +12,15 @@ from t5x_variants.layers.ffn import FFN_VARIANTS
 from t5x_variants.models.summary import abstract_params, param_rows
 
 
-def variant_counts(gin_files, bindings=()):
+def variant_counts(gin_files, bindings=(), search_paths=()):
   """[(axis, variant, total parameters)] for each FFN and each single self-attention variant."""
   rows = []
   for axis, field, names in (('ffn', 'ffn', FFN_VARIANTS), ('self-attention', 'self_attention',
                                                              ATTENTION_COMPONENTS)):
     for name in names:
       gin.clear_config()
-      gin_utils.parse_gin(gin_files, [*bindings, f"TransformerConfig.{field} = '{name}'"])
+      gin_utils.parse_gin(gin_files, [*bindings, f"TransformerConfig.{field} = '{name}'"],
+                          search_paths)
       total = sum(r[3] for r in param_rows(abstract_params(gin_utils.build_config())))
       rows.append((axis, name, total))
   return rows
@@ -29,7 +30,8 @@ def main(argv=None):
   parser = gin_utils.parser('variant_counts.py', __doc__, processes=False)
   args = gin_utils.parse_args(parser, argv)
   print('| axis | variant | parameters |\n|---|---|---:|')
-  for axis, name, total in variant_counts(args.gin_file, args.gin_bindings):
+  for axis, name, total in variant_counts(args.gin_file, args.gin_bindings,
+                                          args.gin_search_paths.split(',')):
     print(f'| {axis} | {name} | {total:,} |')
 
 

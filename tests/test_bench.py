@@ -95,6 +95,7 @@ ENTRY %main (a: bf16[8,8]) -> bf16[8,8] {
   %custom-call.1 = (bf16[8,8]{1,0}, u8[0]{0}) custom-call(%a), custom_call_target="__cudnn$fmhaSoftmax"
   %loop_convert_fusion = f32[8,8]{1,0} fusion(%copy.1), kind=kLoop, calls=%other
   %input_reduce_fusion = f32[8]{0} fusion(%a), kind=kInput, calls=%r
+  %fusion.9 = f32[8]{0} fusion(%a), kind=kInput, calls=%r
   %all-reduce.2 = f32[8]{0} all-reduce(%a), to_apply=%add
   ROOT %copy.3 = bf16[8,8]{0,1} copy(%a), metadata={op_name="jit(f)/dot_general"}
 }
@@ -107,6 +108,7 @@ def test_profile_categories():
   assert found['gemm_fusion'] == 'matmul' and found['custom-call.1'] == 'fused attention'
   assert found['loop_convert_fusion'] == 'conversions'  # not its operand's name 'copy.1'
   assert found['input_reduce_fusion'] == 'reductions' and found['all-reduce.2'] == 'collectives'
+  assert found['fusion.9'] == 'reductions'  # by its kind alone
   assert found['copy.3'] == 'copies'  # not its metadata's 'dot_general'
 
 

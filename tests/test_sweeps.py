@@ -76,6 +76,23 @@ def test_grid_is_seed_major_and_names_runs_by_variant_and_seed(tmp_path):
       f"--gin.train.on_nonfinite=\"'stop'\" --gin.MODEL_DIR=\"'{tmp_path}/s/deepnorm+depth_6-seed1'\"")
 
 
+def test_gin_files_are_found_from_any_directory_as_training_finds_them(tmp_path, monkeypatch):
+  """Outside a checkout the base file comes from the installed package's gin/ and a variant from
+  --gin_search_paths, which every run's command then carries."""
+  (tmp_path / 'mine' / 'norm').mkdir(parents=True)
+  gin_files(tmp_path / 'mine' / 'norm', 'deepnorm.gin')
+  monkeypatch.chdir(tmp_path)
+  sweep = grid.Sweep.build('s', ['gin/runs/pretrain.gin'], ['norm/deep*.gin', 'gin/variants/ffn/swiglu.gin'],
+                           1, search_paths=['', str(tmp_path / 'mine')])
+  command = sweep.command(sweep.runs[0])
+  assert command[1:5] == [f'--gin_file={REPO}/t5x_variants/gin/runs/pretrain.gin',
+                          f'--gin_file={tmp_path}/mine/norm/deepnorm.gin',
+                          f'--gin_file={REPO}/t5x_variants/gin/variants/ffn/swiglu.gin',
+                          f'--gin_search_paths={tmp_path}/mine']
+  with pytest.raises(grid.SweepError, match='--variants .norm/deep.gin. matches no gin file'):
+    grid.Sweep.build('s', ['gin/runs/pretrain.gin'], ['norm/deep.gin'], 1)
+
+
 def test_bad_grids_are_refused(tmp_path):
   base, a = gin_files(tmp_path, 'base.gin', 'a.gin')
   (tmp_path / 'other').mkdir()

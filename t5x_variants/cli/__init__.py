@@ -1,5 +1,7 @@
 """The command-line tools (T5X conventions): one module per command (train, eval, infer, info,
-data, bench, quickstart) and ``common`` for what they share.
+data, bench, compile, sweep, report, hf, quickstart), ``common`` for what they share, and the
+helpers of some (``profile`` and ``bench_hf`` for bench, ``ranges`` for argument checks,
+``launch`` for the huge-pages re-execution).
 
 TensorFlow and XLA print C++ start-up messages (oneDNN notices, CUDA probing on CPU hosts) as
 soon as they load, before any flag is read; importing this package turns them off

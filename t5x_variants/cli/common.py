@@ -23,13 +23,13 @@ from typing import Callable, List, Mapping, Optional, Sequence, Union
 
 import gin
 
+from t5x_variants import PACKAGE_DIR
 from t5x_variants.cli import launch
 from t5x_variants.models.config import TransformerConfig
 from t5x_variants.train import storage
 
 launch.skip_absent_tpu()  # before any command starts a JAX backend
 
-PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOGGER = 't5x_variants'  # the project's own log lines (resume, fallback, skipped steps)
 
 

@@ -23,7 +23,7 @@ CATEGORIES = (  # first match wins, on the instruction's HLO text (or the kernel
     ('collectives', r'all-reduce|all-gather|reduce-scatter|collective-permute|all-to-all|nccl'),
     ('copies', r'copy|transpose|dynamic[-_]update[-_]slice|memcpy|memset'),
     ('conversions', r'convert'),
-    ('reductions', r'reduce|kind=kInput'),
+    ('reductions', r'reduce|\bkInput\b'),  # XLA's kInput fusions are reductions
     ('other fusions', r'fusion'),
 )
 

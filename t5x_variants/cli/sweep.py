@@ -6,7 +6,8 @@
     --variants=gin/variants/norm/pre_ln.gin --grid=learning_rate_schedule.base=1e-4,3e-4,1e-3
 
 ``--variants`` (repeatable: each is one axis of the grid) takes comma-separated gin files or
-globs. ``--grid=BINDING=V1,V2,...`` (repeatable: each is one more axis, after the variants)
+globs, looked up as ``t5xv-train`` looks up ``--gin_file``: from the working directory, then
+``--gin_search_paths`` (passed on to every run), then the installed package. ``--grid=BINDING=V1,V2,...`` (repeatable: each is one more axis, after the variants)
 gives each run ``--gin.BINDING=V`` for one of the values and names the run by the binding's last
 component and the value (``pre_ln+base=3e-4-seed0``): learning-rate or depth sweeps need no gin
 file per value. Runs go one after another here (``--parallel=N``: N at a time, e.g. several
@@ -63,7 +64,8 @@ def main(argv=None):
   with common.clear_errors('t5xv-sweep'):
     args = common.parse_args(p, argv)
     sweep = grid.Sweep.build(args.sweep_dir, args.gin_file, args.variants, args.seeds,
-                             args.gin_bindings, args.paper, args.grid)
+                             args.gin_bindings, args.paper, args.grid,
+                             args.gin_search_paths.split(','))
     if args.parallel < 1:
       raise common.UsageError(f'--parallel must be at least 1, got {args.parallel}')
     if args.write_batches:

@@ -36,6 +36,7 @@ import tempfile
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from t5x_variants import PACKAGE_DIR
 from t5x_variants.sweeps import runs as run_records
 from t5x_variants.train import storage
 from t5x_variants.train.metrics import format_duration
@@ -52,13 +53,26 @@ class SweepError(ValueError):
   """A sweep that cannot be built or does not match the sweep directory's."""
 
 
-def expand(pattern: str) -> List[str]:
+def locate(pattern: str, search_paths: Sequence[str] = ()) -> List[str]:
+  """The gin files a path or glob names, looked up as ``t5xv-train`` looks them up: from the
+  working directory, then each search path, then the installed package (which ships ``gin/``)."""
+  for root in ['', *filter(None, search_paths), PACKAGE_DIR]:
+    path = os.path.join(root, pattern)
+    found = [m for m in (sorted(glob.glob(path)) if glob.has_magic(pattern) else [path])
+             if os.path.isfile(m)]
+    if found:
+      return found
+  return []
+
+
+def expand(pattern: str, search_paths: Sequence[str] = ()) -> List[str]:
   """The gin files of one ``--variants`` value: comma-separated files or globs, in order."""
   files = []
   for part in filter(None, (p.strip() for p in pattern.split(','))):
-    matches = sorted(glob.glob(part)) if glob.has_magic(part) else [part]
-    if not matches or not all(os.path.isfile(m) for m in matches):
-      raise SweepError(f'--variants {part!r} matches no gin file')
+    matches = locate(part, search_paths)
+    if not matches:
+      raise SweepError(f'--variants {part!r} matches no gin file (looked in the working directory, '
+                       '--gin_search_paths and the installed package)')
     files += matches
   return files
 
@@ -125,20 +139,25 @@ class Sweep:
   runs: List[Run] = dataclasses.field(default_factory=list)
   batches_dir: Optional[str] = None  # every run reads pre-built batches from there
   kept: List[Run] = dataclasses.field(default_factory=list)  # recorded earlier, not in this grid
+  search_paths: List[str] = dataclasses.field(default_factory=list)  # --gin_search_paths, passed on
 
   @classmethod
   def build(cls, sweep_dir: str, base: Sequence[str], variant_patterns: Sequence[str], seeds: int,
             bindings: Sequence[str] = (), paper: Optional[str] = None,
-            grid: Sequence[str] = ()) -> 'Sweep':
+            grid: Sequence[str] = (), search_paths: Sequence[str] = ()) -> 'Sweep':
     """The grid, seed-major (every variant's seed 0 first), so a partial sweep compares them all:
     the product of the ``--variants`` axes (gin files) and then the ``--grid`` axes (values of one
     binding each), in the order given."""
     if seeds < 1:
       raise SweepError(f'--seeds must be at least 1, got {seeds}')
-    missing = [f for f in base if not os.path.isfile(f)]
+    search_paths = [p for p in search_paths if p]
+    found = {f: locate(f, search_paths) for f in base}
+    missing = [f for f, paths in found.items() if len(paths) != 1]
     if missing:
-      raise SweepError(f'base gin file not found: {", ".join(missing)}')
-    axes = [expand(p) for p in variant_patterns]
+      raise SweepError(f'base gin file not found: {", ".join(missing)} (looked in the working '
+                       'directory, --gin_search_paths and the installed package)')
+    base = [paths[0] for paths in found.values()]
+    axes = [expand(p, search_paths) for p in variant_patterns]
     grid_axes = [parse_grid(g) for g in grid]
     keys = [binding_key(axis[0][1]) for axis in grid_axes]
     names = [axis[0][0].split('=')[0] for axis in grid_axes]
@@ -146,8 +165,8 @@ class Sweep:
     if len(set(keys)) != len(keys) or len(set(names)) != len(names) or given & set(keys):
       raise SweepError('each --grid needs its own binding, not also given as --gin, and its own '
                        f'last name component (got {", ".join(keys)})')
-    sweep = cls(_absolute(sweep_dir), list(base), axes, seeds, list(bindings), paper,
-                list(grid))
+    sweep = cls(_absolute(sweep_dir), base, axes, seeds, list(bindings), paper, list(grid),
+                search_paths=search_paths)
     choices = [[(stem(f), [f], []) for f in files] for files in axes]
     choices += [[(label, [], [binding]) for label, binding in axis] for axis in grid_axes]
     combos = list(itertools.product(*choices))
@@ -173,6 +192,7 @@ class Sweep:
                 f'train.seed = {run.seed}', f'train/DatasetConfig.seed = {run.seed}',
                 *run.bindings, *self.bindings]
     return [*executable, *[f'--gin_file={f}' for f in [*self.base, *run.variant_files]],
+            *([f'--gin_search_paths={",".join(self.search_paths)}'] if self.search_paths else []),
             *[f'--gin.{k.strip()}={v.strip()}' for k, _, v in (b.partition('=') for b in bindings)],
             *([f'--batches_dir={self.batches_dir}'] if self.batches_dir else [])]
 
