@@ -5,7 +5,7 @@ Left: the final held-out log-perplexity, mean +- sample std over seeds, with the
 (solid) and the code's (dashed), and the unigram plateau of the task. Middle: the paired
 difference DeepNorm - Post-LN (seed by seed) with its 95% Student t interval, for the paper's
 init and the authors' code's. Right: Pre-LN and Sub-LN against DeepNorm the same way, the
-paper's init, and Pre-LN with the code's init at 50+50.
+paper's init, and Pre-LN and Sub-LN with the code's init at 50+50.
 
   python scripts/deepnet_depth_plot.py docs/experiments/deepnet_depth_paired.png
 """
@@ -36,7 +36,8 @@ OTHERS = {'Pre-LN, paper init': {6: (0.039, 0.018, 0.060), 18: (0.006, -0.101, 0
                                  50: (0.011, -0.032, 0.054)},
           'Sub-LN, paper init': {6: (0.064, 0.033, 0.094), 18: (0.099, 0.030, 0.169),
                                  50: (0.110, 0.066, 0.154)},
-          'Pre-LN, code init': {50: (-0.110, -0.249, 0.029)}}
+          'Pre-LN, code init': {50: (-0.110, -0.249, 0.029)},
+          'Sub-LN, code init': {50: (-0.038, -0.177, 0.101)}}
 
 
 def _paired(ax, series, colours, ticks, ylabel, title):
@@ -72,7 +73,7 @@ def main(path: str) -> None:
   left.legend(fontsize=7)
   _paired(middle, PAIRED, OKABE_ITO[3:1:-1], ticks, 'DeepNorm - Post-LN (nats)',
           'paired by seed, 95% t interval (n = 3)')
-  _paired(right, OTHERS, OKABE_ITO[:2] + OKABE_ITO[5:6], sorted(set().union(*OTHERS.values())),
+  _paired(right, OTHERS, OKABE_ITO[:2] + OKABE_ITO[5:7], sorted(set().union(*OTHERS.values())),
           'variant - DeepNorm, same init (nats)', 'paired by seed, 95% t interval (n = 3)')
   fig.tight_layout()
   fig.savefig(path)
