@@ -7,10 +7,11 @@
 
 ``--variants`` (repeatable: each is one axis of the grid) takes comma-separated gin files or
 globs, looked up as ``t5xv-train`` looks up ``--gin_file``: from the working directory, then
-``--gin_search_paths`` (passed on to every run), then the installed package. ``--grid=BINDING=V1,V2,...`` (repeatable: each is one more axis, after the variants)
-gives each run ``--gin.BINDING=V`` for one of the values and names the run by the binding's last
-component and the value (``pre_ln+base=3e-4-seed0``): learning-rate or depth sweeps need no gin
-file per value. Runs go one after another here (``--parallel=N``: N at a time, e.g. several
+``--gin_search_paths`` (passed on to every run), then the installed package.
+``--grid=BINDING=V1,V2,...`` (repeatable: each is one more axis, after the variants) gives each
+run ``--gin.BINDING=V`` for one of the values and names the run by the binding's last component
+and the value (``pre_ln+base=3e-4-seed0``): learning-rate or depth sweeps need no gin file per
+value. Runs go one after another here (``--parallel=N``: N at a time, e.g. several
 small runs sharing one GPU); ``--print_commands`` prints one ``t5xv-train``
 command per unfinished run instead (for a cluster or TPU scheduler) and records the grid in
 sweep.json, so ``t5xv-report`` reads those runs as they finish. Running the same command again

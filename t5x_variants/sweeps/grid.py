@@ -56,7 +56,7 @@ class SweepError(ValueError):
 def locate(pattern: str, search_paths: Sequence[str] = ()) -> List[str]:
   """The gin files a path or glob names, looked up as ``t5xv-train`` looks them up: from the
   working directory, then each search path, then the installed package (which ships ``gin/``)."""
-  for root in ['', *filter(None, search_paths), PACKAGE_DIR]:
+  for root in ['', *search_paths, PACKAGE_DIR]:
     path = os.path.join(root, pattern)
     found = [m for m in (sorted(glob.glob(path)) if glob.has_magic(pattern) else [path])
              if os.path.isfile(m)]
@@ -151,12 +151,12 @@ class Sweep:
     if seeds < 1:
       raise SweepError(f'--seeds must be at least 1, got {seeds}')
     search_paths = [p for p in search_paths if p]
-    found = {f: locate(f, search_paths) for f in base}
-    missing = [f for f, paths in found.items() if len(paths) != 1]
+    found = [locate(f, search_paths) for f in base]
+    missing = [f for f, paths in zip(base, found) if len(paths) != 1]
     if missing:
       raise SweepError(f'base gin file not found: {", ".join(missing)} (looked in the working '
                        'directory, --gin_search_paths and the installed package)')
-    base = [paths[0] for paths in found.values()]
+    base = [paths[0] for paths in found]
     axes = [expand(p, search_paths) for p in variant_patterns]
     grid_axes = [parse_grid(g) for g in grid]
     keys = [binding_key(axis[0][1]) for axis in grid_axes]

@@ -40,7 +40,7 @@ PUBLISHED_PEAKS = {
 def published_peak(device_kind: str, bf16: bool = True) -> Optional[float]:
   """The published dense peak TFLOP/s of one device of this kind, None where none is known."""
   for name, (p16, p32) in PUBLISHED_PEAKS.items():
-    if device_kind == name if name.startswith('TPU') else name in device_kind:
+    if (device_kind == name) if name.startswith('TPU') else (name in device_kind):
       return p16 if bf16 else p32
   return None
 
