@@ -89,9 +89,14 @@ HLO = """HloModule m
   ROOT %d = bf16[8,8]{1,0} dot(%p, %p), lhs_contracting_dims={1}, rhs_contracting_dims={0}
 }
 
+fused_conv (p: bf16[8,8]) -> bf16[8,8] {
+  ROOT %c = bf16[8,8]{1,0} convolution(%p, %p), dim_labels=bf_io->bf
+}
+
 ENTRY %main (a: bf16[8,8]) -> bf16[8,8] {
   %a = bf16[8,8]{1,0} parameter(0)
   %gemm_fusion = bf16[8,8]{1,0} fusion(%a), kind=kCustom, calls=%fused_dot
+  %fusion.4 = bf16[8,8]{1,0} fusion(%a), kind=kCustom, calls=fused_conv
   %custom-call.1 = (bf16[8,8]{1,0}, u8[0]{0}) custom-call(%a), custom_call_target="__cudnn$fmhaSoftmax"
   %loop_convert_fusion = f32[8,8]{1,0} fusion(%copy.1), kind=kLoop, calls=%other
   %input_reduce_fusion = f32[8]{0} fusion(%a), kind=kInput, calls=%r
@@ -106,6 +111,7 @@ def test_profile_categories():
   from t5x_variants.cli import profile
   found = {n: profile.category(i) for n, i in profile.hlo_instructions(HLO).items()}
   assert found['gemm_fusion'] == 'matmul' and found['custom-call.1'] == 'fused attention'
+  assert found['fusion.4'] == 'matmul'  # its body's header printed without '%'
   assert found['loop_convert_fusion'] == 'conversions'  # not its operand's name 'copy.1'
   assert found['input_reduce_fusion'] == 'reductions' and found['all-reduce.2'] == 'collectives'
   assert found['fusion.9'] == 'reductions'  # by its kind alone

@@ -34,3 +34,22 @@ def test_op_names_fold_layers_and_mark_the_backward():
   assert hlo_traffic.source('jit(train_step)/jvp(EncoderDecoder)/EncoderDecoder.decode/decoder/'
                             'layers_11/mlp/wo/dot_general') == 'EncoderDecoder.decode/decoder/layers_*/mlp/wo/dot_general'
   assert hlo_traffic.source('jit(train_step)/while/body/closed_call/jit(_where)/select_n') == 'select_n'
+
+
+def test_computations_are_found_with_or_without_a_percent_sign():
+  """XLA's printers differ in whether a computation's header carries '%': both parse, so a fused
+  dot is a matmul and what a fusion calls is not counted a second time."""
+  text = '''HloModule m
+
+fused_dot (p: bf16[8,8]) -> bf16[8,8] {
+  %p = bf16[8,8]{1,0} parameter(0)
+  ROOT %d = bf16[8,8]{1,0} dot(%p, %p), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+ENTRY %main (a: bf16[8,8]) -> bf16[8,8] {
+  %a = bf16[8,8]{1,0} parameter(0)
+  ROOT %gemm = bf16[8,8]{1,0} fusion(%a), kind=kCustom, calls=fused_dot
+}
+'''
+  assert set(hlo_traffic.computations(text)) == {'fused_dot', 'main'}
+  assert hlo_traffic.summary(text)['by_kind'] == {'matmul': 2 * 8 * 8 * 2}

@@ -17,6 +17,8 @@ import time
 
 import jax
 
+from t5x_variants.train import hlo_traffic
+
 CATEGORIES = (  # first match wins, on the instruction's HLO text (or the kernel's name)
     ('fused attention', r'fmha|flash|cudnn\$|dot_product_attention'),
     ('matmul', r'gemm|\bdot\(|convolution\(|cublas|nvjet|xmma|cutlass|matmul'),
@@ -55,26 +57,23 @@ def categorize(text: str) -> str:
 
 
 def hlo_instructions(hlo: str):
-  """{name: (opcode, what names its kind, a fusion's called body, shape, op_name)}; the kind is
-  the name, opcode, fusion kind and custom-call target (XLA names fusions by what they do:
+  """{name: (opcode, what names its kind, the opcodes it runs, shape, op_name)}; the kind is the
+  name, opcode, fusion kind and custom-call target (XLA names fusions by what they do:
   ``loop_convert_fusion``, ``input_reduce_fusion``, ``transpose_fusion``)."""
-  bodies = {m.group(1): m.group(2) for m in re.finditer(r'\n%?([\w.\-]+) [^\n]*\{\n(.*?)\n\}', hlo, re.S)}
+  program = hlo_traffic.computations(hlo)
   out = {}
-  for m in re.finditer(r'%([\w.\-]+) = (.*?) ([a-z][\w\-]*)\(([^\n]*)', hlo):
-    name, shape, opcode, rest = m.groups()
-    kind = ' '.join(re.findall(r'(?:kind=|custom_call_target=)"?([^",}]+)', rest.split(', metadata=')[0]))
-    called = re.search(r'calls=%?([\w.\-]+)', rest)
-    out[name] = (opcode, f'{name} {opcode}( {kind}', bodies.get(called.group(1), '') if called else '',
-                 shape, (re.search(r'op_name="([^"]+)"', rest) or [None, ''])[1])
+  for body in program.values():
+    for name, shape, opcode, rest, line in body:
+      kind = ' '.join(re.findall(r'(?:kind=|custom_call_target=)"?([^",}]+)', rest.split(', metadata=')[0]))
+      out[name] = (opcode, f'{name} {opcode}( {kind}', hlo_traffic.opcodes(program, opcode, line),
+                   shape, (re.search(r'op_name="([^"]+)"', rest) or [None, ''])[1])
   return out
 
 
 def category(instruction) -> str:
-  """A fusion that computes a dot is a matmul (XLA GPU's gemm fusions, the CPU's dot fusions)."""
-  opcode, text, body = instruction[:3]
-  if opcode == 'fusion' and re.search(r'\b(dot|convolution)\(', body):
-    return 'matmul'
-  return categorize(text)
+  """What runs a dot is a matmul (XLA GPU's gemm fusions, the CPU's dot fusions)."""
+  _, text, runs = instruction[:3]
+  return 'matmul' if runs & hlo_traffic.MATMULS else categorize(text)
 
 
 def _device_lines(planes):
@@ -130,7 +129,7 @@ def profile(step, state, data, rng, calls: int = 3, top: int = 15):
   by_category = collections.Counter()
   ops = []
   for op, ns in by_op.most_common():
-    instruction = hlo.get(op, ('', op, '', '', ''))
+    instruction = hlo.get(op, ('', op, set(), '', ''))
     by_category[category(instruction)] += ns
     if len(ops) < top:
       ops.append({'ms': per_step(ns), 'op': op, 'calls': count[op] // calls,

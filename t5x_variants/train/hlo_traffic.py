@@ -12,6 +12,7 @@ from typing import Dict, List, NamedTuple
 _ITEM_BYTES = {'pred': 1, 's8': 1, 'u8': 1, 's16': 2, 'u16': 2, 'f16': 2, 'bf16': 2, 's32': 4,
                'u32': 4, 'f32': 4, 's64': 8, 'u64': 8, 'f64': 8}
 _ARRAY = re.compile(r'\b(' + '|'.join(_ITEM_BYTES) + r')\[([0-9,]*)\]')
+_HEADER = re.compile(r'^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$')
 _INSTRUCTION = re.compile(r'^\s*(?:ROOT )?%(\S+) = (.*?) ([a-z][a-z0-9-]*)\((.*)$')
 # No traffic of their own: names for other buffers, control flow, and the waiting half of an
 # asynchronous pair (its start counts the bytes).
@@ -19,7 +20,7 @@ _FREE = {'parameter', 'get-tuple-element', 'tuple', 'constant', 'bitcast', 'afte
          'partition-id', 'replica-id', 'while', 'call', 'conditional', 'copy-done',
          'all-gather-done', 'all-reduce-done', 'collective-permute-done', 'async-done'}
 _COLLECTIVES = ('all-gather', 'all-reduce', 'reduce-scatter', 'collective-permute', 'all-to-all')
-_MATMULS = ('dot', 'convolution')
+MATMULS = {'dot', 'convolution'}
 
 
 class Instruction(NamedTuple):
@@ -40,14 +41,22 @@ def array_bytes(shape: str) -> int:
   return total
 
 
-def _computations(text: str) -> Dict[str, List[tuple]]:
-  computations, current = {}, None
+def computations(text: str) -> Dict[str, List[tuple]]:
+  """{computation: [(name, shape, opcode, the rest after 'opcode(', line)]} of an HLO module's
+  text; a computation's header may name it with or without '%' (XLA's printers differ)."""
+  found, current = {}, None
   for line in text.splitlines():
-    if line.startswith('ENTRY') or (line.startswith('%') and line.rstrip().endswith('{')):
-      current = computations.setdefault(line.split()[1 if line.startswith('ENTRY') else 0].lstrip('%'), [])
+    if (header := _HEADER.match(line)):
+      current = found.setdefault(header.group(1), [])
     elif current is not None and (m := _INSTRUCTION.match(line)):
       current.append((m.group(1), m.group(2), m.group(3), m.group(4), line))
-  return computations
+  return found
+
+
+def opcodes(program: Dict[str, List[tuple]], opcode: str, line: str) -> set:
+  """The opcodes an instruction runs: a fusion's, those of the computation it calls."""
+  callee = re.search(r'calls=%?([\w.\-]+)', line) if opcode == 'fusion' else None
+  return {i[2] for i in program.get(callee.group(1), [])} if callee else {opcode}
 
 
 def source(op_name: str) -> str:
@@ -64,12 +73,12 @@ def source(op_name: str) -> str:
 
 def instructions(text: str) -> List[Instruction]:
   """Every instruction with traffic, outside fusions and reducers."""
-  computations = _computations(text)
-  inner = {callee for body in computations.values() for _, _, op, _, line in body
-           for key, callee in re.findall(r'(calls|to_apply)=%([\w.\-]+)', line)
+  program = computations(text)
+  inner = {callee for body in program.values() for _, _, op, _, line in body
+           for key, callee in re.findall(r'(calls|to_apply)=%?([\w.\-]+)', line)
            if op == 'fusion' or key == 'to_apply'}
   found = []
-  for name, body in computations.items():
+  for name, body in program.items():
     if name in inner:
       continue
     shapes = {n: shape for n, shape, _, _, _ in body}
@@ -80,11 +89,8 @@ def instructions(text: str) -> List[Instruction]:
       # an async copy's output is (destination, source, context): the copy writes one array
       written = array_bytes(_ARRAY.search(shape).group(0)) if op == 'copy-start' else array_bytes(shape)
       moved = written + sum(array_bytes(shapes.get(o, '')) for o in operands)
-      body_ops = op
-      if op == 'fusion' and (callee := re.search(r'calls=%([\w.\-]+)', line)):
-        body_ops = ' '.join(i[2] for i in computations.get(callee.group(1), []))
-      words = set(body_ops.split())
-      if words & set(_MATMULS):
+      words = opcodes(program, op, line)
+      if words & MATMULS:
         kind = 'matmul'
       elif op == 'custom-call':
         kind = 'kernel'
