@@ -6,6 +6,7 @@ from typing import List, Tuple
 import flax.linen as nn
 import jax
 
+from t5x_variants import path_keys
 from t5x_variants.models import build_model, init_inputs
 from t5x_variants.models.config import TransformerConfig
 
@@ -22,7 +23,7 @@ def param_rows(params) -> List[Tuple[str, Tuple[int, ...], Tuple[str, ...], int]
   flat, _ = jax.tree_util.tree_flatten_with_path(params, is_leaf=lambda x: isinstance(x, nn.Partitioned))
   rows = []
   for path, leaf in flat:
-    name = '/'.join(str(getattr(k, 'key', k)) for k in path)
+    name = '/'.join(path_keys(path))
     axes = tuple(leaf.names) if isinstance(leaf, nn.Partitioned) else ()
     shape = tuple(nn.unbox(leaf).shape)
     rows.append((name, shape, axes, math.prod(shape)))

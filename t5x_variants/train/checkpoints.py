@@ -19,6 +19,7 @@ from jax.experimental import multihost_utils
 import orbax.checkpoint as ocp
 from etils import epath
 
+from t5x_variants import path_keys
 from t5x_variants.train import storage
 
 PREFIX = 'checkpoint'
@@ -252,7 +253,7 @@ def _subtree(tree, keep):
   """``tree`` (nested dicts) with only the leaves whose 'a/b/c' name is in ``keep``."""
   out = {}
   for p, x in jax.tree_util.tree_leaves_with_path(tree):
-    keys = [str(getattr(k, 'key', k)) for k in p]
+    keys = path_keys(p)
     if '/'.join(keys) in keep:
       node = out
       for k in keys[:-1]:

@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from t5x_variants import path_keys
+
 SCHEDULES = ('rsqrt', 'constant', 'noam', 'linear', 'cosine')
 
 
@@ -111,7 +113,7 @@ def _per_layer(tx: optax.GradientTransformation) -> optax.GradientTransformation
 def param_labels(params, frozen: Sequence[str] = ()):
   """Per leaf: 'frozen', '<stack>/layers' for scanned layer stacks, or 'default'."""
   def label(path, _):
-    keys = [str(getattr(k, 'key', k)) for k in path]
+    keys = path_keys(path)
     if 'fixed_random' in keys or any(f in '/'.join(keys) for f in frozen):
       return 'frozen'
     if 'layers' in keys:

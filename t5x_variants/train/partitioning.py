@@ -18,6 +18,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from t5x_variants import path_keys
+
 MESH_AXES = ('data', 'model')
 
 
@@ -80,7 +82,7 @@ def check_mesh(boxed_params, mesh: Mesh, rules):
       axis = rule.get(name)
       if axis is not None and mesh.shape[axis] > 1:
         split.setdefault(axis, {}).setdefault(
-            name, (size, '/'.join(str(getattr(k, 'key', k)) for k in path)))
+            name, (size, '/'.join(path_keys(path))))
   for axis, dims in split.items():
     n = mesh.shape[axis]
     bad = [(name, size, where) for name, (size, where) in dims.items() if size % n]
