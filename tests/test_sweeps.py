@@ -106,6 +106,14 @@ def test_bad_grids_are_refused(tmp_path):
   grid.Sweep.build(str(tmp_path / 's'), [base], [a], 1).save()
   with pytest.raises(grid.SweepError, match='another --sweep_dir'):
     grid.Sweep.build(str(tmp_path / 's'), [base], [a], 1, bindings=['x = 1']).merge_previous()
+  # A run's name holds its files' stems and its grid bindings' last name component only: a run
+  # recorded under the same name with another file or binding is not taken for this one.
+  with pytest.raises(grid.SweepError, match=r'recorded a-seed0 with other variant files .*/a.gin, now .*/other/a.gin'):
+    grid.Sweep.build(str(tmp_path / 's'), [base], [other_a], 1).merge_previous()
+  grid.Sweep.build(str(tmp_path / 'g'), [base], [], 1, grid=['schedule.base=1,2']).save()
+  with pytest.raises(grid.SweepError, match='recorded base=1-seed0 with other .*schedule.base = 1, now adafactor.base = 1'):
+    grid.Sweep.build(str(tmp_path / 'g'), [base], [], 1, grid=['adafactor.base=1,2']).merge_previous()
+  grid.Sweep.build(str(tmp_path / 'g'), [base], [], 2, grid=['schedule.base=1,2']).merge_previous()
 
 
 def fake_sweep(tmp_path, seeds=1):

@@ -235,6 +235,13 @@ class Sweep:
       raise SweepError(f'{self.sweep_dir} holds a sweep of other base gin files or bindings '
                        f'({" ".join(old.base + old.bindings)}); use another --sweep_dir')
     previous = {r.name: r for r in old.runs}
+    for run in self.runs:  # a name holds only stems and a binding's last name component
+      was = previous.get(run.name)
+      if was and (was.bindings != run.bindings or len(was.variant_files) != len(run.variant_files)
+                  or not all(map(_same_file, was.variant_files, run.variant_files))):
+        raise SweepError(f'{self.sweep_dir} recorded {run.name} with other variant files or grid '
+                         f'bindings ({" ".join(was.variant_files + was.bindings)}, now '
+                         f'{" ".join(run.variant_files + run.bindings)}); use another --sweep_dir')
     self.runs = [previous.get(r.name, r) for r in self.runs]
     names = {r.name for r in self.runs}
     self.kept = [r for r in old.runs if r.name not in names]
@@ -245,6 +252,10 @@ class Sweep:
     for run in self.all_runs():
       if run.status not in FINISHED and run_records.read_run(self.model_dir(run)).finished():
         run.status, run.reason = 'done', None
+
+
+def _same_file(a: str, b: str) -> bool:
+  return a == b or os.path.realpath(a) == os.path.realpath(b)
 
 
 def shell_line(command: Sequence[str]) -> str:
