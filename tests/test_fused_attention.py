@@ -218,28 +218,37 @@ def test_pallas_kernel_per_device_on_a_mesh_equals_one_device():
 def test_kernel_choice_and_limits(monkeypatch):
   why = dict(components=('dot_product',), dtype=jnp.bfloat16, head_dim=64, lengths=(None, None),
              dropout=False)
-  assert fused_attention.choose('xla', 'here', 512, **why) is None
-  assert fused_attention.choose('auto', 'here', 1, **why) is None  # a decode step: reference
+  assert fused_attention.choose('xla', 'here', 512, 512, True, **why) is None
+  assert fused_attention.choose('auto', 'here', 1, 512, True, **why) is None  # a decode step: reference
   if ON_GPU:
-    assert fused_attention.choose('auto', 'here', 512, **why) == 'cudnn'
+    assert fused_attention.choose('auto', 'here', 512, 512, True, **why) == 'cudnn'
   else:
-    assert fused_attention.choose('auto', 'here', 512, **why) is None  # silently the reference
+    assert fused_attention.choose('auto', 'here', 512, 512, True, **why) is None  # silently the reference
     with pytest.raises(ValueError, match="'cudnn' needs a GPU; the step is compiled for cpu"):
-      fused_attention.choose('cudnn', 'here', 512, **why)
+      fused_attention.choose('cudnn', 'here', 512, 512, True, **why)
     with pytest.raises(ValueError, match="'pallas' needs a TPU"):
-      fused_attention.choose('pallas', 'here', 512, **why)
+      fused_attention.choose('pallas', 'here', 512, 512, True, **why)
   monkeypatch.setattr(fused_attention, 'platform', lambda: 'tpu')
   monkeypatch.setattr(fused_attention, '_warned', set())
-  assert fused_attention.choose('auto', 'here', 512, **why) == 'pallas'
-  assert fused_attention.choose('auto', 'here', 1, **why) is None
+  assert fused_attention.choose('auto', 'here', 512, 512, True, **why) == 'pallas'
+  assert fused_attention.choose('auto', 'here', 1, 512, True, **why) is None
   with pytest.warns(UserWarning, match='here: a single query'):
-    assert fused_attention.choose('pallas', 'here', 1, **why) is None
+    assert fused_attention.choose('pallas', 'here', 1, 512, True, **why) is None
   plain = dict(components=('dot_product',), lengths=(None, None), dropout=False)
   assert fused_attention.unsupported(**plain) is None
   assert 'dropout' in fused_attention.unsupported(**{**plain, 'dropout': True})
-  assert fused_attention.cudnn_unsupported(jnp.bfloat16, 64, 512) is None
-  assert '16-bit' in fused_attention.cudnn_unsupported(jnp.float32, 64, 512)
-  assert 'head_dim 12' in fused_attention.cudnn_unsupported(jnp.bfloat16, 12, 512)
+  assert fused_attention.cudnn_unsupported(jnp.bfloat16, 64, 512, 512, True) is None
+  assert '16-bit' in fused_attention.cudnn_unsupported(jnp.float32, 64, 512, 512, True)
+  assert 'head_dim 12' in fused_attention.cudnn_unsupported(jnp.bfloat16, 12, 512, 512, True)
+  # cuDNN's training kernel refuses a bias with an odd length (jax's check_is_flash_attention):
+  # with a bias the reference path serves those; without one, and for a decode step, cuDNN does.
+  assert 'even lengths' in fused_attention.cudnn_unsupported(jnp.bfloat16, 64, 113, 512, True)
+  assert 'even lengths' in fused_attention.cudnn_unsupported(jnp.bfloat16, 64, 512, 113, True)
+  assert fused_attention.cudnn_unsupported(jnp.bfloat16, 64, 113, 113, False) is None
+  assert fused_attention.cudnn_unsupported(jnp.bfloat16, 64, 1, 113, True) is None
+  monkeypatch.setattr(fused_attention, 'platform', lambda: 'gpu')
+  assert fused_attention.choose('auto', 'here', 114, 512, True, **why) == 'cudnn'
+  assert fused_attention.choose('auto', 'here', 113, 512, True, **why) is None
   with pytest.raises(ValueError, match="unknown attention_kernel 'flash'"):
     tiny(attention_kernel='flash')
 

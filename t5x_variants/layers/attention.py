@@ -189,7 +189,8 @@ class Attention(nn.Module):
     if decode:
       value = self._cached('cached_value', value, decode_position)
     fused = fused_attention.choose(
-        self.kernel, '/'.join(self.scope.path), x_q.shape[1], components=self.components,
+        self.kernel, '/'.join(self.scope.path), x_q.shape[1], value.shape[1], bias is not None,
+        components=self.components,
         dtype=self.dtype, head_dim=self.head_dim, lengths=lengths,
         dropout=self.dropout_rate > 0 and not deterministic)
     # One query for the dot product and, under synthesizer_hidden 'query', the dense synthesizers.

@@ -60,27 +60,29 @@ def unsupported(components, lengths, dropout: bool) -> Optional[str]:
   return None
 
 
-def cudnn_unsupported(dtype, head_dim: int, queries: int) -> Optional[str]:
-  """Why cuDNN's kernel itself cannot (None when it can)."""
-  del queries
+def cudnn_unsupported(dtype, head_dim: int, queries: int, keys: int, biased: bool) -> Optional[str]:
+  """Why cuDNN's kernel itself cannot (None when it can). Its training kernel with a bias takes
+  even lengths only; more than one query may be a training step."""
   if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
     return f'cuDNN attention needs a 16-bit compute dtype, not {jnp.dtype(dtype).name}'
   if head_dim % 8 or head_dim > 128:
     return f'head_dim {head_dim} (cuDNN: a multiple of 8, at most 128)'
+  if biased and queries > 1 and (queries % 2 or keys % 2):
+    return f'{queries} queries x {keys} keys with a bias (cuDNN: even lengths)'
   return None
 
 
-def pallas_unsupported(dtype, head_dim: int, queries: int) -> Optional[str]:
+def pallas_unsupported(dtype, head_dim: int, queries: int, keys: int, biased: bool) -> Optional[str]:
   """Why the TPU Pallas kernel cannot (None when it can): one query is a cached decode step."""
-  del dtype, head_dim
+  del dtype, head_dim, keys, biased
   return 'a single query (a cached decode step)' if queries == 1 else None
 
 
 LIMITS = {'cudnn': cudnn_unsupported, 'pallas': pallas_unsupported}
 
 
-def choose(kernel: str, where: str, queries: int, components, lengths, dropout: bool, dtype,
-           head_dim: int) -> Optional[str]:
+def choose(kernel: str, where: str, queries: int, keys: int, biased: bool, components, lengths,
+           dropout: bool, dtype, head_dim: int) -> Optional[str]:
   """The fused implementation for ``kernel`` at ``where`` (the module's path): 'cudnn' or
   'pallas' (or what IMPLEMENTATIONS maps them to), or None for the reference path."""
   if kernel == 'xla':
@@ -97,7 +99,7 @@ def choose(kernel: str, where: str, queries: int, components, lengths, dropout: 
                      f"serve) or 'xla'")
   implementation = IMPLEMENTATIONS[chosen]
   reason = unsupported(components, lengths, dropout) or (
-      LIMITS[chosen](dtype, head_dim, queries) if implementation == chosen else None)
+      LIMITS[chosen](dtype, head_dim, queries, keys, biased) if implementation == chosen else None)
   if reason is None:
     return implementation
   if kernel != 'auto' and (where, reason) not in _warned:
