@@ -100,7 +100,7 @@ def test_every_tpu_generation_and_gpu_gets_its_published_peak():
                      ('v6e:2x2', 918.0)):
     assert targets.tpu_target(spec).peak_tflops == peak, spec
   assert targets.published_peak('NVIDIA H100 80GB HBM3') == 989.0
-  assert targets.published_peak('NVIDIA H100 80GB HBM3', bf16=False) == 67.0
+  assert targets.published_peak('NVIDIA H100 80GB HBM3', bf16=False) == 495.0  # TF32
   assert targets.published_peak('cpu') is None
 
 

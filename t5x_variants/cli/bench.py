@@ -146,7 +146,8 @@ def main(argv=None):
   parser.add_argument('--targets_length', type=int, default=None, help='default: the run\'s, else 114')
   parser.add_argument('--steps', type=int, default=10)
   parser.add_argument('--warmup', type=int, default=2)
-  parser.add_argument('--peak_tflops', type=float, default=None)
+  parser.add_argument('--peak_tflops', type=float, default=None,
+                      help='one device\'s peak (times the device count); default: the published one')
   parser.add_argument('--hf', action='store_true', help='also time HF PyTorch T5 on the same shape')
   parser.add_argument('--hf_compile', action='store_true', help='the HF peer under torch.compile')
   parser.add_argument('--hf_optimizer', default=None,
@@ -160,7 +161,8 @@ def main(argv=None):
     run_lengths = common.gin_macro('TASK_FEATURE_LENGTHS') or {}
     lengths = {f: getattr(args, f'{f}_length') or run_lengths.get(f) or DEFAULT_LENGTHS[f]
                for f in (common.STACK_FEATURES[s] for s in config.stacks)}
-    peak = (args.peak_tflops, 'given with --peak_tflops') if args.peak_tflops else None
+    peak = ((args.peak_tflops * jax.device_count(), f'given with --peak_tflops, x{jax.device_count()} devices')
+            if args.peak_tflops else None)
     ours = optimizer_kind()
     hf = None
     if args.hf:  # first: JAX's backend would take most of the accelerator's memory

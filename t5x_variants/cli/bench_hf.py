@@ -1,6 +1,7 @@
 """The peer of ``t5xv-bench --hf``: a Hugging Face PyTorch T5ForConditionalGeneration train step
 on the same shape and synthetic batch, as a user of it would run it: float32 parameters, bfloat16
-autocast when the model computes in bfloat16, dropout 0, transformers' Adafactor with T5's
+autocast when the model computes in bfloat16 (else, on a GPU, float32 matmuls on TF32 tensor
+cores, as JAX's default precision runs ours), dropout 0, transformers' Adafactor with T5's
 settings (or ``adamw``: PyTorch's fused AdamW), optionally under ``torch.compile``.
 
 It runs on the device JAX will use (CUDA when JAX is on a GPU), in a child process started
@@ -57,6 +58,8 @@ def bench(spec: dict, inputs, labels) -> dict:
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
   device = torch.device(spec['device'])
+  if device.type == 'cuda' and not spec['bf16']:
+    torch.set_float32_matmul_precision('high')
   torch.manual_seed(0)
   model = transformers.T5ForConditionalGeneration(transformers.T5Config(**spec['hf_config']))
   if not spec['hf_config']['tie_word_embeddings']:  # transformers 5 ties lm_head at construction
@@ -93,6 +96,7 @@ def bench(spec: dict, inputs, labels) -> dict:
           'device': torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu',
           'threads': torch.get_num_threads(), 'compile': spec['compile'],
           'optimizer': spec['optimizer'], 'autocast_bf16': spec['bf16'],
+          'float32_matmul_precision': torch.get_float32_matmul_precision(),
           'parameters': int(sum(np.prod(p.shape) for p in model.parameters())),
           'median_step_seconds': median, 'step_seconds': times,
           'tokens_per_second': spec['tokens'] / median, 'final_loss': float(loss),
