@@ -207,6 +207,18 @@ def test_dense_for_a_tpu_contracts_as_laid_out_with_the_same_values_and_gradient
   laid_out = jax.value_and_grad(f, argnums=(0, 1))(p, x)
   for a, b in zip(jax.tree_util.tree_leaves(two_d), jax.tree_util.tree_leaves(laid_out)):
     np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+  # T5XV_DENSE_CONTRACTION forces either form on any platform (to measure one against the other).
+  ranks = lambda: {e.invars[0].aval.ndim for e in jax.make_jaxpr(lambda *a: f(*a))(p, x).jaxpr.eqns
+                   if e.primitive.name == 'dot_general'}  # a new function each time: traced again
+  assert ranks() == {4}  # the TPU's form
+  monkeypatch.setenv('T5XV_DENSE_CONTRACTION', 'matmul')
+  assert ranks() == {2}
+  monkeypatch.setattr(fused_attention, 'platform', lambda: 'cpu')
+  monkeypatch.setenv('T5XV_DENSE_CONTRACTION', 'dot_general')
+  assert ranks() == {4}
+  monkeypatch.setenv('T5XV_DENSE_CONTRACTION', '2d')
+  with pytest.raises(ValueError, match="T5XV_DENSE_CONTRACTION='2d': 'dot_general', 'matmul' or unset"):
+    ranks()
 
 
 def test_shared_bias_must_have_batch_one():

@@ -1,5 +1,6 @@
 """Dense projection with logical axis names on its kernel (T5X DenseGeneral)."""
 import math
+import os
 from typing import Any, Tuple
 
 import flax.linen as nn
@@ -8,6 +9,19 @@ import jax.numpy as jnp
 
 from t5x_variants.layers import fused_attention
 from t5x_variants.layers import init as init_lib
+
+
+# 'dot_general' or 'matmul' forces the contraction's form on every platform, to measure one
+# against the other (scripts/gpu_bench.sh's d128); unset, a TPU contracts as laid out.
+CONTRACTION = 'T5XV_DENSE_CONTRACTION'
+
+
+def laid_out() -> bool:
+  """Whether Dense contracts over the axes as they are (one dot_general) or as a 2-D matmul."""
+  form = os.environ.get(CONTRACTION, '')
+  if form not in ('', 'dot_general', 'matmul'):
+    raise ValueError(f"{CONTRACTION}={form!r}: 'dot_general', 'matmul' or unset (the platform's)")
+  return form == 'dot_general' if form else fused_attention.platform() == 'tpu'
 
 
 class Dense(nn.Module):
@@ -35,7 +49,7 @@ class Dense(nn.Module):
     kernel = nn.with_logical_constraint(kernel.astype(self.dtype), self.in_axes + self.out_axes)
     x = x.astype(self.dtype)
     n_rows = math.prod(kernel.shape[:n_in])
-    if fused_attention.platform() == 'tpu':
+    if laid_out():
       # Contracted as laid out: the TPU compiler then writes each output in the layout its
       # consumer reads (q, k, v heads-first for the attention kernel, and their gradients
       # back), where a 2-D matmul's output must be transposed by a copy (T5-base on v5p-16,
