@@ -146,6 +146,8 @@ REFUSED = {
     'decoder_only': (dict(architecture='decoder_only'), "architecture 'decoder_only'"),
     'encoder_only': (dict(architecture='encoder_only'), "architecture 'encoder_only'"),
     'tanh': (dict(ffn=('tanh',)), "ffn ('tanh',)"),
+    'unscaled_tied': (dict(tie_embeddings=True, scale_tied_logits=False),
+                      'tie_embeddings without scale_tied_logits'),
 }
 
 

@@ -69,6 +69,8 @@ def inexpressible(config: TransformerConfig) -> Optional[str]:
        f'position embedding {config.position_embedding!r}: transformers T5 has relative position bias'),
       (not config.use_bias, 'use_bias: transformers T5 has no biases'),
       (not config.scale_embeddings, 'scale_embeddings: transformers T5 does not scale its embeddings'),
+      (not config.tie_embeddings or config.scale_tied_logits, 'tie_embeddings without '
+       'scale_tied_logits: transformers T5 scales a tied output layer by d_model^-0.5'),
   ]
   return next((why for ok, why in checks if not ok), None)
 
