@@ -196,6 +196,46 @@ def test_checkpointer_keeps_the_last_two_and_restores_the_newest(tmp_path):
   jax.tree_util.tree_map(np.testing.assert_array_equal, restored, state(5))
 
 
+def test_a_parameters_only_checkpoint_is_refused_for_resuming_and_left_in_place(tmp_path):
+  """A checkpoint of parameters alone (t5xv-import's) in a run's directory reads, but holds no
+  step: one error that says to start from it with train.init_checkpoint, not a damaged checkpoint
+  moved aside."""
+  ckpt = checkpoints.Checkpointer(str(tmp_path), async_save=False)
+  ckpt.save(0, {'params': state(0).params}, force=True)
+  ckpt.close()
+  resumed = checkpoints.Checkpointer(str(tmp_path))
+  with pytest.raises(checkpoints.CheckpointError,
+                     match=r'checkpoint_0 holds params but no step \(as t5xv-import writes parameters '
+                           r'only\): train from it in a new model_dir with --gin.train.init_checkpoint'):
+    resumed.restore_latest(state(0))
+  resumed.close()
+  assert names(tmp_path.iterdir()) == ['checkpoint_0']
+
+
+@pytest.mark.parametrize('error', [
+    ValueError('UNAVAILABLE: HTTP response code: 503 (the bucket, after its retries)'),
+    RuntimeError('RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1.2GiB'),
+    MemoryError(), ConnectionError('connection reset')])
+def test_a_read_failing_outside_the_checkpoint_moves_nothing_aside(tmp_path, monkeypatch, error):
+  """A bucket outage past its retries, or memory running out on a smaller mesh: one error, and
+  every checkpoint stays where it is (moving them aside one by one would end in 'start from
+  scratch')."""
+  ckpt = checkpoints.Checkpointer(str(tmp_path), period=1, async_save=False)
+  for step in (1, 2):
+    ckpt.save(step, state(step))
+  ckpt.close()
+
+  def fails(*args, **kwargs):
+    raise error
+  monkeypatch.setattr(checkpoints.Checkpointer, 'restore', fails)
+  resumed = checkpoints.Checkpointer(str(tmp_path))
+  with pytest.raises(checkpoints.CheckpointError, match='checkpoint_2 could not be read .*, for a '
+                     'cause outside it: nothing was moved aside; fix the cause'):
+    resumed.restore_latest(state(0))
+  resumed.close()
+  assert names(sorted(tmp_path.iterdir())) == ['checkpoint_1', 'checkpoint_2']
+
+
 def test_listing_skips_unreadable_unfinished_and_stray_entries(tmp_path):
   ckpt = checkpoints.Checkpointer(str(tmp_path), period=2, keep=None)
   for step in (2, 4, 6):

@@ -10,6 +10,7 @@ one is used.
 """
 import dataclasses
 import logging
+import re
 from typing import Any, Optional, Sequence
 
 import gin
@@ -23,6 +24,10 @@ from t5x_variants import path_keys
 from t5x_variants.train import storage
 
 PREFIX = 'checkpoint'
+# Status words of a read that failed outside the checkpoint (tensorstore's and XLA's errors):
+# the bucket or the network, its permissions, memory. A restore failing so moves nothing aside.
+_NOT_DAMAGE = re.compile(r'\b(UNAVAILABLE|DEADLINE_EXCEEDED|RESOURCE_EXHAUSTED|PERMISSION_DENIED|'
+                         r'UNAUTHENTICATED)\b|[Oo]ut of memory')
 log = logging.getLogger(__name__)
 # Orbax's own step naming: finds and builds ``checkpoint_<step>`` names (a regex on the whole name,
 # committed directories only), for the manager and for the functions below alike.
@@ -147,9 +152,10 @@ class Checkpointer:
     shardings may differ from the saving run's: another mesh or device count); None if there is no
     checkpoint. A checkpoint of another run configuration raises CheckpointError: other parameter
     names or shapes, another optimizer state (other optimizer settings), or a state that reads
-    with a data position this run cannot take (another number of processes or data pipeline).
-    Any other that cannot be read is damaged: it is renamed ``<name>.unreadable`` and the one
-    before is tried."""
+    with a data position this run cannot take (another number of processes or data pipeline), a
+    checkpoint of parameters only (t5xv-import's). A read that fails for a cause outside the checkpoint (memory, the network, the bucket's
+    permissions) raises CheckpointError too, moving nothing. Any other that cannot be read is
+    damaged: it is renamed ``<name>.unreadable`` and the one before is tried."""
     steps = self.steps()
     for step in reversed(steps):
       path = ocp.step.build_step_path(self.model_dir, _NAME_FORMAT, step)
@@ -157,10 +163,21 @@ class Checkpointer:
       if mismatch:
         raise CheckpointError(f'{path} holds another model ({mismatch}); resume with the '
                               'configuration it was trained with, or use a new model_dir')
+      parts = _saved_parts(path)
+      missing = set(ocp.tree.serialize_tree(abstract_state, keep_empty_nodes=True)) - (parts or set())
+      if parts is not None and missing:
+        raise CheckpointError(
+            f'{path} holds {", ".join(sorted(parts))} but no {", ".join(sorted(missing))} (as '
+            't5xv-import writes parameters only): train from it in a new model_dir with '
+            f'--gin.train.init_checkpoint="\'{path}\'"')
       try:
         return self.restore(step, abstract_state, data_iterator), step
       except Exception as e:  # orbax raises many types for a damaged directory
         reason = f'{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}'
+        if isinstance(e, (MemoryError, ConnectionError, TimeoutError)) or _NOT_DAMAGE.search(str(e)):
+          raise CheckpointError(f'{path} could not be read ({reason}), for a cause outside it: '
+                                'nothing was moved aside; fix the cause (memory, the network, '
+                                'the bucket or its permissions) and rerun') from e
         retry = ('Resume with those settings, or start a new model_dir with '
                  'train.init_checkpoint pointing at it.')
         mismatch = _saved_mismatch(path, abstract_state, 'opt_state')
@@ -231,6 +248,18 @@ def checkpoint_path(path: str) -> epath.Path:
     raise CheckpointError(f'no checkpoint at {path}: expected a {PREFIX}_<step> directory or a '
                           f'directory containing them')
   return latest.path
+
+
+def _saved_parts(path: epath.Path) -> Optional[set]:
+  """The top-level names of the state saved in checkpoint ``path``; None if its metadata does not
+  read (a damaged checkpoint)."""
+  handler = ocp.PyTreeCheckpointHandler()
+  try:
+    return set(handler.metadata(path / 'state').tree)
+  except Exception:  # pylint: disable=broad-except  (no readable metadata: damaged)
+    return None
+  finally:
+    handler.close()
 
 
 def _saved_shapes(path: epath.Path, part: str = 'params'):
