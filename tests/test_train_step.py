@@ -97,9 +97,18 @@ def test_a_non_finite_step_is_skipped():
   bad = state.replace(params=jax.tree_util.tree_map(lambda p: p, state.params))
   bad.params['token_embedder']['embedding'] = bad.params['token_embedder']['embedding'].at[3].set(jnp.nan)
   before = jax.tree_util.tree_map(np.asarray, bad.params)
+  statistics = jax.tree_util.tree_map(np.asarray, bad.opt_state)  # the step donates its state
   after, m = step(bad, synthetic_batch(), jax.random.PRNGKey(0))
   assert int(m['skipped']) == 1 and int(after.step) == 1  # counted, not applied
   jax.tree_util.tree_map(np.testing.assert_array_equal, jax.tree_util.tree_map(np.asarray, after.params), before)
+  # The optimizer's step counts advance with the state's (the schedule's rate logged is the one
+  # the next step applies); its statistics are kept.
+  leaves = jax.tree_util.tree_leaves_with_path
+  for (path, was), (_, now) in zip(leaves(statistics), leaves(after.opt_state)):
+    if getattr(path[-1], 'name', None) == 'count':
+      np.testing.assert_array_equal(now, np.asarray(was) + 1)
+    else:
+      np.testing.assert_array_equal(now, was)
 
 
 @pytest.mark.slow

@@ -114,8 +114,8 @@ def train_step(state: TrainState, batch: Dict[str, jnp.ndarray], rng, *, model, 
                z_loss: float = 0.0, loss_normalizing_factor: Union[str, float] = 'num_tokens',
                dropout: bool = False):
   """Returns (new state, metrics). A step whose loss or gradients are not finite leaves the
-  parameters and optimizer state unchanged (metrics['skipped'] = 1); the step count still
-  advances."""
+  parameters and optimizer statistics unchanged (metrics['skipped'] = 1); the step counts still
+  advance, the optimizer's with the state's, so the learning rate logged is the one applied."""
   grad_fn = jax.grad(functools.partial(summed_loss, model, config, label_smoothing=label_smoothing,
                                        z_loss=z_loss), argnums=0, has_aux=True)
   micro = jax.tree_util.tree_map(lambda x: x.reshape((num_microbatches, -1) + x.shape[1:]), batch)
@@ -139,8 +139,10 @@ def train_step(state: TrainState, batch: Dict[str, jnp.ndarray], rng, *, model, 
              'grad_norm': optax.tree_utils.tree_norm(grads), 'param_norm': optax.tree_utils.tree_norm(new.params)}
   finite = jnp.isfinite(metrics['loss']) & jnp.isfinite(metrics['grad_norm'])
   keep = lambda a, b: jax.tree_util.tree_map(lambda x, y: jnp.where(finite, x, y), a, b)
-  # the step still counts: it consumed a batch
-  new = TrainState(new.step, keep(new.params, state.params), keep(new.opt_state, state.opt_state))
+  # the step still counts (it consumed a batch): so do the optimizer's (optax's 'count' fields)
+  counted = lambda path, x, y: x if getattr(path[-1], 'name', None) == 'count' else jnp.where(finite, x, y)
+  new = TrainState(new.step, keep(new.params, state.params),
+                   jax.tree_util.tree_map_with_path(counted, new.opt_state, state.opt_state))
   metrics['skipped'] = (~finite).astype(jnp.int32)
   return new, metrics
 
