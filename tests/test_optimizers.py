@@ -57,6 +57,12 @@ def test_global_norm_clip_and_frozen_paths():
   u, _ = two_steps(optimizer.make_optimizer(PARAMS, 1.0, optimizer=sgd, frozen=['token_embedder']))
   assert not np.asarray(u['token_embedder']['embedding']).any()
   np.testing.assert_allclose(u['decoder']['layers']['w'], -GRADS['decoder']['layers']['w'])
+  # Clipped by the trained parameters' norm alone: a frozen path's gradient is no update.
+  w = GRADS['decoder']['layers']['w']
+  u, _ = two_steps(optimizer.make_optimizer(PARAMS, 1.0, optimizer=sgd, frozen=['token_embedder'],
+                                            global_norm_clip=1.0))
+  np.testing.assert_allclose(u['decoder']['layers']['w'], -w / float(jnp.linalg.norm(w)), rtol=1e-6)
+  assert not np.asarray(u['token_embedder']['embedding']).any()
 
 
 @pytest.mark.parametrize('name', ['adam', 'adamw'])

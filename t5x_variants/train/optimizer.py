@@ -154,12 +154,19 @@ def make_optimizer(params, learning_rate, optimizer: Callable = adafactor,
   ``@adamw``, whose own settings are bound on them (``adam.b2 = 0.98``, ...).
 
   Each scanned layer stack gets the optimizer per layer (vmapped over the ``layers`` axis), the
-  ``frozen`` paths no update, and with ``global_norm_clip`` the gradients are first clipped to
-  that global norm (Pascanu et al. 2013)."""
+  ``frozen`` paths no update, and with ``global_norm_clip`` the trained parameters' gradients are
+  first clipped to that global norm (Pascanu et al. 2013; a frozen path's gradient is no part of
+  the update, so none of its norm)."""
   labels = param_labels(params, frozen)
   # Sorted, not a set's order (Python's per-process hash seed): every process traces one program.
   transforms = {n: optax.set_to_zero() if n == 'frozen' else
                 optimizer(learning_rate) if n == 'default' else _per_layer(optimizer(learning_rate))
                 for n in sorted(set(jax.tree_util.tree_leaves(labels)))}
   tx = optax.multi_transform(transforms, labels)
-  return optax.chain(optax.clip_by_global_norm(global_norm_clip), tx) if global_norm_clip else tx
+  if not global_norm_clip:
+    return tx
+  clip = optax.clip_by_global_norm(global_norm_clip)
+  trained = lambda grads: jax.tree_util.tree_map(
+      lambda g, label: jnp.zeros_like(g) if label == 'frozen' else g, grads, labels)
+  return optax.chain(optax.GradientTransformation(
+      clip.init, lambda grads, state, params=None: clip.update(trained(grads), state, params)), tx)
