@@ -250,6 +250,12 @@ def test_bad_train_input_is_one_line_before_any_work(model_dir, setup, flags, me
     ('t5xv-infer', ['--gin_file=gin/runs/infer.gin', "--gin.INFER_OUTPUT='{tmp}/p.jsonl'",
                     '--gin.infer.batch_size=0'],
      'infer.batch_size = 0 is out of range: the decoding batch size must be an integer >= 1'),
+    ('t5xv-infer', ['--gin_file=gin/runs/infer.gin', "--gin.INFER_OUTPUT='{tmp}/p.jsonl'",
+                    "--gin.INPUT_FILE='/dev/null'", '--gin.DecodeOptions.num_beams=0'],
+     'DecodeOptions.num_beams = 0 is out of range: it must be an integer >= 1'),
+    ('t5xv-infer', ['--gin_file=gin/runs/infer.gin', "--gin.INFER_OUTPUT='{tmp}/p.jsonl'",
+                    "--gin.INPUT_FILE='/dev/null'"],
+     'INPUT_FILE /dev/null has no text to decode (one input per line)'),
 ])
 def test_bad_eval_and_infer_numbers_are_one_line_before_any_work(name, flags, message, tmp_path,
                                                                  capsys):

@@ -8,7 +8,7 @@ import pytest
 from conftest import needs_data_layer, tiny
 from train_helpers import save_fresh_state
 from t5x_variants.features import EOS_ID
-from t5x_variants.train.predictor import Predictor, pad_tokens, prompted
+from t5x_variants.train.predictor import DecodeOptions, Predictor, pad_tokens, prompted
 
 PROMPTS = [[5, 6, 7], [8], [9, 10, 11, 12], []]
 
@@ -25,6 +25,19 @@ def test_the_score_of_a_greedy_continuation_is_its_decoding_score(arch, tmp_path
   np.testing.assert_allclose(predictor.score(inputs, out), scores, rtol=1e-5, atol=1e-5)
   other = np.where(out > 0, (out + 1) % 50, 0)  # another continuation scores lower than greedy
   assert (predictor.score(inputs, other) < scores).all()
+
+
+@pytest.mark.parametrize('options, message', [
+    (dict(num_beams=0), r'DecodeOptions.num_beams = 0 is out of range: it must be an integer >= 1'),
+    (dict(top_k=51), r'DecodeOptions.top_k = 51 .* 0 \(none\) to the vocabulary size, 50'),
+    (dict(top_p=0.0), r'DecodeOptions.top_p = 0.0 .* in \(0, 1\]'),
+    (dict(temperature=-1.0), r'DecodeOptions.temperature = -1.0 .* >= 0'),
+    (dict(method='nucleus'), r"DecodeOptions.method = 'nucleus' .* 'greedy' or 'sample' or 'beam'; "
+                             r'set --gin.DecodeOptions.method')])
+def test_decoding_options_out_of_range_are_one_line_before_any_checkpoint(options, message):
+  """(num_beams 0 failed after the checkpoint was read, in a reduction of JAX's with no identity)"""
+  with pytest.raises(ValueError, match=message):
+    Predictor(tiny(vocab_size=50), options=DecodeOptions(**options))
 
 
 def test_prompted_cuts_the_targets_into_prompt_and_continuation():

@@ -33,12 +33,15 @@ def infer(config, *, checkpoint_path: str = gin.REQUIRED, output_file: str = gin
           prompt_length: Optional[int] = None):
   """Writes one JSON line per example to ``output_file``; returns the number written."""
   from t5x_variants.data import tasks, vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+  predictor = Predictor(config, options=DecodeOptions())  # the decoding options checked first
+  if input_file:
+    texts = [line for line in storage.path(input_file).read_text().splitlines() if line.strip()]
+    if not texts:
+      raise ValueError(f'INPUT_FILE {input_file} has no text to decode (one input per line)')
+    texts = texts[:max_examples]
   common.use_run_vocabulary(checkpoint_path)
-  predictor = Predictor(config, options=DecodeOptions()).load(checkpoint_path)
   if input_file:
     vocab = vocab_lib.vocabulary()
-    texts = [line for line in storage.path(input_file).read_text().splitlines() if line.strip()]
-    texts = texts[:max_examples]
     examples = [{'inputs_pretokenized': t, 'inputs': np.asarray(vocab.encode(t) + [EOS_ID])}
                 for t in texts]
     common.check_vocabulary_size(config, vocab, input_file)
@@ -56,6 +59,7 @@ def infer(config, *, checkpoint_path: str = gin.REQUIRED, output_file: str = gin
     else:
       examples = prompted(examples, prompt_length, mixture_or_task_name)
       input_length, target_length = prompt_length, continuation_length(target_length, prompt_length)
+  predictor.load(checkpoint_path)
   decoded = decode_examples(predictor, vocab, examples, input_length, target_length, batch_size)
   if decoded and 'targets' in decoded[0]:
     decoded = score_examples(predictor, decoded, input_length, target_length, batch_size)

@@ -35,6 +35,19 @@ class DecodeOptions:
   length_penalty: float = 0.6
   seed: int = 0
 
+  def check(self, vocab_size: int):
+    """ValueError, one line naming the first binding out of its range (before any checkpoint is
+    read, where decoding would fail after it with an error of JAX's)."""
+    valid = {'method': (self.method in decoding.METHODS, ' or '.join(map(repr, decoding.METHODS))),
+             'num_beams': (self.num_beams >= 1, 'an integer >= 1'),
+             'top_k': (0 <= self.top_k <= vocab_size, f'0 (none) to the vocabulary size, {vocab_size}'),
+             'top_p': (0 < self.top_p <= 1, 'in (0, 1]'),
+             'temperature': (self.temperature >= 0, '>= 0 (0: greedy)')}
+    for name, (ok, what) in valid.items():
+      if not ok:
+        raise ValueError(f'DecodeOptions.{name} = {getattr(self, name)!r} is out of range: it must '
+                         f'be {what}; set --gin.DecodeOptions.{name} accordingly')
+
 
 class Predictor:
   """``config``'s model on the mesh (default: the gin-bound ``MeshConfig``); ``load`` puts a
@@ -43,6 +56,7 @@ class Predictor:
   def __init__(self, config: TransformerConfig, mesh: partitioning.MeshConfig = None,
                options: DecodeOptions = None, z_loss: float = 0.0):
     self.config, self.options = config, options or DecodeOptions()
+    self.options.check(config.vocab_size)
     self.model = build_model(config)
     mesh = mesh or partitioning.MeshConfig()
     self.mesh = mesh.mesh()
