@@ -170,6 +170,14 @@ def test_masked_softmax_gradient_equals_autodiff_of_the_unfused_form():
     ours = jax.vjp(lambda x: masked_softmax(x, m), s)[1](g)[0]
     ref = jax.vjp(unfused, s)[1](g)[0]
     np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-6)
+  # Logits shared by the batch (a random synthesizer's, (1, h, q, k)) under a padding mask of the
+  # whole batch: the gradient has the logits' shape, summed over the batch (a custom VJP that
+  # returned the mask's batch failed here).
+  shared = s[:1]
+  unfused = lambda x: jax.nn.softmax(jnp.where(mask, x, -1e10), axis=-1)
+  ours = jax.vjp(lambda x: masked_softmax(x, mask), shared)[1](g)[0]
+  assert ours.shape == shared.shape
+  np.testing.assert_allclose(ours, jax.vjp(unfused, shared)[1](g)[0], rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize('batch', [1, 3, 8])

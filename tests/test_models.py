@@ -116,6 +116,18 @@ def test_restarting_positions_without_segment_ids_do_not_open_the_future():
   np.testing.assert_allclose(a[:, :6], b[:, :6], rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize('variant', ['random', 'fixed_random', 'factorized_random'])
+def test_batch_shared_synthesizer_logits_train_on_a_padded_encoder_batch(variant):
+  """A random synthesizer's logits are one (1, heads, q, k) array for the batch; under the padding
+  mask of an unpacked encoder batch their gradient is the batch's sum (it was refused: the
+  softmax's custom VJP returned the mask's batch)."""
+  enc = jnp.concatenate([tokens(2, 5, seed=3), jnp.zeros((2, 3), jnp.int32)], 1)
+  dec = tokens(2, 6)
+  model, params = init_params(tiny(self_attention=variant), enc, dec)
+  grads = jax.jit(jax.grad(lambda p: jnp.mean(model.apply({'params': p}, enc, dec) ** 2)))(params)
+  assert all(np.isfinite(g).all() for g in jax.tree_util.tree_leaves(grads))
+
+
 @pytest.mark.parametrize('arch', ['encoder_decoder', 'encoder_only'])
 def test_encoder_padding_does_not_change_outputs(arch):
   enc, dec = tokens(2, 5, seed=3), tokens(2, 6)

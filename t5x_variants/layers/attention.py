@@ -91,12 +91,19 @@ def _add_shared_bias_bwd(_, g):
 add_shared_bias.defvjp(_add_shared_bias_fwd, _add_shared_bias_bwd)
 
 
-@jax.custom_vjp
 def masked_softmax(logits, mask):
   """softmax(where(mask, logits, -1e10)) over the keys. Its backward, dS = P * (dP - sum_k dP P)
   at unmasked logits and 0 at masked ones, needs only P and the mask: the residuals kept per
   layer, where autodiff of the unfused form also keeps the logits, their exponentials and the
-  mask broadcast to every head."""
+  mask broadcast to every head. Logits shared by the batch (a random synthesizer's (1, h, q, k))
+  are broadcast to the mask's batch first, so their gradient is summed over it."""
+  if mask is not None:
+    logits = jnp.broadcast_to(logits, jnp.broadcast_shapes(logits.shape, mask.shape))
+  return _masked_softmax(logits, mask)
+
+
+@jax.custom_vjp
+def _masked_softmax(logits, mask):
   return _masked_softmax_fwd(logits, mask)[0]
 
 
@@ -113,7 +120,7 @@ def _masked_softmax_bwd(residuals, g):
   return (d_logits if mask is None else jnp.where(mask, d_logits, 0.0)), None
 
 
-masked_softmax.defvjp(_masked_softmax_fwd, _masked_softmax_bwd)
+_masked_softmax.defvjp(_masked_softmax_fwd, _masked_softmax_bwd)
 
 
 class Attention(nn.Module):
