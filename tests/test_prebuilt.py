@@ -73,6 +73,16 @@ def test_existing_batches_are_kept_and_a_short_source_is_refused(tmp_path):
   with pytest.raises(ValueError, match='ended after 3 of the 5 training batches'):
     prebuilt.write(str(tmp_path), describe(steps=5), lambda: batches(3), dict, {}, None)
   assert sorted(os.listdir(tmp_path)) == [prebuilt.key(desc)]  # the failed write left nothing
+  # The data layer's bindings are not in the key (a reader cannot see them): batches written
+  # with others are refused, not reused.
+  corpus = {'local_corpus_files': {'pattern': '/data/a/*.txt'}}
+  prebuilt.write(str(tmp_path / 'c'), desc, lambda: batches(4), dict, {}, None, corpus)
+  prebuilt.write(str(tmp_path / 'c'), desc, lambda: built.append(1) or batches(4), dict, {}, None, corpus)
+  assert not built
+  with pytest.raises(ValueError, match=r"other data-layer bindings \(\{'local_corpus_files': "
+                     r"\{'pattern': '/data/a/\*.txt'\}\}; this run: .*/data/b/.*use another --batches_dir"):
+    prebuilt.write(str(tmp_path / 'c'), desc, lambda: batches(4), dict, {}, None,
+                   {'local_corpus_files': {'pattern': '/data/b/*.txt'}})
 
 
 def test_the_key_follows_everything_that_decides_the_batches():
@@ -88,6 +98,10 @@ def test_the_key_follows_everything_that_decides_the_batches():
 def test_missing_batches_say_how_to_write_them(tmp_path):
   with pytest.raises(FileNotFoundError, match='no pre-built batches .* --write_batches'):
     prebuilt.Prebuilt(str(tmp_path), describe())
+  # Memory-mapped local files: a bucket is refused (it was written to a local './gs:/...').
+  assert prebuilt.local_root(str(tmp_path)) == str(tmp_path)
+  with pytest.raises(ValueError, match='--batches_dir=gs://b/batches: .* give a local directory'):
+    prebuilt.local_root('gs://b/batches')
 
 
 # Runs t5xv-train with TensorFlow, seqio and TFDS made unimportable.

@@ -27,6 +27,7 @@ import sys
 
 from t5x_variants.cli import common
 from t5x_variants.sweeps import grid, papers
+from t5x_variants.train import prebuilt
 
 
 def write_batches(sweep: grid.Sweep, batches_dir: str, verbosity: int) -> int:
@@ -64,6 +65,8 @@ def main(argv=None):
                  help='with --batches_dir: write the batches of every run of the grid and stop')
   with common.clear_errors('t5xv-sweep'):
     args = common.parse_args(p, argv)
+    if args.batches_dir:
+      prebuilt.local_root(args.batches_dir)
     sweep = grid.Sweep.build(args.sweep_dir, args.gin_file, args.variants, args.seeds,
                              args.gin_bindings, args.paper, args.grid,
                              args.gin_search_paths.split(','))

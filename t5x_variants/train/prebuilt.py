@@ -7,7 +7,9 @@ and read back, batch for batch, on an accelerator host without it.
 of everything that decides the batches (the train and eval ``DatasetConfig``, the architecture,
 the number of steps and eval batches, the initial checkpoint), so runs that read the same data (the rates of a learning
 rate sweep, the variants of one seed) share one directory, and a run whose data differs finds
-none. Each feature is one ``.npy`` file of shape (batches, batch size, length), read memory
+none. The data layer's own bindings (vocabulary, local corpus, task directories) are not in the
+key, since a reader without the data layer cannot see them: the writer records them and refuses
+to reuse batches written with others. Each feature is one ``.npy`` file of shape (batches, batch size, length), read memory
 mapped. One process only: a multi-host run reads its data through the data layer.
 """
 import dataclasses
@@ -24,6 +26,14 @@ import numpy as np
 from t5x_variants.train import storage
 
 META = 'data.json'
+
+
+def local_root(root: str) -> str:
+  """``root`` if it is a local directory (the batches are memory-mapped files), else ValueError."""
+  if storage.scheme(root):
+    raise ValueError(f'--batches_dir={root}: pre-built batches are read memory-mapped from local '
+                     'files; give a local directory (copy them there from the bucket)')
+  return root
 
 
 def key(description: Mapping) -> str:
@@ -75,14 +85,22 @@ def _write_split(directory: str, batches: Iterable[Mapping[str, np.ndarray]],
 
 def write(root: str, desc: Mapping, train: Callable[[], Iterator],
           evals: Callable[[], Mapping[str, Iterable]], files: Mapping[str, str],
-          vocabulary_size: Optional[int]) -> str:
+          vocabulary_size: Optional[int], data_layer: Optional[Mapping] = None) -> str:
   """Writes the first ``desc['total_steps']`` batches of ``train()``, each of ``evals()``' tasks'
   batches (at most ``desc['eval_batches']``) and ``files`` ({name: path}, e.g. the vocabulary;
   with the data's number of token ids, which a reader's model must cover) under
   ``root/key(desc)``, through a temporary directory renamed at the end (a stopped write leaves
-  nothing); returns the directory. Batches already there are kept (the data is not built)."""
+  nothing); returns the directory. Batches already there are kept (the data is not built) if
+  they were written with the same ``data_layer`` bindings ({configurable: {parameter: value}})."""
   target = os.path.join(root, key(desc))
+  data_layer = json.loads(json.dumps(data_layer or {}, sort_keys=True, default=str))
   if os.path.exists(os.path.join(target, META)):
+    with open(os.path.join(target, META)) as f:
+      written = json.load(f).get('data_layer', data_layer)  # (not recorded before: not compared)
+    if written != data_layer:
+      raise ValueError(f'{target} holds this run\'s batches written with other data-layer bindings '
+                       f'({written}; this run: {data_layer}), which the key cannot hold (a reader '
+                       'cannot see them): use another --batches_dir')
     return target
   os.makedirs(root, exist_ok=True)
   tmp = tempfile.mkdtemp(dir=root, prefix='.tmp-')
@@ -98,7 +116,7 @@ def write(root: str, desc: Mapping, train: Callable[[], Iterator],
     for name, path in files.items():
       shutil.copyfile(path, os.path.join(tmp, name))
     meta = dict(desc, eval_tasks=list(eval_sets), eval_counts=counts, files=sorted(files),
-                vocabulary_size=vocabulary_size)
+                vocabulary_size=vocabulary_size, data_layer=data_layer)
     with open(os.path.join(tmp, META), 'w') as f:
       json.dump(meta, f, indent=1, sort_keys=True, default=str)
     os.chmod(tmp, 0o755)  # mkdtemp's 0o700 would hide it from other users
