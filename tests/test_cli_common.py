@@ -89,3 +89,21 @@ def test_multiprocess_flags_missing_are_one_error():
   args = common.parser('t5xv-x', 'doc').parse_args(['--multiprocess_gpu', '--process_count=2'])
   with pytest.raises(common.UsageError, match='needs --coordinator_address, --process_index'):
     common.initialize_processes(args)
+
+
+@pytest.mark.skipif(not os.path.exists('/dev/full'), reason='needs /dev/full (a device that is always full)')
+def test_a_full_disk_under_metrics_jsonl_is_one_line_raised_once(capsys):
+  """metrics.jsonl appended on a full disk: the write raises once (nothing left buffered for
+  close to raise again, hiding the first error), and a command says it in one line."""
+  from t5x_variants.train import storage  # pylint: disable=g-import-not-at-top
+  appended = storage.AppendedFile('/dev/full')
+  with pytest.raises(OSError) as e:
+    appended.write('{"step": 1}\n')
+  appended.close()  # no second error
+  with pytest.raises(SystemExit) as exit_:
+    with common.clear_errors('t5xv-train'):
+      raise OSError(e.value.errno, os.strerror(e.value.errno), '/runs/r/metrics.jsonl')
+  err = capsys.readouterr().err
+  assert exit_.value.code == 2 and err == (
+      't5xv-train: error: No space left on device writing /runs/r/metrics.jsonl: free space and '
+      'rerun the same command (a training run resumes from its last checkpoint)\n')

@@ -315,10 +315,13 @@ def test_an_outage_longer_than_the_retries_at_a_commit_is_one_line_and_the_last_
 
 @needs_data_layer
 @pytest.mark.slow
-def test_403_on_the_bucket_is_one_line_before_any_step(gcs, proxy):
+@pytest.mark.parametrize('status', [403, 401])
+def test_403_or_401_on_the_bucket_is_one_line_before_any_step(gcs, proxy, status):
+  """Forbidden, or no (or expired) credentials: gcsfs raises a PermissionError for the one and
+  its own HttpError for the other."""
   root = gcs.new_bucket()
   bucket = root[len('gs://'):]
-  proxy.fail(403, bucket=bucket)
+  proxy.fail(status, bucket=bucket)
   out = _train_command(f'{root}/run', dict(os.environ, **client_environment(proxy.url)))
   assert out.returncode == 2, out.stdout + out.stderr
   errors = _console_lines(out.stderr)

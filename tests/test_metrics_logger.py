@@ -105,3 +105,18 @@ def test_the_logger_does_not_load_torch_and_leaves_it_importable():
           "print('ok', bool(torch))")
   out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)
   assert out.returncode == 0 and out.stdout.startswith('ok'), out.stderr[-2000:]
+
+
+def test_an_eval_step_is_evaluated_once_every_task_has_this_runs_record(tmp_path):
+  """A resumed run redoes an eval step's eval unless each of its tasks has a record of the run's
+  own: a stop between two tasks of a mixture, or t5xv-eval's records (with a split) beside it,
+  do not count as the eval done."""
+  logger = MetricsLogger(str(tmp_path), total_steps=4)
+  logger.eval(4, 'cola', {'loss': 1.0})
+  logger.eval(4, 'rte', {'loss': 2.0}, split='validation')  # t5xv-eval's
+  logger.eval(2, 'rte', {'loss': 2.0})
+  logger.close()
+  reader = MetricsLogger(str(tmp_path), total_steps=4)
+  assert reader.evaluated(4, ['cola']) and not reader.evaluated(4, ['cola', 'rte'])
+  assert reader.evaluated(2, ['rte']) and not reader.evaluated(6, ['rte'])
+  reader.close()

@@ -41,3 +41,22 @@ def test_write_text_replaces_a_file_whole_or_not_at_all(tmp_path, monkeypatch):
   storage.write_text(target, '{"20": {}}')
   assert target.read_text() == '{"20": {}}'
   assert [p.name for p in tmp_path.iterdir()] == ['eval_results.json']
+
+
+def test_a_copy_is_written_whole_and_a_cached_file_is_readable_by_others(tmp_path, monkeypatch):
+  """storage.copy goes through write_bytes (a killed copy leaves the old file); a file the cache
+  builds gets the permissions of a file opened for writing, not mkstemp's owner-only 0o600."""
+  import os  # pylint: disable=g-import-not-at-top
+  from t5x_variants.data import cache  # pylint: disable=g-import-not-at-top
+  (tmp_path / 'src').write_bytes(b'new')
+  (tmp_path / 'dst').write_bytes(b'old')
+  writes = []
+  monkeypatch.setattr(storage, 'write_bytes', lambda p, data: writes.append((str(p), data)))
+  storage.copy(tmp_path / 'src', tmp_path / 'dst')
+  assert writes == [(str(tmp_path / 'dst'), b'new')]
+  old = os.umask(0o022)
+  try:
+    built = cache.build_once(str(tmp_path / 'c' / 'f'), lambda p: open(p, 'w').write('x'))
+  finally:
+    os.umask(old)
+  assert os.stat(built).st_mode & 0o777 == 0o644

@@ -14,6 +14,7 @@ Multi-process flags: on multi-GPU hosts every process is started with ``--multip
 """
 import argparse
 import contextlib
+import errno
 import inspect
 import logging
 import os
@@ -102,6 +103,7 @@ _NOISE = (
     # A failed checkpoint save, with tracebacks (gcsfs, orbax's background commit thread); the
     # command's one line says what failed and what is intact (train/checkpoints.py).
     'out of retries on exception',
+    'non-retriable exception',  # gcsfs's log of an error it raises at once (a 401, a 403)
     'in background save thread',
     'Save Finalize thread',
 )
@@ -335,6 +337,9 @@ def clear_errors(prog: str):
   try:
     yield
   except Exception as e:  # pylint: disable=broad-except
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):  # a full disk
+      e = ValueError(f'{e.strerror} writing {e.filename or "the run directory"}: free space and '
+                     'rerun the same command (a training run resumes from its last checkpoint)')
     known = [ValueError, FileNotFoundError, checkpoints.CheckpointError, trainer.NonFiniteLossError]
     tasks, tf = sys.modules.get('t5x_variants.data.tasks'), sys.modules.get('tensorflow')
     if tasks:  # only when the command used the data layer

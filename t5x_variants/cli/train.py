@@ -196,7 +196,8 @@ def _train_from_data_layer(args, config, train_cfg, eval_cfg):
       raise common.UsageError('--write_batches serves one-process pretraining runs (no '
                               'classification metrics, which need the data layer at eval)')
     directory = prebuilt.write(args.batches_dir, _data_description(config, train_cfg, eval_cfg),
-                               train_data, eval_data or dict, files, vocabulary_size)
+                               train_data, eval_data or dict, files, vocabulary_size,
+                               {name: gin.get_bindings(name) for name in common.DATA_CONFIGURABLES})
     print(f'batches: {directory}')
     return None
   return trainer.train(config, train_data, eval_data=eval_data, eval_metric_fns=eval_metric_fns,
@@ -213,6 +214,9 @@ def main(argv=None):
     args, config = common.setup(p, argv, with_data=lambda a: not a.batches_dir or a.write_batches)
     if args.write_batches and not args.batches_dir:
       raise common.UsageError('--write_batches needs --batches_dir=ROOT (where to write them)')
+    if args.batches_dir:
+      from t5x_variants.train import prebuilt  # pylint: disable=g-import-not-at-top
+      prebuilt.local_root(args.batches_dir)
     from t5x_variants.data.config import DatasetConfig  # pylint: disable=g-import-not-at-top
     grid.stop_with_sweep()
     with gin.config_scope('train'):

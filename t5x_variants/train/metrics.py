@@ -7,7 +7,7 @@ import math
 import os
 import sys
 import time
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 import jax
 
@@ -103,10 +103,12 @@ class MetricsLogger:
       print(f'eval {tag} step {step}: ' + ' '.join(f'{k} {v:.4f}' for k, v in metrics.items()),
             flush=True)
 
-  def logged(self, kind: str, step: int) -> bool:
-    """Whether the run directory already holds a ``kind`` record of ``step``."""
-    return any(r.get('kind') == kind and r.get('step') == step
-               for r in read_records(self.model_dir))
+  def evaluated(self, step: int, tasks: Sequence[str]) -> bool:
+    """Whether the run directory holds this run's eval record of ``step`` for each of ``tasks``
+    (a record with a split is ``t5xv-eval``'s, run beside it)."""
+    done = {r.get('task') for r in read_records(self.model_dir)
+            if r.get('kind') == 'eval' and r.get('step') == step and 'split' not in r}
+    return set(tasks) <= done
 
   def diagnostics(self, step: int, values: Mapping[str, float]):
     """Logs the per-layer diagnostics of ``train/diagnostics.py``."""

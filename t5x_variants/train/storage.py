@@ -106,8 +106,9 @@ def store_unusable(directory: PathLike):
   except FileNotFoundError:
     return (f'bucket {bucket} does not exist (or these credentials cannot see it): create it, e.g. '
             f'gcloud storage buckets create {scheme(directory)}://{bucket}, or fix the path')
-  except OSError as e:
-    if isinstance(e, PermissionError) or 'Forbidden' in str(e) or 'Unauthorized' in str(e):
+  except Exception as e:  # pylint: disable=broad-except  (the clients' own: gcsfs's HttpError for a 401, google.auth's RefreshError)
+    if (isinstance(e, PermissionError) or type(e).__name__ == 'RefreshError'
+        or re.search(r'Forbidden|Unauthorized|\b40[13]\b', str(e))):
       return (f'these credentials may not use bucket {bucket}: a run needs to create, read, list '
               'and delete objects there (storage.objects.create/get/list/delete, e.g. the role '
               'roles/storage.objectUser); grant them to the account of the Application Default '
@@ -117,7 +118,8 @@ def store_unusable(directory: PathLike):
 
 
 def copy(src: PathLike, dst: PathLike):
-  path(dst).write_bytes(path(src).read_bytes())
+  """``src``'s bytes to ``dst``, written whole (``write_bytes``)."""
+  write_bytes(dst, path(src).read_bytes())
 
 
 def local_copy(p: PathLike) -> str:
@@ -191,13 +193,13 @@ class AppendedFile:
       session = f'{time.strftime("%Y%m%d%H%M%S", time.gmtime())}-{os.getpid()}-{next(_sessions)}'
       self.path = self.path.with_name(f'{self.path.stem}.{session}{self.path.suffix}')
       self._text, self._dirty = io.StringIO(), False
-    else:
-      self._file = self.path.open('a')
+    else:  # unbuffered: a write that fails (a full disk) raises once and leaves nothing to retry
+      self._file = open(self.path, 'ab', buffering=0)  # pylint: disable=consider-using-with
       if self._file.tell():
         with self.path.open('rb') as f:
           f.seek(-1, os.SEEK_END)
           if f.read(1) != b'\n':  # the last line was cut mid-write (a full disk): a new line
-            self._file.write('\n')
+            self._file.write(b'\n')
 
   def write(self, line: str):
     if self.remote:
@@ -206,8 +208,9 @@ class AppendedFile:
       if time.time() - self._flushed >= self.flush_secs:
         self.flush()
     else:
-      self._file.write(line)
-      self._file.flush()
+      data = line.encode()
+      while data:
+        data = data[self._file.write(data):]
 
   def flush(self):
     if self.remote and self._dirty:

@@ -291,15 +291,16 @@ def _train_steps(run: _Run, preempt: preemption.Preemption, evaluator: Evaluator
 
 
 def _eval_due_at_start(start: int, eval_period: int, eval_at_start: bool,
-                       logger: MetricsLogger) -> bool:
+                       logger: MetricsLogger, tasks: Callable[[], Sequence[str]]) -> bool:
   """Whether to evaluate the parameters before the first step: a fresh run with
-  ``eval_at_start``, or a run resumed at an eval step whose eval is not in metrics.jsonl (a stop
-  between the step's checkpoint, saved first, and its eval). Process 0's answer, for all."""
+  ``eval_at_start``, or a run resumed at an eval step whose eval of one of ``tasks()`` is not in
+  metrics.jsonl (a stop between the step's checkpoint, saved first, and the end of its eval).
+  Process 0's answer, for all."""
   if start == 0:
     return eval_at_start
   if not eval_period or start % eval_period:
     return False
-  missing = jax.process_index() == 0 and not logger.logged('eval', start)
+  missing = jax.process_index() == 0 and not logger.evaluated(start, tasks())
   return bool(multihost_utils.broadcast_one_to_all(np.asarray(missing)))
 
 
@@ -315,12 +316,13 @@ def _stop(run: _Run, stop: _NonFiniteStop, model_dir: str):
 
 
 def _finish(run: _Run, evaluator: Evaluator, total_steps: int, eval_period: int) -> dict:
-  """Logs the steps since the last log (a stop between log periods), evaluates the last step if
-  it is ``total_steps`` and no eval step, saves it and closes the run's files."""
+  """Logs the steps since the last log (a stop between log periods), saves the last step, then
+  evaluates it if it is ``total_steps`` and no eval step (a rerun of the finished run redoes that
+  eval), and closes the run's files."""
   run.meter.flush(run.step)
+  run.ckpt.save(run.step, run.state, run.data, force=True)
   if eval_period and run.step % eval_period and run.step == total_steps:
     evaluator(run.step, run.state.params)
-  run.ckpt.save(run.step, run.state, run.data, force=True)
   run.close()
   return dict(run.meter.last, step=run.step)
 
@@ -369,7 +371,8 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
   run = _Run(state, start, data, sharded.make_train_step(num_microbatches, **loss), sharded.mesh,
              sharded.rng, ckpt, logger, TrainMeter(logger, start, log_period, total_steps), guard)
   try:
-    if eval_data and _eval_due_at_start(start, eval_period, eval_at_start, logger):
+    if eval_data and _eval_due_at_start(start, eval_period, eval_at_start, logger,
+                                        lambda: list(eval_data())):
       evaluator(start, state.params)
       run.meter.resume()
     with preemption.Preemption(ckpt) as preempt:
@@ -381,6 +384,9 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
   except _NonFiniteStop as stop:
     _stop(run, stop, model_dir)
   except BaseException:
-    logger.close()  # the records so far reach the run directory (a store holds them in memory)
+    try:
+      logger.close()  # the records so far reach the run directory (a store holds them in memory)
+    except OSError:  # the cause's own (a full disk): the error raised is the first one
+      pass
     raise
   return _finish(run, evaluator, total_steps, eval_period)
