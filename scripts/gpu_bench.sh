@@ -9,7 +9,8 @@
 # JOB: h32, h128 (defaults: ours with --profile, and HF + torch.compile, Adafactor), h128a (both
 # with AdamW: optax / PyTorch's fused), x128 (the XLA attention path), rBATCH_POLICY (ours alone
 # with a remat policy, e.g. r128_none, r32_full, r128_save_qkv_attention), d128 (ours alone,
-# the defaults, Dense contracted as one dot_general: beside r128_full, the 2-D matmul), gpu_tests
+# the defaults, Dense contracted as one dot_general: beside r128_full, the 2-D matmul), p128 (ours
+# alone on packed rows, as a pretraining run with packing: the XLA attention path on a GPU), gpu_tests
 # (the tests that need a GPU: cuDNN against the reference path), tests (the suite with
 # JAX_PLATFORMS=cuda, slow tests left out; on a 16-core H200 host 12 workers ran 64% of it in 3 minutes).
 # GPU_BENCH_MAX_S, if set, caps each job's seconds (a lease's deadline).
@@ -39,6 +40,7 @@ for job in "$@"; do
             --gin.TransformerConfig.attention_kernel="'xla'" --output="$OUT/$job.json" ;;
     r[0-9]*_*) batch=${job%%_*}; run "$job" 300 "${FULL[@]}" "${BENCH[@]}" --batch="${batch#r}" \
               --gin.TransformerConfig.remat="'${job#*_}'" --output="$OUT/$job.json" ;;
+    p128) run "$job" 300 "${FULL[@]}" "${BENCH[@]}" --batch=128 --packed --profile --output="$OUT/$job.json" ;;
     d128) run "$job" 300 "${FULL[@]}" T5XV_DENSE_CONTRACTION=dot_general "${BENCH[@]}" --batch=128 \
             --output="$OUT/$job.json" ;;
     gpu_tests) run "$job" 300 env JAX_PLATFORMS=cuda python3 -m pytest -v -p no:cacheprovider \

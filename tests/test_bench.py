@@ -5,6 +5,7 @@ import json
 
 import gin
 import jax
+import numpy as np
 import pytest
 
 from conftest import ON_GPU, init_params, parse_recipe, tiny, tokens
@@ -82,6 +83,26 @@ def test_bench_runs_end_to_end_on_cpu(tmp_path, capsys):
   assert not any(op['op'].startswith('while') for op in ops)  # a loop's event encloses its body's
 
 
+@pytest.mark.skipif(ON_GPU, reason='the CPU run of the bench; on a GPU: scripts/gpu_bench.sh')
+def test_bench_times_a_packed_step(tmp_path):
+  """--packed: two examples per row with their segment ids and positions, as a packing
+  pretraining run's step; the same tokens and FLOPs as the unpacked step."""
+  out = tmp_path / 'bench.json'
+  assert bench.main(['--gin_file=gin/models/t5_tiny.gin', '--gin.TransformerConfig.vocab_size=512',
+                     '--batch=2', '--inputs_length=16', '--targets_length=8', '--steps=1',
+                     '--warmup=1', '--packed', f'--output={out}']) == 0
+  result = json.loads(out.read_text())
+  assert result['packed'] is True and result['tokens_per_second'] == pytest.approx(
+      2 * 24 / result['median_step_seconds'])
+  from t5x_variants.models import TransformerConfig  # pylint: disable=g-import-not-at-top
+  from t5x_variants.train import train_step  # pylint: disable=g-import-not-at-top
+  batch = train_step.synthetic_batch(TransformerConfig(vocab_size=64), 2, {'inputs': 5, 'targets': 4},
+                                     packed=True)
+  np.testing.assert_array_equal(batch['encoder_segment_ids'], [[1, 1, 2, 2, 2]] * 2)
+  np.testing.assert_array_equal(batch['encoder_positions'], [[0, 1, 0, 1, 2]] * 2)
+  np.testing.assert_array_equal(batch['decoder_segment_ids'], [[1, 1, 2, 2]] * 2)
+
+
 HLO = """HloModule m
 
 %fused_dot (p: bf16[8,8]) -> bf16[8,8] {
@@ -122,8 +143,9 @@ def test_the_hf_ratio_names_what_our_step_does_that_the_peers_does_not():
   """The peer runs dropout 0, one microbatch: a ratio against a heavier step of ours says so."""
   same = {'dropout': False, 'num_microbatches': 1}
   assert bench.unlike(same, {'optimizer': 'adafactor'}, 'adafactor') == ''
-  assert bench.unlike({'dropout': True, 'num_microbatches': 4}, {'optimizer': 'adamw'}, 'adafactor') == (
-      ' (different optimizers, dropout on in ours only, 4 microbatches in ours)')
+  assert bench.unlike({'dropout': True, 'num_microbatches': 4, 'packed': True}, {'optimizer': 'adamw'},
+                      'adafactor') == (' (different optimizers, dropout on in ours only, 4 microbatches '
+                                       'in ours, packed rows in ours)')
 
 
 def test_profile_turns_command_buffers_off_only_for_a_cuda_backend():

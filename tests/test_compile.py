@@ -157,6 +157,22 @@ def test_tiny_step_compiles_for_a_v5e_slice(v5e_2x2):
   assert aot.fit_line(r).startswith('fits: ') and '15.75 GiB' in aot.fit_line(r)
 
 
+@needs_libtpu
+def test_a_packed_runs_step_compiles_with_its_segments_through_the_flash_kernel(v5e_2x2):
+  """A run that packs (DatasetConfig.pack, the pretraining default) is compiled with packed rows:
+  segment ids and restarting positions, whose attention runs JAX's TPU flash kernel with
+  segment ids (the row kernel takes lengths only), not the reference path's float32 logits."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  plan = dataclasses.replace(_plan(dtype='bfloat16'), packed=True)
+  r = aot.compile_plan(plan, v5e_2x2, 8, LENGTHS, OPTIONS, traffic=1000)
+  assert r['fits'] is True and r['packed'] is True
+  sources = r['traffic']['by_source']
+  assert any(k == 'kernel' and s.endswith('encoder/layers/self_attention/pallas_call')
+             for k, s, _, _ in sources), sources
+  data = aot.abstract_batch(plan.config, 8, LENGTHS, None, packed=True)
+  assert {'encoder_segment_ids', 'decoder_segment_ids', 'encoder_positions', 'decoder_positions'} <= set(data)
+
+
 def test_suggest_search_returns_the_cheapest_plans_that_fit_within_its_budget(monkeypatch):
   """The search alone, on 40 ranked candidates whose memory falls along the list (a limit of 50
   is first met at index 25) but for a cheap outlier at index 3: the bisection finds index 25; the

@@ -74,10 +74,11 @@ def peak_memory():
 
 def bench(config, batch: int, lengths, steps: int = 10, warmup: int = 2,
           mesh: partitioning.MeshConfig = None, num_microbatches: int = None, peak=None,
-          with_profile: bool = False) -> dict:
+          with_profile: bool = False, packed: bool = False) -> dict:
   """Times ``steps`` train steps after ``warmup``; returns every figure and the FLOP formula.
   The step is t5xv-train's: its gin-bound mesh, optimizer, microbatches (unless given) and loss
-  options, dropout when the config has any."""
+  options, dropout when the config has any; ``packed``: on packed rows (two examples each), as
+  a pretraining run's step with packing."""
   sharded = trainer.ShardedModel.build(config, mesh or partitioning.MeshConfig(), 0)
   mesh, rng = sharded.mesh, sharded.rng
   options = aot.train_options()
@@ -85,7 +86,7 @@ def bench(config, batch: int, lengths, steps: int = 10, warmup: int = 2,
   partitioning.check_batch(batch, mesh, num_microbatches)
   state = train_step.create_state(sharded.layout, sharded.model, rng, sharded.inputs)
   step = sharded.make_train_step(**options)
-  data = partitioning.global_batch(train_step.synthetic_batch(config, batch, lengths), mesh)
+  data = partitioning.global_batch(train_step.synthetic_batch(config, batch, lengths, packed=packed), mesh)
   start = time.perf_counter()
   step = step.lower(state, data, rng).compile()
   compile_seconds = time.perf_counter() - start
@@ -107,7 +108,7 @@ def bench(config, batch: int, lengths, steps: int = 10, warmup: int = 2,
   return {
       'device': jax.devices()[0].device_kind, 'devices': jax.device_count(),
       'architecture': config.architecture, 'dtype': str(config.dtype), 'batch': batch,
-      'num_microbatches': num_microbatches, 'dropout': config.uses_dropout,
+      'num_microbatches': num_microbatches, 'dropout': config.uses_dropout, 'packed': packed,
       'remat': config.remat_policy(jax.default_backend()),
       'lengths': dict(lengths), 'steps': steps, 'median_step_seconds': median,
       'step_seconds': times, 'tokens_per_second': tokens / median,
@@ -135,7 +136,8 @@ def unlike(result, hf, ours: str) -> str:
   """' (...)' naming what our timed step does that the HF peer's does not, else ''."""
   differ = ([] if hf['optimizer'] == ours else ['different optimizers']) + (
       ['dropout on in ours only'] if result['dropout'] else []) + (
-      [f"{result['num_microbatches']} microbatches in ours"] if result['num_microbatches'] > 1 else [])
+      [f"{result['num_microbatches']} microbatches in ours"] if result['num_microbatches'] > 1 else []) + (
+      ['packed rows in ours'] if result.get('packed') else [])
   return f" ({', '.join(differ)})" if differ else ''
 
 
@@ -153,6 +155,8 @@ def main(argv=None):
   parser.add_argument('--hf_optimizer', default=None,
                       help="the HF peer's: adafactor or adamw (fused); default: the run's own kind")
   parser.add_argument('--profile', action='store_true', help='device time by category and top ops')
+  parser.add_argument('--packed', action='store_true',
+                      help='packed rows (two examples each), as a pretraining run with packing reads')
   parser.add_argument('--output', default=None, help='write the results as JSON here')
   with common.clear_errors('t5xv-bench'):
     no_command_buffers = parser.parse_known_args(argv)[0].profile and profile.expose_gpu_kernels()
@@ -175,7 +179,7 @@ def main(argv=None):
             f'{hf["tokens_per_second"]:,.0f} tok/s'
             + (f', peak memory {memory / 2**30:.2f} GiB' if memory else ''), flush=True)
     result = bench(config, batch, lengths, args.steps, args.warmup, peak=peak,
-                   with_profile=args.profile)
+                   with_profile=args.profile, packed=args.packed)
     result['optimizer'] = ours
     result['xla_command_buffers'] = not no_command_buffers
   print(f'{result["device"]} x{result["devices"]} (remat {result["remat"]}): '

@@ -22,15 +22,14 @@ from t5x_variants.train import aot, hlo_traffic, partitioning, storage, targets
 
 
 def _run_settings(args, with_data: bool):
-  """(global batch size, {'inputs': n, 'targets': m}) of the run: the flags, else the gin-bound
-  ``train/DatasetConfig`` (or, without the data layer, the ``BATCH_SIZE`` and
-  ``TASK_FEATURE_LENGTHS`` macros)."""
+  """(global batch size, {'inputs': n, 'targets': m}, packed) of the run: the flags, else the
+  gin-bound ``train/DatasetConfig`` (or, without the data layer, the ``BATCH_SIZE`` and
+  ``TASK_FEATURE_LENGTHS`` macros); whether its rows are packed, from ``DatasetConfig.pack``."""
   import gin  # pylint: disable=g-import-not-at-top
-  batch, lengths = None, {}
+  from t5x_variants.data.config import DatasetConfig  # pylint: disable=g-import-not-at-top
+  with gin.config_scope('train'):
+    dataset = DatasetConfig()
   if with_data:
-    from t5x_variants.data import pipeline  # pylint: disable=g-import-not-at-top
-    with gin.config_scope('train'):
-      dataset = pipeline.DatasetConfig()
     batch, lengths = dataset.batch_size, dict(dataset.task_feature_lengths or {})
   else:
     batch = common.gin_macro('BATCH_SIZE')
@@ -40,7 +39,7 @@ def _run_settings(args, with_data: bool):
     lengths[feature] = getattr(args, f'{feature}_length') or lengths.get(feature)
   if not batch:
     raise common.UsageError('no batch size: give --batch or a run file (e.g. gin/runs/pretrain.gin)')
-  return batch, lengths
+  return batch, lengths, dataset.pack
 
 
 def _table(result) -> str:
@@ -51,7 +50,8 @@ def _table(result) -> str:
       ('mesh', f'data {mesh["data"]} x model {mesh["model"]}, fsdp {result["mesh"]["fsdp"]}'),
       ('step', f'batch {result["batch"]}, lengths {result["lengths"]}, {result["num_microbatches"]} '
                f'microbatch(es), dtype {result["dtype"]}, remat {result["remat"]}, '
-               f'scan_layers {result["scan_layers"]}'),
+               f'scan_layers {result["scan_layers"]}'
+               + (', packed rows' if result.get('packed') else '')),
       ('parameters', f'{result["parameters"]:,}'),
       ('arguments per device', gib('argument_bytes')),
       ('temporaries per device', gib('temp_bytes')),
@@ -115,7 +115,7 @@ def main(argv=None):
     args.gin_bindings[:0] = [f"{m} = 'unused by t5xv-compile'" for m in common.RUN_MACROS]
     common.parse_recipe(args.gin_file, args.gin_bindings, args.gin_search_paths.split(','), with_data)
     config = common.build_config()
-    batch, lengths = _run_settings(args, with_data)
+    batch, lengths, packed = _run_settings(args, with_data)
     lengths = {f: lengths[f] for f in (common.STACK_FEATURES[s] for s in config.stacks)}
     missing = [f'--{k}_length' for k, v in lengths.items() if not v]
     if missing:
@@ -126,7 +126,8 @@ def main(argv=None):
       target.memory_bytes = int(args.device_memory_gib * targets.GIB)
       target.memory_source = 'given with --device_memory_gib'
     options = aot.train_options()
-    plan = aot.Plan(config, partitioning.MeshConfig(), options['num_microbatches'])
+    plan = aot.Plan(config, partitioning.MeshConfig(), options['num_microbatches'],
+                    packed and config.head != 'classification')
     unroll = args.estimate and config.scan_layers  # then the unrolled compile gives the traffic
     result = aot.compile_plan(plan, target, batch, lengths, options,
                               traffic=0 if unroll else args.traffic)

@@ -16,14 +16,16 @@ The platform is the one the step is compiled for: the mesh it is traced under
 (``partitioning.jit``), so a TPU slice compiled from a CPU or GPU host gets the TPU kernel.
 
 Masks reach a kernel as sequence lengths (valid queries and keys are a prefix of each row, as
-for unpacked T5 rows whose padding is id 0 at the end) and a causal flag; a packed row (segment
-ids) is not a prefix, so packed batches take the reference path. T5's relative position bias
+for unpacked T5 rows whose padding is id 0 at the end) and a causal flag, or for a packed row as
+its segment ids (``Segments``: a query sees the keys of its own segment, 0 being padding), which
+JAX's TPU flash kernel takes and cuDNN's call through ``jax.nn.dot_product_attention`` does not:
+packed batches run that kernel on a TPU and the reference path on a GPU. T5's relative position bias
 enters in the compute dtype with shape (1, heads, q, k). cuDNN and the row kernel sum its gradient
 over the batch inside the kernel; JAX's flash kernel takes one bias per example, so there it is
 broadcast over the batch and its per-example gradients summed after the kernel.
 """
 import warnings
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import flax.linen as nn
 import jax
@@ -42,6 +44,13 @@ _TPU_BLOCK = 128  # the Pallas kernel's tile along q and k
 _warned = set()
 
 
+class Segments(NamedTuple):
+  """A packed batch's mask for a kernel: the segment ids of the queries' and of the keys' rows,
+  each (batch, length) int32, 0 for padding."""
+  q: jnp.ndarray
+  k: jnp.ndarray
+
+
 def platform() -> str:
   """The platform of the mesh being traced (``partitioning.jit``), else JAX's default backend."""
   mesh = jax.sharding.get_abstract_mesh()
@@ -49,12 +58,14 @@ def platform() -> str:
   return jax.default_backend() if device is None else device.platform
 
 
-def unsupported(components, lengths, dropout: bool) -> Optional[str]:
-  """Why no fused call can compute this attention (None when one can)."""
+def unsupported(components, lengths, dropout: bool, implementation: str) -> Optional[str]:
+  """Why no fused call of ``implementation`` can compute this attention (None when one can)."""
   if tuple(components) != ('dot_product',):
     return 'synthesizer logits have no fused kernel'
   if lengths is None:
-    return 'packed segments are not a prefix of the row (no sequence lengths)'
+    return 'packed segments without both sides\' segment ids'
+  if isinstance(lengths, Segments) and implementation != 'pallas':
+    return 'packed segments (jax.nn.dot_product_attention takes sequence lengths only)'
   if dropout:
     return 'dropout on the attention probabilities'
   return None
@@ -98,7 +109,7 @@ def choose(kernel: str, where: str, queries: int, keys: int, biased: bool, compo
                      f"is compiled for {target}: use 'auto' (the platform's kernel where it can "
                      f"serve) or 'xla'")
   implementation = IMPLEMENTATIONS[chosen]
-  reason = unsupported(components, lengths, dropout) or (
+  reason = unsupported(components, lengths, dropout, implementation) or (
       LIMITS[chosen](dtype, head_dim, queries, keys, biased) if implementation == chosen else None)
   if reason is None:
     return implementation
@@ -112,17 +123,19 @@ def attend(query, key, value, bias=None, lengths: Tuple = (None, None), causal: 
            implementation: str = 'cudnn'):
   """(batch, q, heads, d_h) outputs of queries (batch, q, heads, d_h) over keys and values
   (batch, k, heads, d_h), all in the compute dtype. ``bias``: (1, heads, q, k) or None;
-  ``lengths``: (query lengths, key lengths), each (batch,) int32 or None for every position;
-  ``causal``: key index <= query index. Rows past a query length come out as zeros, and so do
+  ``lengths``: (query lengths, key lengths), each (batch,) int32 or None for every position, or
+  a packed row's ``Segments`` (the TPU kernel only); ``causal``: key index <= query index. Rows past a query length come out as zeros, and so do
   the queries of an example with no valid key (an all-padding input under cross-attention): the
   kernels leave softmax over an empty set undefined (cuDNN's gradient there was garbage on an
   H100 and an H200), so such an example's query length is set to 0. The reference path gives
   those queries the mean of the values instead; no loss reaches them unless an example has
   targets but no inputs."""
+  bias = None if bias is None else bias.astype(query.dtype)
+  if isinstance(lengths, Segments):
+    return _tpu_flash(query, key, value, bias, None, None, causal, lengths)
   q_lengths, k_lengths = (None if n is None else n.astype(jnp.int32) for n in lengths)
   if k_lengths is not None:
     q_lengths = jnp.where(k_lengths == 0, 0, query.shape[1] if q_lengths is None else q_lengths)
-  bias = None if bias is None else bias.astype(query.dtype)
   if implementation == 'pallas':
     return _tpu_flash(query, key, value, bias, q_lengths, k_lengths, causal)
   return jax.nn.dot_product_attention(
@@ -135,18 +148,23 @@ def _lengths(lengths, batch: int, n: int):
   return jnp.full((batch,), n, jnp.int32) if lengths is None else jnp.minimum(lengths, n)
 
 
-def _tpu_flash(query, key, value, bias, q_lengths, k_lengths, causal):
+def _tpu_flash(query, key, value, bias, q_lengths, k_lengths, causal, segments=None):
   """The Pallas TPU kernels, q and k padded to a multiple of 128 (the padding masked as a row's
-  own): layers/row_attention.py where its whole rows fit (T5's lengths), else JAX's flash
-  attention, which tiles q and k by 128 (its default; it needs k tiles of 128 with segment
-  ids), takes Q pre-scaled by 1/sqrt(d_h) and one bias per example (broadcast over the batch,
-  its gradient summed after). Per device under ``shard_map`` when traced on a mesh
+  own): layers/row_attention.py where its whole rows fit (T5's lengths), else, and for packed
+  rows (``segments``), JAX's flash attention, which tiles q and k by 128 (its default; it needs
+  k tiles of 128 with segment ids), takes Q pre-scaled by 1/sqrt(d_h), the mask as segment ids
+  (a row's lengths as ids 1 then 0) and one bias per example (broadcast over the batch, its
+  gradient summed after). Per device under ``shard_map`` when traced on a mesh
   (``partitioning.jit``): the batch and the heads over the mesh axes their logical-axis rules
   name (the heads where they divide)."""
   b, q, h, d = query.shape
   k = key.shape[1]
   pq, pk = (-(-n // _TPU_BLOCK) * _TPU_BLOCK for n in (q, k))
-  q_lengths, k_lengths = _lengths(q_lengths, b, q), _lengths(k_lengths, b, k)
+  if segments is None:
+    q_mask, k_mask = _lengths(q_lengths, b, q), _lengths(k_lengths, b, k)
+  else:  # padding gets segment 0, its own: its queries come out as zeros
+    q_mask, k_mask = (jnp.pad(ids.astype(jnp.int32), [(0, 0), (0, n - ids.shape[1])])
+                      for ids, n in ((segments.q, pq), (segments.k, pk)))
   pad = lambda x, n: jnp.pad(x, [(0, 0), (0, n - x.shape[1]), (0, 0), (0, 0)])
   query, key, value = pad(query, pq), pad(key, pk), pad(value, pk)
   if bias is not None:
@@ -158,22 +176,22 @@ def _tpu_flash(query, key, value, bias, q_lengths, k_lengths, causal):
                                   None if ab is None else ab[0], ql, kl, d ** -0.5, causal)
     return heads_first(out)
 
-  def flash_kernel(qs, ks, vs, ql, kl, ab):
+  def flash_kernel(qs, ks, vs, qm, km, ab):
     t = _TPU_BLOCK
     blocks = tpu_flash.BlockSizes(
         block_q=t, block_k_major=t, block_k=t, block_b=1, block_q_major_dkv=t,
         block_k_major_dkv=t, block_k_dkv=t, block_q_dkv=t, block_k_major_dq=t, block_k_dq=t,
         block_q_dq=t)
-    qi, ki = ((jnp.arange(n)[None, :] < lens[:, None]).astype(jnp.int32)
-              for n, lens in ((pq, ql), (pk, kl)))
+    qi, ki = (m if m.ndim == 2 else (jnp.arange(n)[None, :] < m[:, None]).astype(jnp.int32)
+              for n, m in ((pq, qm), (pk, km)))
     if ab is not None:
       ab = jnp.broadcast_to(ab, (qs.shape[0],) + ab.shape[1:])
     out = tpu_flash.flash_attention(
         heads_first(qs / jnp.sqrt(d).astype(qs.dtype)), heads_first(ks), heads_first(vs), ab,
         tpu_flash.SegmentIds(qi, ki), causal=causal, sm_scale=1.0, block_sizes=blocks)
-    return heads_first(out) * qi[:, :, None, None].astype(out.dtype)
+    return heads_first(out) * (qi > 0)[:, :, None, None].astype(out.dtype)
 
-  kernel = row_kernel if row_attention.fits(pq, pk) else flash_kernel
+  kernel = row_kernel if segments is None and row_attention.fits(pq, pk) else flash_kernel
   mesh = jax.sharding.get_abstract_mesh()
   if not mesh.empty and mesh.size > 1:
     batch_axis, _, heads_axis = nn.logical_to_mesh_axes(('batch', 'length', 'heads'))
@@ -184,4 +202,4 @@ def _tpu_flash(query, key, value, bias, q_lengths, k_lengths, causal):
                            in_specs=(heads, heads, heads, rows, rows,
                                      None if bias is None else P(None, heads_axis)),
                            out_specs=heads)
-  return kernel(query, key, value, q_lengths, k_lengths, bias)[:, :q]
+  return kernel(query, key, value, q_mask, k_mask, bias)[:, :q]

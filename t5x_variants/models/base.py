@@ -13,10 +13,12 @@ def token_index(tokens):
 
 
 def prefix_lengths(valid, segment_ids):
-  """(batch,) counts of ``valid`` tokens: an unpacked row's padding mask as the length of its
-  valid prefix (padding, id 0, comes at the end), for a fused attention kernel; None for a packed
-  batch (``segment_ids`` given), whose mask is no prefix."""
-  return None if segment_ids is not None else jnp.sum(valid, axis=-1, dtype=jnp.int32)
+  """A row's mask for a fused attention kernel (layers/fused_attention.py): the (batch,) count of
+  ``valid`` tokens, an unpacked row's padding mask as the length of its valid prefix (padding, id
+  0, comes at the end); for a packed row (``segment_ids`` given) its segment ids, 0 at padding."""
+  if segment_ids is not None:
+    return jnp.where(valid, segment_ids, 0)
+  return jnp.sum(valid, axis=-1, dtype=jnp.int32)
 
 
 def default_positions(tokens, positions):

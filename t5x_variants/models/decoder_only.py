@@ -1,5 +1,6 @@
 """Decoder-only causal language model (GPT-style) on the same stack."""
 from t5x_variants.layers.attention import causal_mask, segment_mask
+from t5x_variants.layers.fused_attention import Segments
 from t5x_variants.models.base import LanguageModel, default_positions, token_index
 from t5x_variants.models.stack import Stack
 
@@ -19,5 +20,6 @@ class DecoderOnly(LanguageModel):
       mask = mask & segment_mask(decoder_segment_ids, decoder_segment_ids)
     x = self.decoder(self.token_embedder(decoder_input_tokens), positions, mask,
                      deterministic=not enable_dropout, decode=decode,
-                     self_lengths=None if decoder_segment_ids is not None else (None, None))
+                     self_lengths=(None, None) if decoder_segment_ids is None
+                     else Segments(decoder_segment_ids, decoder_segment_ids))
     return self.logits(x)

@@ -2,6 +2,7 @@
 import jax.numpy as jnp
 
 from t5x_variants.layers.attention import causal_mask, pair_mask, segment_mask
+from t5x_variants.layers.fused_attention import Segments
 from t5x_variants.models.base import LanguageModel, default_positions, prefix_lengths, token_index
 from t5x_variants.models.stack import Stack
 
@@ -21,9 +22,10 @@ class EncoderDecoder(LanguageModel):
     if encoder_segment_ids is not None:
       mask = mask & segment_mask(encoder_segment_ids, encoder_segment_ids)
     n = prefix_lengths(valid, encoder_segment_ids)
+    lengths = (n, n) if encoder_segment_ids is None else Segments(n, n)
     return self.encoder(self.token_embedder(encoder_input_tokens),
                         default_positions(encoder_input_tokens, encoder_positions), mask,
-                        deterministic=not enable_dropout, self_lengths=None if n is None else (n, n))
+                        deterministic=not enable_dropout, self_lengths=lengths)
 
   def decode(self, encoded, encoder_input_tokens, decoder_input_tokens, encoder_segment_ids=None,
              decoder_segment_ids=None, decoder_positions=None, enable_dropout: bool = False,
@@ -36,11 +38,14 @@ class EncoderDecoder(LanguageModel):
       mask = mask & segment_mask(decoder_segment_ids, decoder_segment_ids)
       cross = cross & segment_mask(decoder_segment_ids, encoder_segment_ids)
     n = prefix_lengths(encoder_input_tokens > 0, encoder_segment_ids)
-    packed = decoder_segment_ids is not None
+    if decoder_segment_ids is None:
+      self_lengths, cross_lengths = (None, None), (None if encoder_segment_ids is not None else (None, n))
+    else:
+      self_lengths = Segments(decoder_segment_ids, decoder_segment_ids)
+      cross_lengths = None if encoder_segment_ids is None else Segments(decoder_segment_ids, n)
     x = self.decoder(self.token_embedder(decoder_input_tokens), positions, mask, encoded, cross,
                      deterministic=not enable_dropout, decode=decode,
-                     self_lengths=None if packed else (None, None),
-                     cross_lengths=None if packed or n is None else (None, n))
+                     self_lengths=self_lengths, cross_lengths=cross_lengths)
     return self.logits(x)
 
   def __call__(self, encoder_input_tokens, decoder_input_tokens, encoder_segment_ids=None,

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 from t5x_variants.layers.attention import pair_mask, segment_mask
 from t5x_variants.layers.dense import Dense
+from t5x_variants.layers.fused_attention import Segments
 from t5x_variants.layers.norms import Norm
 from t5x_variants.models.base import LanguageModel, default_positions, prefix_lengths
 from t5x_variants.models.stack import Stack
@@ -49,7 +50,8 @@ class EncoderOnly(LanguageModel):
     n = prefix_lengths(valid, encoder_segment_ids)
     x = self.encoder(self.token_embedder(encoder_input_tokens),
                      default_positions(encoder_input_tokens, encoder_positions), mask,
-                     deterministic=not enable_dropout, self_lengths=None if n is None else (n, n))
+                     deterministic=not enable_dropout,
+                     self_lengths=(n, n) if encoder_segment_ids is None else Segments(n, n))
     if self.config.head == 'classification':
       pooled = nn.tanh(self.pooler(x[:, :1]))
       pooled = self.pooler_dropout(pooled, deterministic=not enable_dropout)

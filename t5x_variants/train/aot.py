@@ -42,10 +42,12 @@ def train_options() -> Dict:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-  """One way to run the step: model (its remat and dtype), mesh and microbatches."""
+  """One way to run the step: model (its remat and dtype), mesh and microbatches, on the run's
+  batches (``packed``: packed rows, whose attention mask is the segments')."""
   config: TransformerConfig
   mesh: partitioning.MeshConfig
   num_microbatches: int = 1
+  packed: bool = False
 
   def flags(self) -> str:
     """The ``--gin.`` flags that select this plan."""
@@ -74,9 +76,11 @@ def compiler_oom(message: str) -> Optional[tuple]:
   return None
 
 
-def abstract_batch(config: TransformerConfig, batch: int, lengths, sharding) -> Dict:
-  """ShapeDtypeStructs of a global batch of the architecture's features, split over 'data'."""
-  one = train_step.synthetic_batch(config, 1, lengths)
+def abstract_batch(config: TransformerConfig, batch: int, lengths, sharding,
+                   packed: bool = False) -> Dict:
+  """ShapeDtypeStructs of a global batch of the architecture's features (with ``packed``, the
+  segment ids and positions of packed rows), split over 'data'."""
+  one = train_step.synthetic_batch(config, 1, lengths, packed=packed)
   return {k: jax.ShapeDtypeStruct((batch,) + v.shape[1:], v.dtype, sharding=sharding)
           for k, v in one.items()}
 
@@ -88,7 +92,7 @@ def lower(plan: Plan, target: Target, batch: int, lengths, options: Dict):
   mesh, layout, rng = sharded.mesh, sharded.layout, sharded.rng
   partitioning.check_batch(batch, mesh, plan.num_microbatches)
   step = sharded.make_train_step(**{**options, 'num_microbatches': plan.num_microbatches})
-  data = abstract_batch(plan.config, batch, lengths, partitioning.batch_sharding(mesh))
+  data = abstract_batch(plan.config, batch, lengths, partitioning.batch_sharding(mesh), plan.packed)
   key = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=NamedSharding(mesh, PartitionSpec()))
   count = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(layout.abstract.params))
   return step.lower(layout.abstract, data, key), count
@@ -113,6 +117,7 @@ def compile_plan(plan: Plan, target: Target, batch: int, lengths, options: Dict,
             'mesh_shape': dict(plan.mesh.mesh(target.devices).shape),
             'remat': plan.config.remat_policy(target.platform), 'dtype': plan.config.dtype,
             'scan_layers': plan.config.scan_layers, 'num_microbatches': plan.num_microbatches,
+            'packed': plan.packed,
             'batch': batch, 'lengths': dict(lengths), 'memory_limit_bytes': target.memory_bytes,
             'memory_limit_source': target.memory_source, 'flags': plan.flags(),
             'model_flops_per_step': flops.train_flops(plan.config, batch, lengths),
@@ -193,7 +198,8 @@ def candidate_plans(plan: Plan, target: Target, batch: int) -> List[Plan]:
       while batch % (mesh_config.data * k) == 0 and k <= MAX_MICROBATCHES:
         for r, remat in enumerate(REMAT_ORDER):
           rank = r + fsdp + math.log2(size) + math.log2(k)
-          ranked.append((rank, r, Plan(dataclasses.replace(plan.config, remat=remat), mesh_config, k)))
+          ranked.append((rank, r, Plan(dataclasses.replace(plan.config, remat=remat), mesh_config, k,
+                                       plan.packed)))
         k *= 2
   ranked.sort(key=lambda x: x[:2])
   return [p for _, _, p in ranked]

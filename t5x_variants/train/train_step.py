@@ -29,10 +29,13 @@ MODEL_INPUTS = {
 TARGETS = {'encoder_decoder': 'decoder', 'decoder_only': 'decoder', 'encoder_only': 'encoder'}
 
 
-def synthetic_batch(config: TransformerConfig, batch: int, lengths, seed: int = 0):
+def synthetic_batch(config: TransformerConfig, batch: int, lengths, seed: int = 0,
+                    packed: bool = False):
   """Random tokens (no padding, ids >= 2) with every target position weighted, for the
   architecture's features (``lengths``: 'inputs' / 'targets'), or a classification head's
-  (random labels, every example weighted); for benchmarks and tests."""
+  (random labels, every example weighted); for benchmarks and tests. ``packed``: two examples
+  per row as packing lays them out (segment ids 1 then 2, positions restarting), the mask a
+  packed pretraining step computes with."""
   rng = np.random.RandomState(seed)
   ids = lambda n: rng.randint(2, config.vocab_size, (batch, n)).astype(np.int32)
   if config.head == 'classification':
@@ -42,13 +45,22 @@ def synthetic_batch(config: TransformerConfig, batch: int, lengths, seed: int = 
             'classification_weights': np.ones(batch, np.int32)}
   if config.architecture == 'encoder_only':
     tokens = ids(lengths['inputs'])
-    return {'encoder_input_tokens': tokens, 'encoder_target_tokens': tokens,
-            'encoder_loss_weights': np.ones_like(tokens)}
-  targets = ids(lengths['targets'])
-  out = {'decoder_input_tokens': np.concatenate([np.zeros((batch, 1), np.int32), targets[:, :-1]], 1),
-         'decoder_target_tokens': targets, 'decoder_loss_weights': np.ones_like(targets)}
+    out = {'encoder_input_tokens': tokens, 'encoder_target_tokens': tokens,
+           'encoder_loss_weights': np.ones_like(tokens)}
+  else:
+    targets = ids(lengths['targets'])
+    out = {'decoder_input_tokens': np.concatenate([np.zeros((batch, 1), np.int32), targets[:, :-1]], 1),
+           'decoder_target_tokens': targets, 'decoder_loss_weights': np.ones_like(targets)}
   if config.architecture == 'encoder_decoder':
     out['encoder_input_tokens'] = ids(lengths['inputs'])
+  if packed:
+    for stack in ('encoder', 'decoder'):
+      if f'{stack}_input_tokens' in out:
+        n = out[f'{stack}_input_tokens'].shape[1]
+        halves = (n // 2, n - n // 2)
+        out[f'{stack}_segment_ids'] = np.tile(np.repeat([1, 2], halves).astype(np.int32), (batch, 1))
+        out[f'{stack}_positions'] = np.tile(np.concatenate([np.arange(h) for h in halves]).astype(np.int32),
+                                            (batch, 1))
   return out
 
 
