@@ -158,10 +158,10 @@ def test_tiny_step_compiles_for_a_v5e_slice(v5e_2x2):
 
 
 @needs_libtpu
-def test_a_packed_runs_step_compiles_with_its_segments_through_the_flash_kernel(v5e_2x2):
+def test_a_packed_runs_step_compiles_with_its_segments_through_the_row_kernel(v5e_2x2):
   """A run that packs (DatasetConfig.pack, the pretraining default) is compiled with packed rows:
-  segment ids and restarting positions, whose attention runs JAX's TPU flash kernel with
-  segment ids (the row kernel takes lengths only), not the reference path's float32 logits."""
+  segment ids and restarting positions, whose attention runs the row kernel with segment ids
+  (compiled through Mosaic), not the reference path's float32 logits nor JAX's flash kernel."""
   import dataclasses  # pylint: disable=g-import-not-at-top
   plan = dataclasses.replace(_plan(dtype='bfloat16'), packed=True)
   r = aot.compile_plan(plan, v5e_2x2, 8, LENGTHS, OPTIONS, traffic=1000)
@@ -169,6 +169,7 @@ def test_a_packed_runs_step_compiles_with_its_segments_through_the_flash_kernel(
   sources = r['traffic']['by_source']
   assert any(k == 'kernel' and s.endswith('encoder/layers/self_attention/pallas_call')
              for k, s, _, _ in sources), sources
+  assert not [s for _, s, _, _ in sources if 'flash_mha' in s], sources
   data = aot.abstract_batch(plan.config, 8, LENGTHS, None, packed=True)
   assert {'encoder_segment_ids', 'decoder_segment_ids', 'encoder_positions', 'decoder_positions'} <= set(data)
 

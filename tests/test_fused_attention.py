@@ -177,8 +177,8 @@ def packed_batch(arch):
 
 
 @pytest.mark.parametrize('arch', ['encoder_decoder', 'decoder_only', 'encoder_only'])
-def test_packed_rows_through_the_tpu_flash_kernel_equal_the_reference_path(arch, tpu_interpret):
-  """Packed rows reach JAX's TPU flash kernel as segment ids (a query sees its own example's keys,
+def test_packed_rows_through_the_tpu_kernels_equal_the_reference_path(arch, tpu_kernel):
+  """Packed rows reach each TPU kernel as segment ids (a query sees its own example's keys,
   causally in the decoder; cross-attention the encoder tokens of its example), T5's relative bias
   by index (equal to by position wherever a query sees a key): logits at every example token
   and every gradient agree with the reference path's segment mask (interpreted)."""

@@ -49,7 +49,8 @@ def test_kernel_equals_the_formula_with_its_gradients(causal, keys, with_bias):
     return f(q, k, v, bias, q_lens, k_lens), jax.grad(loss, argnums)(q, k, v, bias)
 
   with pltpu.force_tpu_interpret_mode():
-    got = value_and_grads(lambda *x: row_attention.attention(*x, SCALE, causal))
+    got = value_and_grads(
+        lambda q, k, v, ab, ql, kl: row_attention.attention(q, k, v, ab, None, ql, kl, SCALE, causal))
   want = value_and_grads(lambda *x: reference(*x, causal))
   for name, a, b_ in zip(('out', 'dq', 'dk', 'dv', 'dbias'), jax.tree_util.tree_leaves(got),
                          jax.tree_util.tree_leaves(want)):
@@ -78,7 +79,7 @@ def test_the_cost_model_counts_forward_and_backward_on_a_v5p_chip():
   qkv, bias, lens = spec((b, h, n, d), jnp.bfloat16), spec((h, n, n), jnp.bfloat16), spec((b,), jnp.int32)
 
   def loss(q, k, v, ab, q_lens, k_lens):
-    out = row_attention.attention(q, k, v, ab, q_lens, k_lens, SCALE, False)
+    out = row_attention.attention(q, k, v, ab, None, q_lens, k_lens, SCALE, False)
     return jnp.sum(out.astype(jnp.float32) ** 2)
   compiled = jax.jit(jax.grad(loss, (0, 1, 2, 3))).lower(qkv, qkv, qkv, bias, lens, lens).compile()
   cost = compiled.cost_analysis()

@@ -18,8 +18,8 @@ The platform is the one the step is compiled for: the mesh it is traced under
 Masks reach a kernel as sequence lengths (valid queries and keys are a prefix of each row, as
 for unpacked T5 rows whose padding is id 0 at the end) and a causal flag, or for a packed row as
 its segment ids (``Segments``: a query sees the keys of its own segment, 0 being padding), which
-JAX's TPU flash kernel takes and cuDNN's call through ``jax.nn.dot_product_attention`` does not:
-packed batches run that kernel on a TPU and the reference path on a GPU. T5's relative position bias
+the TPU kernels take and cuDNN's call through ``jax.nn.dot_product_attention`` does not: packed
+batches run the TPU kernels on a TPU and the reference path on a GPU. T5's relative position bias
 enters in the compute dtype with shape (1, heads, q, k). cuDNN and the row kernel sum its gradient
 over the batch inside the kernel; JAX's flash kernel takes one bias per example, so there it is
 broadcast over the batch and its per-example gradients summed after the kernel.
@@ -150,11 +150,11 @@ def _lengths(lengths, batch: int, n: int):
 
 def _tpu_flash(query, key, value, bias, q_lengths, k_lengths, causal, segments=None):
   """The Pallas TPU kernels, q and k padded to a multiple of 128 (the padding masked as a row's
-  own): layers/row_attention.py where its whole rows fit (T5's lengths), else, and for packed
-  rows (``segments``), JAX's flash attention, which tiles q and k by 128 (its default; it needs
-  k tiles of 128 with segment ids), takes Q pre-scaled by 1/sqrt(d_h), the mask as segment ids
-  (a row's lengths as ids 1 then 0) and one bias per example (broadcast over the batch, its
-  gradient summed after). Per device under ``shard_map`` when traced on a mesh
+  own, or as segment 0 of packed rows, ``segments``): layers/row_attention.py where its whole
+  rows fit (T5's lengths), else JAX's flash attention, which tiles q and k by 128 (its default;
+  it needs k tiles of 128 with segment ids), takes Q pre-scaled by 1/sqrt(d_h), the mask as
+  segment ids (a row's lengths as ids 1 then 0) and one bias per example (broadcast over the
+  batch, its gradient summed after). Per device under ``shard_map`` when traced on a mesh
   (``partitioning.jit``): the batch and the heads over the mesh axes their logical-axis rules
   name (the heads where they divide)."""
   b, q, h, d = query.shape
@@ -171,9 +171,15 @@ def _tpu_flash(query, key, value, bias, q_lengths, k_lengths, causal, segments=N
     bias = jnp.pad(bias, [(0, 0), (0, 0), (0, pq - q), (0, pk - k)])
   heads_first = lambda x: jnp.swapaxes(x, 1, 2)
 
-  def row_kernel(qs, ks, vs, ql, kl, ab):
+  def row_kernel(qs, ks, vs, qm, km, ab):
+    rows = qs.shape[0]
+    if qm.ndim == 2:  # segment ids: every position is in range, the segments mask
+      segments = (qm[:, :, None], km[:, None, :])
+      qm, km = jnp.full((rows,), pq, jnp.int32), jnp.full((rows,), pk, jnp.int32)
+    else:
+      segments = None
     out = row_attention.attention(heads_first(qs), heads_first(ks), heads_first(vs),
-                                  None if ab is None else ab[0], ql, kl, d ** -0.5, causal)
+                                  None if ab is None else ab[0], segments, qm, km, d ** -0.5, causal)
     return heads_first(out)
 
   def flash_kernel(qs, ks, vs, qm, km, ab):
@@ -191,7 +197,7 @@ def _tpu_flash(query, key, value, bias, q_lengths, k_lengths, causal, segments=N
         tpu_flash.SegmentIds(qi, ki), causal=causal, sm_scale=1.0, block_sizes=blocks)
     return heads_first(out) * (qi > 0)[:, :, None, None].astype(out.dtype)
 
-  kernel = row_kernel if segments is None and row_attention.fits(pq, pk) else flash_kernel
+  kernel = row_kernel if row_attention.fits(pq, pk) else flash_kernel
   mesh = jax.sharding.get_abstract_mesh()
   if not mesh.empty and mesh.size > 1:
     batch_axis, _, heads_axis = nn.logical_to_mesh_axes(('batch', 'length', 'heads'))
