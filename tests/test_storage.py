@@ -45,7 +45,7 @@ def test_write_text_replaces_a_file_whole_or_not_at_all(tmp_path, monkeypatch):
 
 def test_a_copy_is_written_whole_and_a_cached_file_is_readable_by_others(tmp_path, monkeypatch):
   """storage.copy goes through write_bytes (a killed copy leaves the old file); a file the cache
-  builds gets the permissions of a file opened for writing, not mkstemp's owner-only 0o600."""
+  builds is readable by every user of a shared cache, not mkstemp's owner-only 0o600."""
   import os  # pylint: disable=g-import-not-at-top
   from t5x_variants.data import cache  # pylint: disable=g-import-not-at-top
   (tmp_path / 'src').write_bytes(b'new')
@@ -54,9 +54,5 @@ def test_a_copy_is_written_whole_and_a_cached_file_is_readable_by_others(tmp_pat
   monkeypatch.setattr(storage, 'write_bytes', lambda p, data: writes.append((str(p), data)))
   storage.copy(tmp_path / 'src', tmp_path / 'dst')
   assert writes == [(str(tmp_path / 'dst'), b'new')]
-  old = os.umask(0o022)
-  try:
-    built = cache.build_once(str(tmp_path / 'c' / 'f'), lambda p: open(p, 'w').write('x'))
-  finally:
-    os.umask(old)
+  built = cache.build_once(str(tmp_path / 'c' / 'f'), lambda p: open(p, 'w').write('x'))
   assert os.stat(built).st_mode & 0o777 == 0o644

@@ -165,8 +165,6 @@ def main(argv=None):
     run_lengths = common.gin_macro('TASK_FEATURE_LENGTHS') or {}
     lengths = {f: getattr(args, f'{f}_length') or run_lengths.get(f) or DEFAULT_LENGTHS[f]
                for f in (common.STACK_FEATURES[s] for s in config.stacks)}
-    peak = ((args.peak_tflops * jax.device_count(), f'given with --peak_tflops, x{jax.device_count()} devices')
-            if args.peak_tflops else None)
     ours = optimizer_kind()
     hf = None
     if args.hf:  # first: JAX's backend would take most of the accelerator's memory
@@ -178,6 +176,9 @@ def main(argv=None):
             f'{hf["device"]}, torch {hf["torch"]}): median step {hf["median_step_seconds"] * 1000:.1f} ms, '
             f'{hf["tokens_per_second"]:,.0f} tok/s'
             + (f', peak memory {memory / 2**30:.2f} GiB' if memory else ''), flush=True)
+    # After the peer: jax.device_count() starts JAX's backend, which takes the accelerator's memory.
+    peak = ((args.peak_tflops * jax.device_count(), f'given with --peak_tflops, x{jax.device_count()} devices')
+            if args.peak_tflops else None)
     result = bench(config, batch, lengths, args.steps, args.warmup, peak=peak,
                    with_profile=args.profile, packed=args.packed)
     result['optimizer'] = ours

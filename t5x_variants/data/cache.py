@@ -22,9 +22,7 @@ def build_once(path: str, build) -> str:
     os.close(fd)
     try:
       build(tmp)
-      umask = os.umask(0)
-      os.umask(umask)
-      os.chmod(tmp, 0o666 & ~umask)  # as a file opened for writing would be (mkstemp's is 0o600)
+      os.chmod(tmp, 0o644)  # readable by every user of a shared cache (mkstemp's is 0o600)
       os.replace(tmp, path)
     finally:
       if os.path.exists(tmp):
