@@ -124,12 +124,12 @@ def attend(query, key, value, bias=None, lengths: Tuple = (None, None), causal: 
   """(batch, q, heads, d_h) outputs of queries (batch, q, heads, d_h) over keys and values
   (batch, k, heads, d_h), all in the compute dtype. ``bias``: (1, heads, q, k) or None;
   ``lengths``: (query lengths, key lengths), each (batch,) int32 or None for every position, or
-  a packed row's ``Segments`` (the TPU kernel only); ``causal``: key index <= query index. Rows past a query length come out as zeros, and so do
-  the queries of an example with no valid key (an all-padding input under cross-attention): the
-  kernels leave softmax over an empty set undefined (cuDNN's gradient there was garbage on an
-  H100 and an H200), so such an example's query length is set to 0. The reference path gives
-  those queries the mean of the values instead; no loss reaches them unless an example has
-  targets but no inputs."""
+  a packed row's ``Segments`` (the TPU kernels only); ``causal``: key index <= query index. Rows
+  past a query length come out as zeros, and so do the queries of an example with no valid key
+  (an all-padding input under cross-attention): the kernels leave softmax over an empty set
+  undefined (cuDNN's gradient there was garbage on an H100 and an H200), so such an example's
+  query length is set to 0. The reference path gives those queries the mean of the values
+  instead; no loss reaches them unless an example has targets but no inputs."""
   bias = None if bias is None else bias.astype(query.dtype)
   if isinstance(lengths, Segments):
     return _tpu_flash(query, key, value, bias, None, None, causal, lengths)
