@@ -96,6 +96,26 @@ def test_import_then_export_give_transformers_logits(ffn, tied, tmp_path):
   hf_cli.import_checkpoint(str(tmp_path / 'out'), str(tmp_path / 'again'))
   again = checkpoints.read_on_host(str(tmp_path / 'again'))
   jax.tree_util.tree_map(np.testing.assert_array_equal, again, params)
+  assert {x.dtype for x in jax.tree_util.tree_leaves(again)} == {np.dtype(np.float32)}  # not float64
+
+
+def test_an_import_whose_weights_and_config_disagree_is_one_error(tmp_path):
+  """A config.json that does not describe its weights (here a vocabulary other than the
+  embedding's rows) is refused at import, naming the parameter, not at the first restore."""
+  _, hf_dir = hf_model(tmp_path, 'relu', True)
+  config = json.loads((hf_dir / 'config.json').read_text())
+  (hf_dir / 'config.json').write_text(json.dumps({**config, 'vocab_size': config['vocab_size'] * 2}))
+  with pytest.raises(ValueError, match=r'weights and its config.json disagree: '
+                                       r'token_embedder/embedding is \(\d+, \d+\) in the weights'):
+    hf_cli.import_checkpoint(str(hf_dir), str(tmp_path / 'run'))
+  assert not (tmp_path / 'run').exists()
+
+
+def test_tied_is_judged_against_the_encoders_embedding_where_there_is_no_shared_weight():
+  head = np.ones((4, 2), np.float32)
+  for embedding, tied in ((head, True), (head * 2, False)):
+    weights = {'lm_head.weight': head, 'encoder.embed_tokens.weight': embedding}
+    assert hf_t5._tied({}, weights) is tied  # pylint: disable=protected-access
 
 
 def test_pytorch_bin_unrolled_and_a_scaled_untied_output_layer(tmp_path):

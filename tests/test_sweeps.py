@@ -287,6 +287,10 @@ def test_report_without_runs_is_a_usage_error(capsys):
     report_cli.main(['--sweep_dir=/nonexistent'])
   assert exit_info.value.code == 2
   assert 'sweep.json not found: not a sweep directory' in capsys.readouterr().err
+  with pytest.raises(SystemExit) as exit_info:  # a mistyped run directory: not a row of nothing
+    report_cli.main(['--run_dirs=/nonexistent/relu-seed0', '--output_dir=/nonexistent/out'])
+  assert exit_info.value.code == 2
+  assert 'error: --run_dirs: /nonexistent/relu-seed0 does not exist' in capsys.readouterr().err
 
 
 def test_a_smaller_grid_keeps_the_record_and_runs_trained_elsewhere_count(tmp_path):

@@ -17,6 +17,7 @@ spiece.model for ``T5ForConditionalGeneration.from_pretrained``. A variant trans
 cannot express is refused with the axis that it lacks; ``--params_only`` then writes our
 parameter tree as ``params.safetensors`` ('/'-joined names) with ``config.gin`` instead.
 """
+import dataclasses
 import json
 import sys
 
@@ -28,7 +29,7 @@ from t5x_variants.cli import common
 from t5x_variants.layers.ffn import FFN_VARIANTS
 from t5x_variants.models import hf_t5
 from t5x_variants.models.config import TransformerConfig
-from t5x_variants.models.summary import model_info
+from t5x_variants.models.summary import abstract_params, model_info, param_rows
 from t5x_variants.train import checkpoints, storage
 
 VOCAB = 'vocab.model'  # the run's vocabulary (common.use_run_vocabulary)
@@ -91,6 +92,14 @@ def import_checkpoint(hf_dir: str, model_dir: str, scan_layers: bool = True):
   bindings['scan_layers'] = scan_layers
   config = TransformerConfig(**bindings)
   params = hf_t5.params_from_hf(weights, config, hf_t5.scales_decoder_outputs(hf))
+  wanted = {name: shape for name, shape, _, _ in
+            param_rows(abstract_params(dataclasses.replace(config, scan_layers=False)))}
+  got = {name: shape for name, shape, _, _ in param_rows(params)}
+  bad = next((k for k in sorted(wanted.keys() | got.keys()) if wanted.get(k) != got.get(k)), None)
+  if bad:
+    raise ValueError(f'{hf_dir}: its weights and its config.json disagree: {bad} is '
+                     f'{got.get(bad, "missing")} in the weights, {wanted.get(bad, "not a parameter")} '
+                     'by the config')
   if scan_layers:
     params = hf_t5.stack_layers(params)
   ckpt = checkpoints.Checkpointer(str(run), async_save=False)

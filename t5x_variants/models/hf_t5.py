@@ -97,8 +97,10 @@ def scales_decoder_outputs(hf: Mapping) -> bool:
 
 
 def _tied(hf: Mapping, weights: Mapping[str, np.ndarray]) -> bool:
-  """Our ``tie_embeddings``: a scaled output layer that is the embedding itself."""
-  head, shared = weights.get('lm_head.weight'), weights.get('shared.weight')
+  """Our ``tie_embeddings``: a scaled output layer that is the embedding itself (``shared``, or
+  the encoder's copy of it where a file has no ``shared.weight``)."""
+  head = weights.get('lm_head.weight')
+  shared = weights.get('shared.weight', weights.get('encoder.embed_tokens.weight'))
   return scales_decoder_outputs(hf) and (head is None or shared is None or np.array_equal(head, shared))
 
 
@@ -170,7 +172,7 @@ def params_from_hf(weights: Mapping[str, np.ndarray], config: TransformerConfig,
         else:
           a = f'{hf}.{_HF_ATTENTION[part]}'
           split = lambda m: get(f'{a}.{m}.weight').T.reshape(d, heads, d_h)
-          layer[part] = {'query': {'kernel': split('q') * np.sqrt(d_h)}, 'key': {'kernel': split('k')},
+          layer[part] = {'query': {'kernel': split('q') * np.float32(np.sqrt(d_h))}, 'key': {'kernel': split('k')},
                          'value': {'kernel': split('v')},
                          'out': {'kernel': get(f'{a}.o.weight').T.reshape(heads, d_h, d)}}
       tree[ours] = layer
@@ -201,7 +203,7 @@ def params_to_hf(params: Mapping, config: TransformerConfig) -> Dict[str, np.nda
         else:
           a = f'{hf}.{_HF_ATTENTION[part]}'
           merge = lambda m, scale=1.0: f32((np.asarray(layer[part][m]['kernel']) / scale).reshape(d, heads * d_h).T)
-          out[f'{a}.q.weight'] = merge('query', np.sqrt(d_h))
+          out[f'{a}.q.weight'] = merge('query', np.float32(np.sqrt(d_h)))
           out[f'{a}.k.weight'], out[f'{a}.v.weight'] = merge('key'), merge('value')
           out[f'{a}.o.weight'] = f32(np.asarray(layer[part]['out']['kernel']).reshape(heads * d_h, d).T)
   return out

@@ -62,6 +62,8 @@ def run_dirs_group(run_dirs: Sequence[str], name: str = 'runs', paper: Optional[
   """Run directories named ``<variant>-seed<N>`` (others: the whole name is the variant, seed 0)."""
   trials = []
   for d in run_dirs:
+    if not storage.path(d).exists():
+      raise FileNotFoundError(f'--run_dirs: {d} does not exist')
     base = os.path.basename(os.path.normpath(d))
     found = re.fullmatch(r'(.+)-seed(\d+)', base)
     record = read_run(d)
