@@ -428,9 +428,28 @@ def test_report_cli_baseline_flag(tmp_path, capsys):
                           '--baseline=a']) == 0
   # b - a = -0.1 on both seeds: zero spread, so an interval of width 0 below 0
   assert '| b | 0, 1 | 2 | -0.1000 | [-0.1000, -0.1000] | better |' in (out / 'report.md').read_text()
+  text = (out / 'report.md').read_text()
+  assert '| final log-ppl |' in text and 'Log-perplexity: teacher-forced' in text
   with pytest.raises(SystemExit) as exit_info:
     report_cli.main([f'--run_dirs={",".join(dirs)}', f'--output_dir={out}', '--baseline=c'])
   assert exit_info.value.code == 2 and "--baseline 'c' is no variant (or learning-rate curve) here" in capsys.readouterr().err
+
+
+def test_a_task_without_log_perplexity_is_reported_as_its_eval_loss(tmp_path):
+  """A classification or regression head's evals record a loss and no log-perplexity: the table,
+  its caption and the plots name the eval loss, not log-perplexity."""
+  from t5x_variants.cli import report as report_cli  # pylint: disable=g-import-not-at-top
+  dirs = []
+  for name, value in (('a-seed0', 0.7), ('b-seed0', 0.6)):
+    write_metrics(tmp_path / name, [train_record(4, 4.0), {'step': 4, 'kind': 'eval', 'task': 'stsb',
+                                                           'loss': value}], total_steps=4)
+    dirs.append(str(tmp_path / name))
+  out = tmp_path / 'out'
+  assert report_cli.main([f'--run_dirs={",".join(dirs)}', f'--output_dir={out}']) == 0
+  text = (out / 'report.md').read_text()
+  assert '| final eval loss |' in text and '| best eval loss |' in text and 'log-ppl' not in text
+  assert "Eval loss: the head's loss" in text and 'Log-perplexity:' not in text
+  assert '![final eval loss]' in text
 
 
 def test_bootstrap_interval_of_spearman_over_seeds():

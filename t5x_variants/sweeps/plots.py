@@ -104,6 +104,13 @@ def _save(fig, out_dir: str, name: str) -> str:
   return path
 
 
+def metric_name(group) -> str:
+  """'log-perplexity', or 'eval loss' where the task's evals record none (a classification or
+  regression head's loss)."""
+  metric = next((t.record.eval_metric() for t in group.trials if t.record.task), 'log_perplexity')
+  return 'log-perplexity' if metric == 'log_perplexity' else 'eval loss'
+
+
 def curves_figure(group) -> Figure:
   fig = Figure(figsize=(10, 3.8), layout='constrained')
   train_ax, eval_ax = fig.subplots(1, 2)
@@ -116,7 +123,7 @@ def curves_figure(group) -> Figure:
     _band(train_ax, train, f'{v} (n={seeds})', i)
     _band(eval_ax, evals, f'{v} (n={seeds})', i)
   train_ax.set(title='training loss', xlabel='step')
-  eval_ax.set(title='held-out log-perplexity', xlabel='step')
+  eval_ax.set(title=f'held-out {metric_name(group)}', xlabel='step')
   fig.suptitle('mean over the seeds at each step; band: its 95% Student t interval '
                '(none where one seed)', fontsize=8)
   _legend_right(fig, [train_ax, eval_ax], 'variant (seeds)')
@@ -165,8 +172,8 @@ def final_figure(group, final_values) -> Figure:
   ax.set_xticks(range(len(rows)), [f'{v} (n={iv.n})' for _, v, iv in rows], rotation=45,
                 ha='right', rotation_mode='anchor', fontsize=8)
   ax.set_xlim(-0.6, len(rows) - 0.4)
-  ax.set_ylabel('ours: log-perplexity', fontsize=8)
-  ax.set_title('final held-out log-perplexity', fontsize=9)
+  ax.set_ylabel(f'ours: {metric_name(group)}', fontsize=8)
+  ax.set_title(f'final held-out {metric_name(group)}', fontsize=9)
   ax.grid(axis='y', alpha=0.3)
   legend = [Line2D([], [], color='#555555', marker='o', linestyle='-',
                    label='ours: mean over n seeds, bar: 95% Student t interval (n=1: point only)')]

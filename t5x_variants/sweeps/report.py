@@ -184,8 +184,9 @@ def _status(trials: Sequence[Trial]) -> str:
 
 def table(group: Group) -> List[str]:
   paper = group.paper
-  head = ['variant', 'runs', 'steps', 'parameters', 'tokens/s', 'final log-ppl',
-          'final: mean [95% CI]', 'best log-ppl', 'diverged']
+  name = 'log-ppl' if plots.metric_name(group) == 'log-perplexity' else 'eval loss'
+  head = ['variant', 'runs', 'steps', 'parameters', 'tokens/s', f'final {name}',
+          'final: mean [95% CI]', f'best {name}', 'diverged']
   head += [f'paper: {c}' for c in paper.columns] if paper else []
   lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
   for v in group.variants():
@@ -244,7 +245,10 @@ def group_markdown(group: Group, out_dir: str, baseline: Optional[str] = None) -
               + (f' What it found: {group.paper.findings}' if group.paper.findings else ''), '']
   lines += table(group) + ['']
   task = next((t.record.task for t in group.trials if t.record.task), None)
-  lines.append(f'Log-perplexity: teacher-forced cross-entropy per target token on the held-out '
+  what = ('Log-perplexity: teacher-forced cross-entropy per target token'
+          if plots.metric_name(group) == 'log-perplexity' else
+          'Eval loss: the head\'s loss (cross-entropy per example; a regression head\'s squared error)')
+  lines.append(f'{what} on the held-out '
                f'split of `{task}` at the last evaluation (final) and the lowest of all (best), '
                f'mean ± sample std over the finished seeds that did not diverge, and the '
                f'final\'s mean with its 95% confidence interval over those seeds (Student t, '
@@ -277,15 +281,17 @@ def group_markdown(group: Group, out_dir: str, baseline: Optional[str] = None) -
                 'below (above) 0.', '']
       lines += sensitivity_table(rate_curves, baseline) + ['']
   for title, path in plots.group_plots(group, out_dir, final_values, diverged_step, rate_curves):
-    lines += [f'![{title}]({os.path.basename(path)})', '', f'*{CAPTIONS[title]}*', '']
+    metric = plots.metric_name(group)
+    lines += [f'![{title.replace("log-perplexity", metric)}]({os.path.basename(path)})', '',
+              f'*{CAPTIONS[title].format(metric=metric)}*', '']
   return lines
 
 
 CAPTIONS = {
-    'loss curves': 'Training loss and held-out log-perplexity by step: the mean over the seeds '
+    'loss curves': 'Training loss and held-out {metric} by step: the mean over the seeds '
                    'that reached the step; the band is its 95% Student t interval (none where '
                    'one seed).',
-    'final log-perplexity': 'Final held-out log-perplexity: the mean over finished, '
+    'final log-perplexity': 'Final held-out {metric}: the mean over finished, '
                             'non-diverged seeds with its 95% Student t interval as the error bar '
                             '(n under each name); hollow diamonds: the paper\'s numbers, on a '
                             'secondary axis of the same scale.',

@@ -33,6 +33,12 @@ class RunRecord:
     """The evaluated task (the first, if several)."""
     return next(iter(self.evals), None)
 
+  def eval_metric(self, task: Optional[str] = None) -> str:
+    """What ``eval_curve`` holds: 'log_perplexity' where the evals record it, else 'loss' (a
+    classification head's cross-entropy per example, a regression head's squared error)."""
+    records = self.evals.get(task or self.task, [])
+    return 'log_perplexity' if any('log_perplexity' in r for r in records) else 'loss'
+
   def eval_curve(self, task: Optional[str] = None) -> List[tuple]:
     """(step, held-out log-perplexity, or loss for tasks without one) of every eval."""
     records = self.evals.get(task or self.task, [])
