@@ -257,7 +257,7 @@ def test_eval_all_beside_a_training_run_never_reads_a_half_written_checkpoint(
 
 SWEEP_SCRIPT = '''
 import os, signal, sys
-from t5x_variants.sweeps import grid
+from t5x_variants.sweeps import grid, runner
 sweep_dir, base, variants, trainer, kill_between = sys.argv[1:]
 sweep = grid.Sweep.build(sweep_dir, [base], [variants], 1)
 sweep.merge_previous()
@@ -265,16 +265,16 @@ def say(line):
   print(line, flush=True)
   if kill_between == 'yes' and ': done in' in line:  # the first run done, the second not started
     os.kill(os.getpid(), signal.SIGKILL)
-print(grid.run_sweep(sweep, [sys.executable, trainer], say=say))
+print(runner.run_sweep(sweep, [sys.executable, trainer], say=say))
 '''
 
 # t5xv-train's stand-in: the tiny run of run_train (0.2 s per batch) in the sweep's MODEL_DIR.
 TRAINER_SCRIPT = '''
 import functools, os, sys
 sys.path.insert(0, {tests!r})
-from t5x_variants.sweeps import grid
+from t5x_variants.sweeps import runner
 from train_helpers import StepBatches, run_train
-grid.stop_with_sweep()  # as t5xv-train does first
+runner.stop_with_sweep()  # as t5xv-train does first
 model_dir = next(a.split('=', 1)[1].strip("'") for a in sys.argv if a.startswith('--gin.MODEL_DIR='))
 open(os.path.join(model_dir, 'pid'), 'w').write(str(os.getpid()))
 run_train(model_dir, {steps}, batches=functools.partial(StepBatches, delay=0.2))
@@ -297,7 +297,7 @@ def exited(pid):
 def test_a_sweep_killed_then_rerun_trains_every_run_once_to_the_reference(
     when, reference, tmp_path):
   """t5xv-sweep SIGKILLed between its two runs or in the middle of the first: its trainer gets
-  SIGTERM (``grid.stop_with_sweep``: it saves a checkpoint and stops, instead of training on beside
+  SIGTERM (``runner.stop_with_sweep``: it saves a checkpoint and stops, instead of training on beside
   the rerun's), and the rerun sweep resumes the interrupted run and trains the other: both end
   with the reference losses, every record and checkpoint of before kept."""
   _, ref = reference

@@ -14,7 +14,7 @@ import pytest
 from scipy import stats
 
 from conftest import needs_data_layer
-from t5x_variants.sweeps import grid, papers, report, runs, statistics
+from t5x_variants.sweeps import grid, papers, report, runner, runs, statistics
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
@@ -133,7 +133,7 @@ def test_sweep_records_failures_goes_on_and_resumes(tmp_path):
   executable = [sys.executable, str(trainer)]
   sweep = fake_sweep(tmp_path)
   lines = []
-  counts = grid.run_sweep(sweep, executable, say=lines.append)
+  counts = runner.run_sweep(sweep, executable, say=lines.append)
   assert counts == {'done': 2, 'diverged': 1, 'failed': 1}
   saved = json.loads((tmp_path / 'sweep' / 'sweep.json').read_text())
   by_name = {r['name']: r for r in saved['runs']}
@@ -146,7 +146,7 @@ def test_sweep_records_failures_goes_on_and_resumes(tmp_path):
   again = fake_sweep(tmp_path, seeds=2)
   again.merge_previous()
   assert [r.status for r in again.runs[:4]] == ['done', 'diverged', 'failed', 'done']
-  grid.run_sweep(again, executable, say=lambda _: None)
+  runner.run_sweep(again, executable, say=lambda _: None)
   assert calls(tmp_path) == ['good-seed0', 'bad-seed0', 'crash-seed0', 'fine-seed0', 'crash-seed0',
                              'good-seed1', 'bad-seed1', 'crash-seed1', 'fine-seed1']
   # The report of it: seeds aggregated, the diverged and failed runs kept out of the means.
@@ -299,12 +299,12 @@ def test_a_smaller_grid_keeps_the_record_and_runs_trained_elsewhere_count(tmp_pa
   executable = [sys.executable, str(trainer)]
   base, good, bad, stopped = gin_files(tmp_path, 'base.gin', 'good.gin', 'bad.gin', 'stopped.gin')
   build = lambda variants: grid.Sweep.build(str(tmp_path / 'sweep'), [base], [variants], 1)
-  counts = grid.run_sweep(build(f'{good},{bad},{stopped}'), executable, say=lambda _: None)
+  counts = runner.run_sweep(build(f'{good},{bad},{stopped}'), executable, say=lambda _: None)
   assert counts == {'done': 1, 'diverged': 1, 'interrupted': 1}  # exit 0 before the last step
   smaller = build(good)
   smaller.merge_previous()
   smaller.save()
-  assert grid.run_sweep(smaller, executable, say=lambda _: None) == {'done': 1}
+  assert runner.run_sweep(smaller, executable, say=lambda _: None) == {'done': 1}
   assert calls(tmp_path) == ['good-seed0', 'bad-seed0', 'stopped-seed0']  # nothing retrained
   record = {r.name: r.status for r in grid.Sweep.load(str(tmp_path / 'sweep')).all_runs()}
   assert record == {'good-seed0': 'done', 'bad-seed0': 'diverged', 'stopped-seed0': 'interrupted'}
@@ -315,7 +315,7 @@ def test_a_smaller_grid_keeps_the_record_and_runs_trained_elsewhere_count(tmp_pa
       ('bad', 'diverged'), ('good', 'done'), ('stopped', 'done')]
   again = build(f'{good},{bad},{stopped}')
   again.merge_previous()
-  grid.run_sweep(again, executable, say=lambda _: None)
+  runner.run_sweep(again, executable, say=lambda _: None)
   assert calls(tmp_path) == ['good-seed0', 'bad-seed0', 'stopped-seed0']
 
 
@@ -323,9 +323,9 @@ def test_no_variants_is_one_run_and_one_sweep_per_directory(tmp_path):
   base, = gin_files(tmp_path, 'base.gin')
   sweep = grid.Sweep.build(str(tmp_path / 's'), [base], [], 2)
   assert [r.name for r in sweep.runs] == ['base-seed0', 'base-seed1']
-  holder = grid._lock(str(tmp_path / 's'))  # pylint: disable=protected-access
+  holder = runner._lock(str(tmp_path / 's'))  # pylint: disable=protected-access
   with pytest.raises(grid.SweepError, match=r'another t5xv-sweep \(or a trainer it started\) is running'):
-    grid.run_sweep(sweep, ['true'], say=lambda _: None)
+    runner.run_sweep(sweep, ['true'], say=lambda _: None)
   holder.close()
 
 
@@ -821,7 +821,7 @@ def test_a_parallel_sweep_trains_runs_side_by_side_and_records_each(tmp_path):
   base, a, b, bad = gin_files(tmp_path, 'base.gin', 'a.gin', 'b.gin', 'bad.gin')
   sweep = grid.Sweep.build(str(tmp_path / 'sweep'), [base], [f'{a},{b},{bad}'], 2)
   lines = []
-  counts = grid.run_sweep(sweep, [sys.executable, str(trainer)], say=lines.append, parallel=2)
+  counts = runner.run_sweep(sweep, [sys.executable, str(trainer)], say=lines.append, parallel=2)
   assert counts == {'done': 4, 'diverged': 2}
   for run in sweep.runs:
     beside, preallocate = (tmp_path / 'sweep' / run.name / 'beside.txt').read_text().split()
@@ -836,9 +836,9 @@ def test_a_run_killed_by_sigterm_while_it_starts_is_interrupted_not_failed(tmp_p
   log = tmp_path / 'train.log'
   log.write_text('')
   run = grid.Run('a-seed0', 'a', [], 0)
-  grid._outcome(run, -15, False, str(log), 0)
+  runner._outcome(run, -15, False, str(log), 0)
   assert run.status == 'interrupted' and run.reason is None
-  grid._outcome(run, -9, False, str(log), 0)
+  runner._outcome(run, -9, False, str(log), 0)
   assert run.status == 'failed' and 'exit status -9' in run.reason
 
 

@@ -26,7 +26,7 @@ import os
 import sys
 
 from t5x_variants.cli import common
-from t5x_variants.sweeps import grid, papers
+from t5x_variants.sweeps import grid, papers, runner
 from t5x_variants.train import prebuilt
 
 
@@ -84,7 +84,7 @@ def main(argv=None):
           print(grid.shell_line(sweep.command(run)))
       return 0
     try:
-      counts = grid.run_sweep(sweep, grid.trainer_executable(), parallel=args.parallel)
+      counts = runner.run_sweep(sweep, runner.trainer_executable(), parallel=args.parallel)
     except KeyboardInterrupt:
       print('t5xv-sweep: interrupted; run the same command to resume', file=sys.stderr)
       return 130

@@ -14,7 +14,7 @@ import gin
 import jax
 
 from t5x_variants.cli import common, ranges
-from t5x_variants.sweeps import grid
+from t5x_variants.sweeps import runner
 from t5x_variants.train import storage
 
 
@@ -218,7 +218,7 @@ def main(argv=None):
       from t5x_variants.train import prebuilt  # pylint: disable=g-import-not-at-top
       prebuilt.local_root(args.batches_dir)
     from t5x_variants.data.config import DatasetConfig  # pylint: disable=g-import-not-at-top
-    grid.stop_with_sweep()
+    runner.stop_with_sweep()
     with gin.config_scope('train'):
       train_cfg = DatasetConfig()
     with gin.config_scope('train_eval'):

@@ -15,36 +15,26 @@ passed on to the trainer, which saves a checkpoint once it is training), ``done`
 (non-finite loss, with its step) and ``failed`` (with the error line). Running a sweep again skips
 done and diverged runs (and runs whose directory reached the last step, e.g. trained from
 ``--print_commands``), resumes interrupted ones from their last checkpoint (the trainer does) and
-retries failed ones. Runs recorded by an earlier, larger grid stay in sweep.json (and in the
-report) without being scheduled. One sweep process at a time holds a sweep directory.
+retries failed ones (runner.py runs them). Runs recorded by an earlier, larger grid stay in
+sweep.json (and in the report) without being scheduled. One sweep process at a time holds a
+sweep directory.
 """
-import collections
-import ctypes
 import dataclasses
-import fcntl
 import glob
-import hashlib
 import itertools
 import json
 import os
 import re
 import shlex
-import signal
-import subprocess
-import sys
-import tempfile
-import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from t5x_variants import PACKAGE_DIR
 from t5x_variants.sweeps import runs as run_records
 from t5x_variants.train import storage
-from t5x_variants.train.metrics import format_duration
 
 SWEEP_FILE = 'sweep.json'
 FINISHED = ('done', 'diverged')
 DEFAULT_BINDINGS = ("train.on_nonfinite = 'stop'",)
-SWEEP_PID_ENV = 'T5XV_SWEEP_PID'  # tells a trainer which sweep process started it
 # Set per run by the sweep itself: a --grid over them would contradict the run's name or seed.
 PER_RUN_KEYS = ('MODEL_DIR', 'train.seed', 'train/DatasetConfig.seed')
 
@@ -268,162 +258,5 @@ def shell_line(command: Sequence[str]) -> str:
   return ' '.join(quote(a) for a in command)
 
 
-def _outcome(run: Run, returncode: int, finished: bool, log_file: str, log_start: int):
-  """Sets the run's status from its exit status, whether it reached its last step (a trainer
-  stopped by a signal saves a checkpoint and exits 0; one stopped while it starts dies of the
-  signal: interrupted too) and the last error line this attempt wrote to its log (from byte
-  ``log_start``)."""
-  if returncode in (0, -signal.SIGTERM, -signal.SIGINT):
-    run.status, run.reason = ('done', None) if finished else ('interrupted', None)
-    return
-  with open(log_file, errors='replace') as f:
-    f.seek(log_start)
-    errors = [l.strip() for l in f if 'error:' in l]
-  run.reason = errors[-1] if errors else f'exit status {returncode} (see {log_file})'
-  diverged = re.search(r'at step (\d+) are not finite', run.reason)
-  run.status = 'diverged' if diverged else 'failed'
-  run.diverged_step = int(diverged.group(1)) if diverged else None
-
-
-def trainer_executable() -> List[str]:
-  """``t5xv-train`` of this Python's environment (its launcher sets up huge pages on CPU)."""
-  script = os.path.join(os.path.dirname(sys.executable), 't5xv-train')
-  return [script] if os.path.isfile(script) else [sys.executable, '-m', 't5x_variants.cli.train']
-
-
-def stop_with_sweep():
-  """Called by a trainer at its start: if ``t5xv-sweep`` started it (``SWEEP_PID_ENV`` set;
-  Linux), the kernel sends it SIGTERM when the sweep process dies, even by SIGKILL
-  (``PR_SET_PDEATHSIG``; at once if the sweep is gone already), so it saves a checkpoint and stops
-  instead of training on unrecorded beside a rerun sweep's trainer of the same run."""
-  sweep = os.environ.get(SWEEP_PID_ENV)
-  if not sweep or not sys.platform.startswith('linux'):
-    return
-  ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-  if os.getppid() != int(sweep):
-    os.kill(os.getpid(), signal.SIGTERM)
-
-
 def _absolute(sweep_dir: str) -> str:
   return sweep_dir if storage.scheme(sweep_dir) else os.path.abspath(sweep_dir)
-
-
-def _local_dir(sweep_dir: str) -> str:
-  """Where the sweep's lock and its trainers' logs are written as they grow: the sweep directory,
-  or for one on an object store (which cannot lock or append) a directory of this host's named
-  after it; each log is copied to its run directory when its trainer ends."""
-  if not storage.scheme(sweep_dir):
-    return sweep_dir
-  return os.path.join(tempfile.gettempdir(),
-                      't5xv-sweep-' + hashlib.sha256(sweep_dir.encode()).hexdigest()[:16])
-
-
-def _lock(sweep_dir: str):
-  """An exclusive lock on the sweep directory for this process's lifetime and its trainers' (two
-  sweeps on one directory would train the same runs). A sweep on an object store is locked on
-  this host only."""
-  local = _local_dir(sweep_dir)
-  os.makedirs(local, exist_ok=True)
-  handle = open(os.path.join(local, '.lock'), 'w')
-  try:
-    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-  except BlockingIOError:
-    raise SweepError(f'another t5xv-sweep (or a trainer it started) is running in {sweep_dir}; '
-                     'wait for it or stop it') from None
-  return handle
-
-
-@dataclasses.dataclass
-class _Attempt:
-  """One run's trainer process."""
-  run: Run
-  proc: subprocess.Popen
-  log_file: str
-  log_start: int
-  start: float
-
-
-def _start(sweep: Sweep, run: Run, executable: Sequence[str], lock, shared: bool) -> _Attempt:
-  """Starts ``run``'s trainer; ``shared``: beside others, so JAX takes device memory as needed
-  instead of most of it at start (unless the environment says otherwise)."""
-  env = dict(os.environ, **{SWEEP_PID_ENV: str(os.getpid())})
-  if shared:
-    env.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
-  log_dir = os.path.join(_local_dir(sweep.sweep_dir), run.name)
-  os.makedirs(log_dir, exist_ok=True)
-  log_file = os.path.join(log_dir, 'train.log')
-  run.status = 'running'
-  sweep.save()
-  with open(log_file, 'a') as log:
-    log_start = log.tell()
-    # The trainer holds the sweep's lock too (pass_fds): a rerun sweep waits until it is gone.
-    proc = subprocess.Popen(sweep.command(run, executable), stdout=log, stderr=subprocess.STDOUT,
-                            env=env, pass_fds=(lock.fileno(),))
-  return _Attempt(run, proc, log_file, log_start, time.time())
-
-
-def _end(sweep: Sweep, attempt: _Attempt, returncode: int, interrupted: bool) -> float:
-  """Records the run's outcome in sweep.json; returns its seconds."""
-  run, seconds = attempt.run, time.time() - attempt.start
-  run.seconds = (run.seconds or 0) + seconds
-  finished = run_records.read_run(sweep.model_dir(run)).finished()
-  _outcome(run, returncode, finished, attempt.log_file, attempt.log_start)
-  if storage.scheme(sweep.sweep_dir):
-    storage.copy(attempt.log_file, storage.join(sweep.model_dir(run), 'train.log'))
-  if interrupted and not finished:
-    run.status, run.reason = 'interrupted', None
-  sweep.save()
-  return seconds
-
-
-def run_sweep(sweep: Sweep, executable: Sequence[str], say: Callable[[str], None] = print,
-              parallel: int = 1) -> Dict:
-  """Trains every unfinished run of the grid in order, ``parallel`` at a time (each its own
-  trainer process), saving sweep.json around each; a failed or diverged run does not stop the
-  others. SIGINT and SIGTERM are passed on to the trainers as SIGTERM (they save a checkpoint),
-  and then raise KeyboardInterrupt. Returns {status: count}."""
-  lock = _lock(sweep.sweep_dir)
-  sweep.update_from_run_dirs()
-  todo = [r for r in sweep.runs if r.status not in FINISHED]
-  durations, running, started = [], [], 0
-  previous_sigterm = signal.signal(signal.SIGTERM, signal.default_int_handler)
-  try:
-    while todo[started:] or running:
-      while todo[started:] and len(running) < parallel:
-        run = todo[started]
-        started += 1
-        left = len(todo) - started + 1
-        eta = (f'sweep eta {format_duration(sum(durations) / len(durations) * left / parallel)}'
-               if durations else 'sweep eta: after the first run')
-        say(f'[{started}/{len(todo)}] {run.variant} seed {run.seed}: training in '
-            f'{sweep.model_dir(run)} ({eta})')
-        running.append(_start(sweep, run, executable, lock, parallel > 1))
-      try:
-        done = _wait_any(running)
-      except KeyboardInterrupt:
-        for attempt in running:  # SIGTERM: a background job's SIGINT is ignored until the
-          attempt.proc.send_signal(signal.SIGTERM)  # trainer sets its handler
-        for attempt in running:
-          _end(sweep, attempt, attempt.proc.wait(), interrupted=True)
-        raise
-      running.remove(done)
-      durations.append(_end(sweep, done, done.proc.returncode, interrupted=False))
-      run = done.run
-      say(f'[{todo.index(run) + 1}/{len(todo)}] {run.variant} seed {run.seed}: {run.status} in '
-          f'{format_duration(durations[-1])}' + (f': {run.reason}' if run.reason else ''))
-  finally:
-    signal.signal(signal.SIGTERM, previous_sigterm)
-    lock.close()
-  return dict(collections.Counter(r.status for r in sweep.runs))
-
-
-def _wait_any(running: List[_Attempt]) -> _Attempt:
-  """The first of ``running`` whose process has ended."""
-  if len(running) == 1:
-    running[0].proc.wait()
-    return running[0]
-  while True:
-    for attempt in running:
-      if attempt.proc.poll() is not None:
-        return attempt
-    time.sleep(0.2)

@@ -245,8 +245,9 @@ def group_markdown(group: Group, out_dir: str, baseline: Optional[str] = None) -
               + (f' What it found: {group.paper.findings}' if group.paper.findings else ''), '']
   lines += table(group) + ['']
   task = next((t.record.task for t in group.trials if t.record.task), None)
+  metric = plots.metric_name(group)
   what = ('Log-perplexity: teacher-forced cross-entropy per target token'
-          if plots.metric_name(group) == 'log-perplexity' else
+          if metric == 'log-perplexity' else
           'Eval loss: the head\'s loss (cross-entropy per example; a regression head\'s squared error)')
   lines.append(f'{what} on the held-out '
                f'split of `{task}` at the last evaluation (final) and the lowest of all (best), '
@@ -281,7 +282,6 @@ def group_markdown(group: Group, out_dir: str, baseline: Optional[str] = None) -
                 'below (above) 0.', '']
       lines += sensitivity_table(rate_curves, baseline) + ['']
   for title, path in plots.group_plots(group, out_dir, final_values, diverged_step, rate_curves):
-    metric = plots.metric_name(group)
     lines += [f'![{title.replace("log-perplexity", metric)}]({os.path.basename(path)})', '',
               f'*{CAPTIONS[title].format(metric=metric)}*', '']
   return lines

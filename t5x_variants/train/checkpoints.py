@@ -153,9 +153,10 @@ class Checkpointer:
     checkpoint. A checkpoint of another run configuration raises CheckpointError: other parameter
     names or shapes, another optimizer state (other optimizer settings), or a state that reads
     with a data position this run cannot take (another number of processes or data pipeline), a
-    checkpoint of parameters only (t5xv-import's). A read that fails for a cause outside the checkpoint (memory, the network, the bucket's
-    permissions) raises CheckpointError too, moving nothing. Any other that cannot be read is
-    damaged: it is renamed ``<name>.unreadable`` and the one before is tried."""
+    checkpoint of parameters only (t5xv-import's). A read that fails for a cause outside the
+    checkpoint (memory, the network, the bucket's permissions) raises CheckpointError too, moving
+    nothing. Any other that cannot be read is damaged: it is renamed ``<name>.unreadable`` and the
+    one before is tried."""
     steps = self.steps()
     for step in reversed(steps):
       path = ocp.step.build_step_path(self.model_dir, _NAME_FORMAT, step)
@@ -250,25 +251,27 @@ def checkpoint_path(path: str) -> epath.Path:
   return latest.path
 
 
+def _saved_tree(path: epath.Path):
+  """The metadata tree of the state saved in checkpoint ``path`` (orbax's)."""
+  handler = ocp.PyTreeCheckpointHandler()
+  try:
+    return handler.metadata(path / 'state').tree
+  finally:
+    handler.close()
+
+
 def _saved_parts(path: epath.Path) -> Optional[set]:
   """The top-level names of the state saved in checkpoint ``path``; None if its metadata does not
   read (a damaged checkpoint)."""
-  handler = ocp.PyTreeCheckpointHandler()
   try:
-    return set(handler.metadata(path / 'state').tree)
+    return set(_saved_tree(path))
   except Exception:  # pylint: disable=broad-except  (no readable metadata: damaged)
     return None
-  finally:
-    handler.close()
 
 
 def _saved_shapes(path: epath.Path, part: str = 'params'):
   """{'a/b/c': shape} of ``part`` of the state saved in checkpoint ``path`` (orbax's metadata)."""
-  handler = ocp.PyTreeCheckpointHandler()
-  try:
-    return _shapes(handler.metadata(path / 'state').tree[part])
-  finally:
-    handler.close()
+  return _shapes(_saved_tree(path)[part])
 
 
 def _shapes(tree):
