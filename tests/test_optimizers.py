@@ -7,8 +7,8 @@ import numpy as np
 import optax
 import pytest
 
-from t5x_variants.train import optimizer
-from train_helpers import records_of, run_train, saved_state, train_losses
+from t5x_variants.train import optimizer, partitioning
+from train_helpers import records_of, run_train, saved_state, setup, synthetic_batch, train_losses
 
 PARAMS = {'decoder': {'layers': {'w': jnp.array([[1.0, -2.0], [0.5, 3.0]])}},  # 2 scanned layers
           'token_embedder': {'embedding': jnp.array([0.3, -0.7])}}
@@ -63,6 +63,16 @@ def test_global_norm_clip_and_frozen_paths():
                                             global_norm_clip=1.0))
   np.testing.assert_allclose(u['decoder']['layers']['w'], -w / float(jnp.linalg.norm(w)), rtol=1e-6)
   assert not np.asarray(u['token_embedder']['embedding']).any()
+
+
+def test_grad_norm_is_over_the_trained_parameters():
+  """The logged gradient norm leaves a frozen path's gradient out, as the clip does."""
+  tx = optimizer.make_optimizer(PARAMS, 1.0, frozen=['token_embedder'])
+  np.testing.assert_allclose(tx.trained_norm(GRADS), jnp.linalg.norm(GRADS['decoder']['layers']['w']))
+  mesh, batch = partitioning.MeshConfig().mesh(), synthetic_batch()
+  norms = [float(step(state, batch, jax.random.PRNGKey(0))[1]['grad_norm'])
+           for state, step in (setup(mesh), setup(mesh, frozen=['token_embedder']))]
+  assert 0 < norms[1] < 0.999 * norms[0], norms  # the embedding's gradient: 8% of the square
 
 
 @pytest.mark.parametrize('name', ['adam', 'adamw'])

@@ -21,14 +21,15 @@ def synthetic_batch(batch=8, length=8, seed=0):
   return train_step.synthetic_batch(tiny(), batch, {'inputs': length, 'targets': length}, seed)
 
 
-def setup(mesh, config=None, lr=0.01, optimizer_fn=optimizer.adafactor, **step_kwargs):
+def setup(mesh, config=None, lr=0.01, optimizer_fn=optimizer.adafactor, frozen=(), **step_kwargs):
   """(state, jitted step) of a tiny encoder-decoder on ``mesh`` with ``optimizer_fn`` (default
-  Adafactor) at constant lr."""
+  Adafactor) at constant lr, ``frozen`` paths not trained."""
   import jax
   config = config or tiny()
   model = build_model(config)
   schedule = optimizer.learning_rate_schedule('constant', base=lr)
-  tx_fn = lambda params: optimizer.make_optimizer(params, learning_rate=schedule, optimizer=optimizer_fn)
+  tx_fn = lambda params: optimizer.make_optimizer(params, learning_rate=schedule, optimizer=optimizer_fn,
+                                                  frozen=frozen)
   state, shardings, tx = init_state(model, tx_fn, mesh, partitioning.MeshConfig().rules(),
                                     jax.random.PRNGKey(0), init_inputs(config))
   step = train_step.make_train_step(shardings, mesh, model=model, config=config, tx=tx,

@@ -10,7 +10,7 @@ and its parameter scale and clipping stay per layer, as T5X's factor rules treat
 elementwise Adam this changes nothing. Parameters of a ``fixed_random`` synthesizer (and any path
 listed in ``make_optimizer.frozen``) get no update.
 """
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import gin
 import jax
@@ -122,6 +122,19 @@ def param_labels(params, frozen: Sequence[str] = ()):
   return jax.tree_util.tree_map_with_path(label, params)
 
 
+class Optimizer(NamedTuple):
+  """An optax transformation (``init``, ``update``) with its ``labels`` (``param_labels``)."""
+  init: Callable
+  update: Callable
+  labels: Any
+
+  def trained_norm(self, grads):
+    """The global L2 norm of the trained parameters' gradients (a frozen path's are none of it)."""
+    leaves = jax.tree_util.tree_leaves(grads)
+    return optax.tree_utils.tree_norm(
+        [g for g, label in zip(leaves, jax.tree_util.tree_leaves(self.labels)) if label != 'frozen'])
+
+
 @gin.configurable
 def adafactor(learning_rate, decay_rate: float = 0.8, clipping_threshold: float = 1.0,
               multiply_by_parameter_scale: bool = True, min_dim_size_to_factor: int = 128):
@@ -163,10 +176,10 @@ def make_optimizer(params, learning_rate, optimizer: Callable = adafactor,
                 optimizer(learning_rate) if n == 'default' else _per_layer(optimizer(learning_rate))
                 for n in sorted(set(jax.tree_util.tree_leaves(labels)))}
   tx = optax.multi_transform(transforms, labels)
-  if not global_norm_clip:
-    return tx
-  clip = optax.clip_by_global_norm(global_norm_clip)
-  trained = lambda grads: jax.tree_util.tree_map(
-      lambda g, label: jnp.zeros_like(g) if label == 'frozen' else g, grads, labels)
-  return optax.chain(optax.GradientTransformation(
-      clip.init, lambda grads, state, params=None: clip.update(trained(grads), state, params)), tx)
+  if global_norm_clip:
+    clip = optax.clip_by_global_norm(global_norm_clip)
+    trained = lambda grads: jax.tree_util.tree_map(
+        lambda g, label: jnp.zeros_like(g) if label == 'frozen' else g, grads, labels)
+    tx = optax.chain(optax.GradientTransformation(
+        clip.init, lambda grads, state, params=None: clip.update(trained(grads), state, params)), tx)
+  return Optimizer(tx.init, tx.update, labels)

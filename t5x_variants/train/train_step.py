@@ -17,7 +17,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from t5x_variants.models import losses
 from t5x_variants.models.config import TransformerConfig
-from t5x_variants.train import partitioning
+from t5x_variants.train import optimizer, partitioning
 
 # Model inputs per architecture: the feature converters' names, which the models' arguments share.
 MODEL_INPUTS = {
@@ -121,13 +121,14 @@ def _classification_sums(config: TransformerConfig, logits, batch, label_smoothi
   return m['loss'], m
 
 
-def train_step(state: TrainState, batch: Dict[str, jnp.ndarray], rng, *, model, config, tx,
-               schedule: Callable, num_microbatches: int = 1, label_smoothing: float = 0.0,
+def train_step(state: TrainState, batch: Dict[str, jnp.ndarray], rng, *, model, config,
+               tx: optimizer.Optimizer, schedule: Callable, num_microbatches: int = 1, label_smoothing: float = 0.0,
                z_loss: float = 0.0, loss_normalizing_factor: Union[str, float] = 'num_tokens',
                dropout: bool = False):
   """Returns (new state, metrics). A step whose loss or gradients are not finite leaves the
   parameters and optimizer statistics unchanged (metrics['skipped'] = 1); the step counts still
-  advance, the optimizer's with the state's, so the learning rate logged is the one applied."""
+  advance, the optimizer's with the state's, so the learning rate logged is the one applied.
+  ``grad_norm`` is over the trained parameters (a frozen path's gradient updates nothing)."""
   grad_fn = jax.grad(functools.partial(summed_loss, model, config, label_smoothing=label_smoothing,
                                        z_loss=z_loss), argnums=0, has_aux=True)
   micro = jax.tree_util.tree_map(lambda x: x.reshape((num_microbatches, -1) + x.shape[1:]), batch)
@@ -148,7 +149,7 @@ def train_step(state: TrainState, batch: Dict[str, jnp.ndarray], rng, *, model, 
   metrics = {'loss': sums['loss'] / factor, 'z_loss': sums['z_loss'] / factor,
              'token_accuracy': sums['correct'] / jnp.maximum(sums['num_tokens'], 1.0),
              'num_tokens': sums['num_tokens'], 'learning_rate': schedule(state.step),
-             'grad_norm': optax.tree_utils.tree_norm(grads), 'param_norm': optax.tree_utils.tree_norm(new.params)}
+             'grad_norm': tx.trained_norm(grads), 'param_norm': optax.tree_utils.tree_norm(new.params)}
   finite = jnp.isfinite(metrics['loss']) & jnp.isfinite(metrics['grad_norm'])
   keep = lambda a, b: jax.tree_util.tree_map(lambda x, y: jnp.where(finite, x, y), a, b)
   # the step still counts (it consumed a batch): so do the optimizer's (optax's 'count' fields)
@@ -163,7 +164,7 @@ class StateLayout(NamedTuple):
   """Where a TrainState lives: its abstract form (with shardings), the shardings, the optimizer."""
   abstract: TrainState
   shardings: TrainState
-  tx: optax.GradientTransformation
+  tx: optimizer.Optimizer
 
 
 def state_layout(model, tx_fn: Callable, mesh, rules, rng, init_inputs) -> StateLayout:
