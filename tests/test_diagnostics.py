@@ -2,6 +2,7 @@
 a fixed batch, against direct computations; in the trainer: no effect on training, the update
 norm against the checkpoints' parameters, and a resume that continues the values."""
 import functools
+import json
 
 import gin
 import jax
@@ -123,13 +124,19 @@ def run(model_dir, steps, period=1):
 @pytest.fixture(scope='module')
 def runs(tmp_path_factory):
   """{'on': 4 steps with diagnostics every step, 'off': the same without, 'resumed': 2 steps with
-  diagnostics, then resumed to 4} (their model directories), and the diagnostics.npz bytes of
+  diagnostics, step 2's record then lost (as by a stop between that step's checkpoint and its
+  diagnostics), then resumed to 4} (their model directories), and the diagnostics.npz bytes of
   'resumed' before its resumption."""
   dirs = {name: tmp_path_factory.mktemp(name) for name in ('on', 'off', 'resumed')}
   run(dirs['on'], 4)
   run(dirs['off'], 4, period=0)
   run(dirs['resumed'], 2)
   saved = (dirs['resumed'] / diagnostics.FILE).read_bytes()
+  log = dirs['resumed'] / 'metrics.jsonl'
+  lines = log.read_text().splitlines(keepends=True)
+  lost = [line for line in lines if '"kind": "diagnostics"' in line and json.loads(line)['step'] == 2]
+  assert len(lost) == 1
+  log.write_text(''.join(line for line in lines if line not in lost))
   run(dirs['resumed'], 4)
   gin.clear_config()
   return dirs, saved
@@ -175,7 +182,8 @@ def test_update_norm_is_zero_at_step_0_then_the_distance_of_the_outputs(runs):
 
 def test_a_resumed_run_continues_with_the_saved_batch_and_outputs(runs):
   """2 steps, then resumed to 4 (its first batch is batch 3): the diagnostics of steps 0-4 are
-  those of the straight run, and diagnostics.npz was reloaded, not rewritten."""
+  those of the straight run (step 2's, lost, redone at the resumption), and diagnostics.npz was
+  reloaded, not rewritten."""
   dirs, saved = runs
   assert [r['step'] for r in diagnostics_records(dirs['resumed'])] == [0, 1, 2, 3, 4]
   assert diagnostics_records(dirs['resumed']) == diagnostics_records(dirs['on'])

@@ -110,6 +110,11 @@ class MetricsLogger:
             if r.get('kind') == 'eval' and r.get('step') == step and 'split' not in r}
     return set(tasks) <= done
 
+  def diagnosed(self, step: int) -> bool:
+    """Whether the run directory holds a diagnostics record of ``step``."""
+    return any(r.get('kind') == 'diagnostics' and r.get('step') == step
+               for r in read_records(self.model_dir))
+
   def diagnostics(self, step: int, values: Mapping[str, float]):
     """Logs the per-layer diagnostics of ``train/diagnostics.py``."""
     if self.enabled:

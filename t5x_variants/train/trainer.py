@@ -234,11 +234,14 @@ class _DiagnosticsLog:
     self.diag, self.period, self.logger = diag, period, logger
 
   def begin(self, step: int, params, batch, fresh: bool) -> bool:
-    """Sets up the fixed batch (``Diagnostics.begin``); logs and returns True if made now."""
+    """Sets up the fixed batch (``Diagnostics.begin``) and logs ``step``'s diagnostics if the batch
+    was made now, or if the step is due and has no record (a stop between its checkpoint and its
+    diagnostics); True if logged."""
     made = self.diag.begin(params, batch, fresh=fresh)
-    if made:
+    if made or (self.due(step) and _on_process0(lambda: not self.logger.diagnosed(step))):
       self(step, params)
-    return made
+      return True
+    return False
 
   def due(self, step: int) -> bool:
     return step % self.period == 0
@@ -300,8 +303,13 @@ def _eval_due_at_start(start: int, eval_period: int, eval_at_start: bool,
     return eval_at_start
   if not eval_period or start % eval_period:
     return False
-  missing = jax.process_index() == 0 and not logger.evaluated(start, tasks())
-  return bool(multihost_utils.broadcast_one_to_all(np.asarray(missing)))
+  return _on_process0(lambda: not logger.evaluated(start, tasks()))
+
+
+def _on_process0(question: Callable[[], bool]) -> bool:
+  """Process 0's answer to ``question`` (which reads the run directory), for every process."""
+  answer = jax.process_index() == 0 and question()
+  return bool(multihost_utils.broadcast_one_to_all(np.asarray(answer)))
 
 
 def _stop(run: _Run, stop: _NonFiniteStop, model_dir: str):
