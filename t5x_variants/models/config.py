@@ -72,9 +72,9 @@ class TransformerConfig:
     remat: what the backward pass keeps of each layer (models/stack.py REMAT_POLICIES); the
       rest is recomputed. 'none' keeps everything, 'full' nothing; 'auto' is chosen per platform
       (``remat_policy``).
-    attention_kernel: 'auto' (cuDNN fused attention on a GPU with bfloat16 compute, the Pallas
-      flash attention on a TPU, else XLA), 'xla' (the reference path), 'cudnn' or 'pallas'
-      (layers/fused_attention.py).
+    attention_kernel: 'auto' (cuDNN fused attention on a GPU with a 16-bit compute dtype; on a
+      TPU the row kernel up to 512 x 512, Pallas flash attention beyond; else XLA), 'xla' (the
+      reference path), 'cudnn' or 'pallas' (layers/fused_attention.py).
     head: 'lm' (the architecture's logits over the vocabulary) or 'classification' (encoder-only:
       BERT's pooler and classifier on the first token, logits (batch, 1, num_labels)).
     num_labels: the classification head's outputs; 1 is regression (STS-B).
