@@ -86,15 +86,30 @@ def test_greedy_is_the_argmax_of_a_full_forward_pass_on_its_own_output(arch):
 
 
 @pytest.mark.parametrize('arch', ARCHS)
-def test_beam_search_of_width_one_is_greedy(arch):
-  """Exact with length_penalty 0: only a top-ranked EOS finishes, and once greedy ends in EOS the
-  alive beam (a lower-probability continuation) cannot beat it; a positive penalty could prefer
-  a longer hypothesis."""
+def test_beam_search_of_width_one_offers_every_eos_candidate_to_the_finished(arch):
+  """As T5X: a step ranks 2 * beams candidates, the alive beam is the best not ending in EOS (at
+  width 1: greedy's path), and every candidate ending in EOS is offered to the finished set, the
+  second-ranked too. With length_penalty 0 the result is the best of greedy's own ending and the
+  exits to a second-ranked EOS along greedy's path (greedy where neither exists)."""
   s = setup(arch)
   greedy, greedy_scores = s.decode(max_decode_length=M)
   beam, scores = s.decode(max_decode_length=M, method='beam', num_beams=1, length_penalty=0.0)
-  np.testing.assert_array_equal(beam, greedy)
-  np.testing.assert_allclose(scores, greedy_scores, rtol=1e-5)
+  log_probs = s.teacher_forced(greedy)
+  token = token_log_probs(log_probs, greedy)
+  before = np.cumsum(token, 1) - token  # log p of greedy's first t tokens
+  alive = upto_eos(greedy) & (greedy != EOS)
+  exits = np.where(alive & (np.argsort(-log_probs, -1)[..., 1] == EOS), before + log_probs[..., EOS],
+                   -np.inf)
+  ended = (greedy == EOS).any(1)
+  best_exit = exits.argmax(1)
+  take_exit = exits.max(1) > np.where(ended, greedy_scores, -np.inf)
+  want = greedy.copy()
+  for row in np.flatnonzero(take_exit):
+    want[row, best_exit[row]:] = 0
+    want[row, best_exit[row]] = EOS
+  np.testing.assert_array_equal(beam, want)
+  np.testing.assert_allclose(scores, np.where(take_exit, exits.max(1), greedy_scores), rtol=1e-5)
+  assert take_exit.any()  # the case the rule decides
 
 
 @pytest.mark.parametrize('arch', ARCHS)

@@ -79,10 +79,10 @@ def _gather_beams(cache, index, scan_layers: bool):
 def _beam_search(step, cache, prompt, lengths, max_len, beams, alpha, eos_id, scan_layers):
   """Beam search as in GNMT / T5X (Wu et al. 2016): ``beams`` alive and ``beams`` finished
   hypotheses per row; a finished one scores log p / lp(length), lp(n) = ((5 + n) / 6) ** alpha,
-  n counting EOS. Of each step's 2 * beams best candidates, the best ``beams`` not ending in EOS
-  stay alive, and those ending in EOS finish only if ranked within the top ``beams`` (as fairseq),
-  so width 1 follows greedy. Rows with no finished hypothesis at the end return their best alive
-  one."""
+  n counting EOS (the generated tokens: a decoder-only prompt is not counted). Of each step's
+  2 * beams best candidates, the best ``beams`` not ending in EOS stay alive, and every one
+  ending in EOS is offered to the finished set (as T5X; fairseq finishes only those within the
+  top ``beams``). Rows with no finished hypothesis at the end return their best alive one."""
   batch = prompt.shape[0]
   penalty = lambda n: ((5.0 + n) / 6.0)**alpha
   take = jax.vmap(lambda x, i: x[i])  # per row: x (hyps, ...)[i (k,)]
@@ -100,9 +100,8 @@ def _beam_search(step, cache, prompt, lengths, max_len, beams, alpha, eos_id, sc
     cand_seqs = jnp.where(jnp.arange(max_len) == j[..., None], new[..., None], take(seqs, parent))
     eos = new == eos_id
     new_logp, keep = jax.lax.top_k(jnp.where(eos, -jnp.inf, cand), beams)
-    finishes = eos & (jnp.arange(2 * beams) < beams)
     new_fin, fin_keep = jax.lax.top_k(
-        jnp.concatenate([fin, jnp.where(finishes, cand / penalty(j + 1), -jnp.inf)], 1), beams)
+        jnp.concatenate([fin, jnp.where(eos, cand / penalty(j + 1), -jnp.inf)], 1), beams)
     frozen = (j < 0) | (j >= max_len)  # inside the prompt or past max_len: keep the state
     hold = lambda old, update: jnp.where(frozen.reshape(-1, *[1] * (old.ndim - 1)), old, update)
     parent = hold(jnp.arange(beams)[None], take(parent, keep))
