@@ -339,14 +339,17 @@ def test_eval_all_skips_a_checkpoint_removed_after_listing(vanished, tmp_path, m
 
 
 def test_best_over_checkpoints_takes_the_lowest_loss_and_the_highest_score():
-  results = {'10': {'rte': {'loss': 1.0, 'accuracy': 60.0, 'num_tokens': 5.0}},
+  """An undefined score (NaN: a constant prediction's correlation, as STS-B early on) is no best."""
+  results = {'10': {'rte': {'loss': 1.0, 'accuracy': 60.0, 'num_tokens': 5.0},
+                    'stsb': {'pearson': float('nan')}},
              '20': {'rte': {'loss': 0.5, 'accuracy': 55.0, 'num_tokens': 5.0},
-                    'cola': {'mcc': 30.0, 'log_perplexity': 2.0}},
-             '30': {'cola': {'mcc': 42.0, 'log_perplexity': 2.5}},
+                    'cola': {'mcc': 30.0, 'log_perplexity': 2.0}, 'stsb': {'pearson': 85.0}},
+             '30': {'cola': {'mcc': 42.0, 'log_perplexity': 2.5}, 'stsb': {'pearson': float('nan')}},
              'best': {'stale': {}}}
   assert eval_cli.best_over_checkpoints(results) == {
       'rte': {'loss': {'value': 0.5, 'step': 20}, 'accuracy': {'value': 60.0, 'step': 10}},
-      'cola': {'mcc': {'value': 42.0, 'step': 30}, 'log_perplexity': {'value': 2.0, 'step': 20}}}
+      'cola': {'mcc': {'value': 42.0, 'step': 30}, 'log_perplexity': {'value': 2.0, 'step': 20}},
+      'stsb': {'pearson': {'value': 85.0, 'step': 20}}}
 
 
 def test_results_written_before_the_split_key_are_read_as_validation(tmp_path):

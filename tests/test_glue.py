@@ -235,7 +235,8 @@ def test_postprocessors():
   wsc = {'targets_pretokenized': b'The city councilmen', 'label': 0}
   assert sg.wsc_postprocess('the councilmen', example=wsc) == 1
   assert sg.wsc_postprocess('the demonstrators', example=wsc) == 0
-  assert sg.wsc_postprocess('', example=wsc) == 0
+  # No content word: -1, which never equals a label (an empty answer must not score label 0).
+  assert sg.wsc_postprocess('', example=wsc) == sg.wsc_postprocess('the .', example=wsc) == -1
   assert sg.wsc_postprocess('The city councilmen', example=wsc, is_target=True) == 0
 
 

@@ -19,6 +19,7 @@ metric over the evaluated checkpoints with its step, also printed); checkpoints 
 the same split and tasks are skipped.
 """
 import json
+import math
 import sys
 import time
 from typing import Mapping, Optional
@@ -98,8 +99,8 @@ def best_over_checkpoints(results) -> dict:
       continue
     for task, metrics in by_task.items():
       for name, value in metrics.items():
-        if name == 'num_tokens' or value is None:
-          continue
+        if name == 'num_tokens' or value is None or not math.isfinite(value):
+          continue  # an undefined score (a constant prediction's correlation) is no best
         current = best.setdefault(task, {}).get(name)
         lower = name in LOWER_IS_BETTER
         if current is None or (value < current['value'] if lower else value > current['value']):

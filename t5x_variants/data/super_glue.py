@@ -131,9 +131,12 @@ def _content_words(text: str) -> set:
 
 def wsc_postprocess(output: str, example=None, is_target: bool = False) -> int:
   """Targets: the example's label. Predictions: 1 if the predicted noun phrase matches the
-  candidate (one's content words contain the other's), else 0."""
+  candidate (one's content words contain the other's), else 0; -1, never a label, if the
+  prediction has no content word (as T5's wsc_simple: an empty answer must not match label 0)."""
   if is_target:
     return int(example['label'])
   predicted = _content_words(output)
+  if not predicted:
+    return -1
   candidate = _content_words(tasks.text(example['targets_pretokenized']))
-  return int(bool(predicted and candidate) and (predicted <= candidate or candidate <= predicted))
+  return int(bool(candidate) and (predicted <= candidate or candidate <= predicted))
