@@ -209,7 +209,8 @@ def test_mixtures_and_idempotence(register, glue_dir, super_glue_dir):
   assert 'glue_cola_local' not in names and 'glue_proportional_local' not in seqio.MixtureRegistry.names()
   glue_tasks = {f'glue_{t}' for t in ('cola', 'sst2', 'mrpc', 'qqp', 'stsb', 'mnli', 'qnli', 'rte', 'wnli')}
   super_tasks = {f'super_glue_{t}' for t in ('boolq', 'cb', 'copa', 'multirc', 'record', 'rte', 'wic', 'wsc')}
-  assert {t.name for t in seqio.get_mixture_or_task('glue_proportional').tasks} == glue_tasks
+  assert {t.name for t in seqio.get_mixture_or_task('glue_proportional').tasks} == glue_tasks - {'glue_wnli'}
+  assert 'glue_wnli' in seqio.TaskRegistry.names()  # T5's mixture leaves it out; a task of its own
   assert {t.name for t in seqio.get_mixture_or_task('super_glue_proportional').tasks} == super_tasks
   assert register() == []
   local = register(glue_dir=str(glue_dir), super_glue_dir=str(super_glue_dir), mixing_maximum=2)
