@@ -182,12 +182,20 @@ def test_a_run_directory_read_back(tmp_path):
              train_record(30, 4.0, tokens_per_second=30.0),
              train_record(30, 4.5, tokens_per_second=20.0),  # resumed: logged again, latest wins
              {'step': 30, 'kind': 'eval', 'task': 't', 'log_perplexity': 5.2},
-             {'step': 40, 'kind': 'eval', 'task': 't', 'log_perplexity': 5.3}]
+             {'step': 40, 'kind': 'eval', 'task': 't', 'log_perplexity': 5.3},
+             # t5xv-eval's records beside them: its decoded score joins the run's own eval of the
+             # step, whose log-perplexity stands; a step the run did not evaluate is its alone
+             {'step': 40, 'kind': 'eval', 'task': 't', 'split': 'validation', 'log_perplexity': 4.0,
+              'accuracy': 70.0},
+             {'step': 50, 'kind': 'eval', 'task': 't', 'split': 'validation', 'log_perplexity': 5.25},
+             {'step': 50, 'kind': 'eval', 'task': 't', 'split': 'test', 'log_perplexity': 1.0}]
   write_metrics(tmp_path / 'r', records, total_steps=40, params=1234567)
   run = runs.read_run(str(tmp_path / 'r'))
   assert (run.step, run.total_steps, run.params, run.task) == (30, 40, 1234567, 't')
   assert [r['loss'] for r in run.train] == [6.0, 5.0, 4.5]
-  assert (run.final_eval(), run.best_eval()) == (5.3, 5.2)
+  assert [(r['step'], r['log_perplexity'], r.get('accuracy')) for r in run.evals['t']] == [
+      (20, 5.5, None), (30, 5.2, None), (40, 5.3, 70.0), (50, 5.25, None)]
+  assert (run.final_eval(), run.best_eval()) == (5.25, 5.2)
   assert run.tokens_per_second() == 15.0  # the first window (compilation) left out
   assert run.diverged_at() is None
 

@@ -83,6 +83,16 @@ def _last_by_step(records: List[dict]) -> List[dict]:
   return sorted({r['step']: r for r in records}.values(), key=lambda r: r['step'])
 
 
+def _evals_by_step(records: List[dict]) -> List[dict]:
+  """One eval record per step: the training run's own (the latest where a resumed run logged the
+  step again) with the metrics that only ``t5xv-eval``'s validation records of that step add
+  (scores of decoded text); where both have a metric, the run's own stands, so a curve over
+  steps is one way of evaluating."""
+  own = {r['step']: r for r in records if 'split' not in r}
+  added = {r['step']: r for r in records if 'split' in r}
+  return [{**added.get(s, {}), **own.get(s, {})} for s in sorted(own.keys() | added.keys())]
+
+
 def read_run(model_dir: str) -> RunRecord:
   records = read_records(model_dir)
   evals = {}
@@ -96,6 +106,6 @@ def read_run(model_dir: str) -> RunRecord:
   found = re.search(r'Total number of parameters: ([\d,]+)', _read(model_dir, 'model-info.txt'))
   params = int(found.group(1).replace(',', '')) if found else None
   return RunRecord(model_dir, _last_by_step([r for r in records if r.get('kind') == 'train']),
-                   {t: _last_by_step(v) for t, v in evals.items()},
+                   {t: _evals_by_step(v) for t, v in evals.items()},
                    _last_by_step([r for r in records if r.get('kind') == 'diagnostics']),
                    total_steps, params)
