@@ -16,8 +16,11 @@ predicted right; ``accuracy`` (percent) is a task metric of the decoded text or 
 to RUN/metrics.jsonl (kind 'eval', with the split), TensorBoard and RUN/eval_results.json
 ({split: {step: {task: metrics}}}, and under each split's 'best' each task's best value of every
 metric over the evaluated checkpoints with its step, also printed); checkpoints already there for
-the same split and tasks are skipped.
+the same split and tasks are skipped. Each split's results record the settings they were made with
+(``settings``: feature lengths, batch and example limits, inference, z-loss, decoding options); a
+call with other settings for a split already evaluated is one error, not a mix of the two.
 """
+import dataclasses
 import json
 import math
 import sys
@@ -37,6 +40,7 @@ from t5x_variants.train.predictor import (DecodeOptions, Predictor, continuation
 
 RESULTS = 'eval_results.json'
 BEST = 'best'  # eval_results.json's key for the best value of each metric over checkpoints
+SETTINGS = 'settings'  # its key for how a split's results were made
 LOWER_IS_BETTER = ('loss', 'z_loss', 'log_perplexity', 'continuation_log_perplexity')
 DEFAULT_SPLIT = 'validation'
 VANISH_WAIT_SECS = 5.0  # how long a checkpoint that failed to load is watched for its deletion
@@ -108,6 +112,18 @@ def best_over_checkpoints(results) -> dict:
   return best
 
 
+def _check_settings(results: dict, path, split: str, settings: dict):
+  """Records ``settings`` in a split's results (a file from before settings were recorded takes
+  them); ValueError if the split's results were made with others (skipping the checkpoints they
+  hold would mix the two ways of evaluating)."""
+  recorded = json.loads(json.dumps(results.setdefault(SETTINGS, settings)))  # as read back
+  now = json.loads(json.dumps(settings))
+  differ = [f'{k}: {recorded.get(k)!r} there, {now[k]!r} now' for k in now if recorded.get(k) != now[k]]
+  if differ:
+    raise ValueError(f'{path} holds {split} results made with other settings ({"; ".join(differ)}); '
+                     'evaluate with those settings, or move that file aside to start its results afresh')
+
+
 def read_results(path: epath.Path) -> dict:
   """eval_results.json as {split: {step: {task: metrics}, 'best': ...}}. A file written before
   results were keyed by split ({step: ...} at the top) is read as the default split's."""
@@ -157,7 +173,12 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
   results_file = run_dir / RESULTS
   all_results = read_results(results_file)
   results = all_results.setdefault(split, {})
-  predictor = Predictor(config, options=DecodeOptions(), z_loss=z_loss)
+  options = DecodeOptions()
+  _check_settings(results, results_file, split, {
+      'task_feature_lengths': dict(task_feature_lengths), 'batch_size': batch_size,
+      'max_batches': max_batches, 'max_examples': max_examples, 'inference': inference,
+      'z_loss': z_loss, 'prompt_length': prompt_length, 'decoding': dataclasses.asdict(options)})
+  predictor = Predictor(config, options=options, z_loss=z_loss)
   logger = MetricsLogger(str(run_dir), console=True)
   new = {}
   for path in paths:
