@@ -84,6 +84,15 @@ def test_resume_continues_with_the_same_state_and_data_position(reference, tmp_p
                          saved_state(ref_dir / 'checkpoint_4'))
 
 
+def test_a_relative_run_directory_saves_and_resumes(reference, tmp_path, monkeypatch):
+  """A relative model directory trains, saves and resumes as an absolute one (orbax refuses a
+  relative checkpoint path, and only at the first save)."""
+  monkeypatch.chdir(tmp_path)
+  run_train('runs/r', 2)
+  run_train('runs/r', 4)
+  assert train_losses(tmp_path / 'runs' / 'r') == reference[1]
+
+
 @pytest.mark.slow
 def test_a_checkpoint_of_8_devices_resumes_on_one(reference, tmp_path, subprocess_train):
   """2 steps on 8 host devices (data=4 x model=2, fsdp) in a subprocess, resumed here on one

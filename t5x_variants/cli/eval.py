@@ -163,7 +163,7 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
   common.use_run_vocabulary(checkpoint_path)
   paths = [checkpoints.checkpoint_path(checkpoint_path)]
   run_dir = paths[0].parent
-  if all_checkpoints and run_dir == epath.Path(checkpoint_path):
+  if all_checkpoints and run_dir == storage.path(checkpoint_path):
     paths = checkpoints.list_checkpoints(run_dir)
   mixture = tasks.get_task_or_mixture(mixture_or_task_name)
   common.check_vocabulary_size(config, mixture, mixture_or_task_name)

@@ -52,7 +52,9 @@ _configure_gcs_clients()
 
 
 def path(p: PathLike) -> epath.Path:
-  return epath.Path(p)
+  """``p`` as a path; a local one made absolute (orbax refuses a relative checkpoint path, and
+  only when it saves)."""
+  return epath.Path(p if scheme(p) else os.path.abspath(p))
 
 
 def scheme(p: PathLike) -> str:
