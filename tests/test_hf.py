@@ -97,6 +97,13 @@ def test_import_then_export_give_transformers_logits(ffn, tied, tmp_path):
   again = checkpoints.read_on_host(str(tmp_path / 'again'))
   jax.tree_util.tree_map(np.testing.assert_array_equal, again, params)
   assert {x.dtype for x in jax.tree_util.tree_leaves(again)} == {np.dtype(np.float32)}  # not float64
+  if ffn == 'relu':  # into a directory that is not empty: one error each, nothing there touched
+    before = {p.name: p.read_bytes() for p in (tmp_path / 'out').iterdir()}
+    with pytest.raises(ValueError, match='out already exists and is not empty; export into a new'):
+      hf_cli.export_checkpoint(str(tmp_path / 'run'), str(tmp_path / 'out'))
+    with pytest.raises(ValueError, match='out already exists and is not empty; import into a new'):
+      hf_cli.import_checkpoint(str(hf_dir), str(tmp_path / 'out'))
+    assert {p.name: p.read_bytes() for p in (tmp_path / 'out').iterdir()} == before
 
 
 def test_an_import_whose_weights_and_config_disagree_is_one_error(tmp_path):
@@ -107,6 +114,21 @@ def test_an_import_whose_weights_and_config_disagree_is_one_error(tmp_path):
   (hf_dir / 'config.json').write_text(json.dumps({**config, 'vocab_size': config['vocab_size'] * 2}))
   with pytest.raises(ValueError, match=r'weights and its config.json disagree: '
                                        r'token_embedder/embedding is \(\d+, \d+\) in the weights'):
+    hf_cli.import_checkpoint(str(hf_dir), str(tmp_path / 'run'))
+  assert not (tmp_path / 'run').exists()
+
+
+def test_an_import_with_weights_left_over_or_of_another_head_is_one_error(tmp_path):
+  """A config.json naming fewer layers than its weights hold imported a truncated model; a T5 of
+  another head (T5ForQuestionAnswering: its own output layer) imported as a language model."""
+  _, hf_dir = hf_model(tmp_path, 'relu', True)
+  config = json.loads((hf_dir / 'config.json').read_text())
+  (hf_dir / 'config.json').write_text(json.dumps({**config, 'num_layers': 1, 'num_decoder_layers': 1}))
+  with pytest.raises(ValueError, match=r'holds \d+ weights this configuration does not use \(e.g. '
+                                       r'decoder.block.1.'):
+    hf_cli.import_checkpoint(str(hf_dir), str(tmp_path / 'run'))
+  (hf_dir / 'config.json').write_text(json.dumps({**config, 'architectures': ['T5ForQuestionAnswering']}))
+  with pytest.raises(ValueError, match="of T5ForQuestionAnswering, not T5ForConditionalGeneration"):
     hf_cli.import_checkpoint(str(hf_dir), str(tmp_path / 'run'))
   assert not (tmp_path / 'run').exists()
 

@@ -34,6 +34,7 @@ from t5x_variants.train import checkpoints, storage
 
 VOCAB = 'vocab.model'  # the run's vocabulary (common.use_run_vocabulary)
 SPIECE = 'spiece.model'  # transformers' T5 tokenizer file
+LM_ARCHITECTURES = ('T5ForConditionalGeneration', 'T5WithLMHeadModel')  # the latter: its old name
 
 
 def _load_safetensors(data: bytes):
@@ -77,14 +78,24 @@ def _gin_value(value):
   return repr(tuple(value)) if isinstance(value, (tuple, list)) else repr(value)
 
 
+def _refuse_filled(directory, remedy: str):
+  """ValueError unless ``directory`` is new or empty: nothing there is overwritten or mixed with
+  the files written now (another model's tokenizer beside these weights)."""
+  if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
+    raise ValueError(f'{directory} already exists and is {"not empty" if directory.is_dir() else "a file"}; '
+                     f'{remedy}')
+
+
 def import_checkpoint(hf_dir: str, model_dir: str, scan_layers: bool = True):
   """Writes the run directory of the module doc; returns its TransformerConfig."""
   hf = json.loads((storage.path(hf_dir) / 'config.json').read_text())
-  if hf.get('model_type', 't5') != 't5' or not hf.get('is_encoder_decoder', True):
-    raise ValueError(f'{hf_dir} holds a {hf.get("model_type")!r} model, not transformers T5')
+  kind = hf.get('architectures') or ['T5ForConditionalGeneration']
+  if hf.get('model_type', 't5') != 't5' or not hf.get('is_encoder_decoder', True) or any(
+      a not in LM_ARCHITECTURES for a in kind):
+    raise ValueError(f'{hf_dir} holds a {hf.get("model_type")!r} model of {", ".join(kind)}, '
+                     'not T5ForConditionalGeneration (transformers T5 with its language-model head)')
   run = storage.path(model_dir)
-  if run.exists() and checkpoints.list_checkpoints(str(run)):
-    raise ValueError(f'{run} already holds checkpoints; import into a new directory')
+  _refuse_filled(run, 'import into a new directory')
   weights = read_hf_weights(hf_dir)
   bindings = hf_t5.config_bindings(hf, weights)
   named = {acts: name for name, acts in FFN_VARIANTS.items()}
@@ -135,9 +146,10 @@ def export_checkpoint(checkpoint_path: str, output_dir: str, params_only: bool =
   if why and not params_only:
     raise ValueError(f'transformers T5 cannot express this model: {why}. --params_only writes its '
                      'parameters as params.safetensors with config.gin instead')
+  out = storage.path(output_dir)
+  _refuse_filled(out, 'export into a new directory')
   params = checkpoints.read_on_host(str(path))
   from safetensors import numpy as st_numpy  # pylint: disable=g-import-not-at-top
-  out = storage.path(output_dir)
   out.mkdir(parents=True, exist_ok=True)
   if why:
     flat = {k: np.ascontiguousarray(v) for k, v in flax.traverse_util.flatten_dict(params, sep='/').items()}

@@ -137,23 +137,32 @@ _NORM_OF = {'self_attention': 'pre_attention_layer_norm',
             'encoder_decoder_attention': 'pre_cross_attention_layer_norm', 'mlp': 'pre_mlp_layer_norm'}
 
 
+# Weights a transformers T5 file may hold beside those read: the stacks' copies of the shared
+# embedding, and a relative-bias table of the first cross-attention that T5 never used.
+_COPIES = ('encoder.embed_tokens.weight', 'decoder.embed_tokens.weight',
+           'decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight')
+
+
 def params_from_hf(weights: Mapping[str, np.ndarray], config: TransformerConfig,
                    scale_decoder_outputs: bool) -> dict:
   """Our unrolled parameter tree from an HF T5 state dict (numpy, float32); the config from
   ``config_bindings`` of the same checkpoint."""
   w = {k: np.asarray(v, np.float32) for k, v in weights.items()}
+  used = set(_COPIES)
 
   def get(name):
     if name not in w:
       raise ValueError(f'the checkpoint has no {name}: is it a transformers T5 of this configuration?')
+    used.add(name)
     return w[name]
   heads, d_h, d = config.num_heads, config.head_dim, config.d_model
-  embedding = w.get('shared.weight', w.get('encoder.embed_tokens.weight'))
-  if embedding is None:
-    get('shared.weight')
+  embedding = get('shared.weight' if 'shared.weight' in w or 'encoder.embed_tokens.weight' not in w
+                  else 'encoder.embed_tokens.weight')
   params = {'token_embedder': {'embedding': embedding}}
-  if not config.tie_embeddings:
-    head = w.get('lm_head.weight', embedding)
+  if config.tie_embeddings:
+    used.add('lm_head.weight')  # the embedding itself (config_bindings' judgement)
+  else:
+    head = get('lm_head.weight') if 'lm_head.weight' in w else embedding
     params['logits_dense'] = {'kernel': head.T * np.float32(
         config.d_model**-0.5 if scale_decoder_outputs else 1.0)}
   for stack, n in (('encoder', config.num_encoder_layers), ('decoder', config.num_decoder_layers)):
@@ -177,6 +186,11 @@ def params_from_hf(weights: Mapping[str, np.ndarray], config: TransformerConfig,
                          'out': {'kernel': get(f'{a}.o.weight').T.reshape(heads, d_h, d)}}
       tree[ours] = layer
     params[stack] = tree
+  unused = sorted(w.keys() - used)
+  if unused:
+    raise ValueError(f'the checkpoint holds {len(unused)} weights this configuration does not use '
+                     f'(e.g. {unused[0]}): does its config.json describe all its layers, and is it a '
+                     'T5ForConditionalGeneration?')
   return params
 
 
