@@ -223,6 +223,25 @@ def test_export_refuses_in_one_line_or_writes_our_parameters(tmp_path):
   assert len(flat) == len(jax.tree_util.tree_leaves(params))
 
 
+def test_export_of_another_model_or_a_damaged_checkpoint_is_one_error(tmp_path):
+  """A checkpoint that its run's config.gin does not describe, and one whose array data is cut
+  short, are one error each (they gave transformers a model of random weights, or tracebacks)."""
+  from train_helpers import save_fresh_state  # pylint: disable=g-import-not-at-top
+  save_fresh_state(tiny(), tmp_path / 'run', seed=0)
+  sizes = {k: v for k, v in tiny().__dict__.items() if k in (
+      'vocab_size', 'd_model', 'num_heads', 'head_dim', 'num_encoder_layers', 'num_decoder_layers')}
+  (tmp_path / 'run' / 'config.gin').write_text(''.join(
+      f'TransformerConfig.{k} = {v!r}\n' for k, v in {**sizes, 'd_ff': 2 * tiny().d_ff}.items()))
+  with pytest.raises(ValueError, match=r"is not the model of .*config.gin: .*mlp/wi/kernel is "
+                                       r"\(2, \d+, \d+\) in the checkpoint"):
+    hf_cli.export_checkpoint(str(tmp_path / 'run'), str(tmp_path / 'out'))
+  for f in (tmp_path / 'run').glob('checkpoint_1/state/ocdbt.process_0/d/*'):
+    f.write_bytes(f.read_bytes()[:len(f.read_bytes()) // 2])
+  with pytest.raises(checkpoints.CheckpointError, match=r'cannot read params of .*checkpoint_1 \('):
+    checkpoints.read_on_host(str(tmp_path / 'run'))
+  assert not (tmp_path / 'out').exists()
+
+
 @pytest.mark.slow
 def test_export_reads_a_checkpoint_written_by_eight_devices(tmp_path):
   """A data=4 x model=2 (fsdp) run in a subprocess; exported here on one device, transformers'

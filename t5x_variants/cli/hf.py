@@ -78,6 +78,16 @@ def _gin_value(value):
   return repr(tuple(value)) if isinstance(value, (tuple, list)) else repr(value)
 
 
+def _shape_mismatch(params, config: TransformerConfig, have: str, want: str):
+  """'<name> is <shape> in the <have>, <shape> by the <want>' for the first parameter whose shape
+  ``params`` and ``config``'s model disagree on (or that one of them lacks), else None."""
+  wanted = {name: shape for name, shape, _, _ in param_rows(abstract_params(config))}
+  got = {name: shape for name, shape, _, _ in param_rows(params)}
+  bad = next((k for k in sorted(wanted.keys() | got.keys()) if wanted.get(k) != got.get(k)), None)
+  return bad and (f'{bad} is {got.get(bad, "missing")} in the {have}, '
+                  f'{wanted.get(bad, "not a parameter")} by the {want}')
+
+
 def _refuse_filled(directory, remedy: str):
   """ValueError unless ``directory`` is new or empty: nothing there is overwritten or mixed with
   the files written now (another model's tokenizer beside these weights)."""
@@ -103,14 +113,9 @@ def import_checkpoint(hf_dir: str, model_dir: str, scan_layers: bool = True):
   bindings['scan_layers'] = scan_layers
   config = TransformerConfig(**bindings)
   params = hf_t5.params_from_hf(weights, config, hf_t5.scales_decoder_outputs(hf))
-  wanted = {name: shape for name, shape, _, _ in
-            param_rows(abstract_params(dataclasses.replace(config, scan_layers=False)))}
-  got = {name: shape for name, shape, _, _ in param_rows(params)}
-  bad = next((k for k in sorted(wanted.keys() | got.keys()) if wanted.get(k) != got.get(k)), None)
+  bad = _shape_mismatch(params, dataclasses.replace(config, scan_layers=False), 'weights', 'config')
   if bad:
-    raise ValueError(f'{hf_dir}: its weights and its config.json disagree: {bad} is '
-                     f'{got.get(bad, "missing")} in the weights, {wanted.get(bad, "not a parameter")} '
-                     'by the config')
+    raise ValueError(f'{hf_dir}: its weights and its config.json disagree: {bad}')
   if scan_layers:
     params = hf_t5.stack_layers(params)
   ckpt = checkpoints.Checkpointer(str(run), async_save=False)
@@ -149,6 +154,9 @@ def export_checkpoint(checkpoint_path: str, output_dir: str, params_only: bool =
   out = storage.path(output_dir)
   _refuse_filled(out, 'export into a new directory')
   params = checkpoints.read_on_host(str(path))
+  bad = _shape_mismatch(params, config, 'checkpoint', "run's config.gin")
+  if bad:
+    raise ValueError(f'{path} is not the model of {run / "config.gin"}: {bad}')
   from safetensors import numpy as st_numpy  # pylint: disable=g-import-not-at-top
   out.mkdir(parents=True, exist_ok=True)
   if why:
