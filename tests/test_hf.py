@@ -133,6 +133,28 @@ def test_an_import_with_weights_left_over_or_of_another_head_is_one_error(tmp_pa
   assert not (tmp_path / 'run').exists()
 
 
+def test_damaged_input_files_of_an_import_are_one_error_naming_the_file(tmp_path):
+  """A weights file cut short (an unfinished download), a config.json that is not JSON or not an
+  object, a directory that is a file: one line each through the command, no traceback."""
+  _, hf_dir = hf_model(tmp_path, 'relu', True)
+  weights = hf_dir / 'model.safetensors'
+  weights.write_bytes(weights.read_bytes()[:1000])
+  with pytest.raises(ValueError, match=r'model.safetensors cannot be read \(\w+.*\): is the file whole'):
+    hf_cli.read_hf_weights(str(hf_dir))
+  config = hf_dir / 'config.json'
+  for text, message in (('{"d_model": 32,', 'config.json is not valid JSON'),
+                        ('[1, 2]', 'config.json holds a JSON list, not a transformers config')):
+    config.write_text(text)
+    with pytest.raises(ValueError, match=message):
+      hf_cli.import_checkpoint(str(hf_dir), str(tmp_path / 'run'))
+  out = subprocess.run([os.path.join(os.path.dirname(sys.executable), 't5xv-import'),
+                        f'--hf_dir={config}', f'--model_dir={tmp_path / "run"}'],
+                       capture_output=True, text=True)
+  assert out.returncode == 2 and out.stderr.count('\n') == 1, out.stderr
+  assert out.stderr.startswith('t5xv-import: error: [Errno 20] Not a directory'), out.stderr
+  assert not (tmp_path / 'run').exists()
+
+
 def test_tied_is_judged_against_the_encoders_embedding_where_there_is_no_shared_weight():
   head = np.ones((4, 2), np.float32)
   for embedding, tied in ((head, True), (head * 2, False)):

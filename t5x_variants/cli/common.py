@@ -330,9 +330,10 @@ def setup(p: argparse.ArgumentParser, argv: Optional[Sequence[str]],
 
 @contextlib.contextmanager
 def clear_errors(prog: str):
-  """Known failures (bad flags or gin, missing data or checkpoints, non-finite training) exit
-  with status 2 and one line: the message's first line. At --verbosity=1 and up the whole message
-  (and gin's, of a GinConfigError) follows it; the traceback is logged at DEBUG."""
+  """Known failures (bad flags or gin, missing data or checkpoints, a file system's error,
+  non-finite training) exit with status 2 and one line: the message's first line. At
+  --verbosity=1 and up the whole message (and gin's, of a GinConfigError) follows it; the
+  traceback is logged at DEBUG."""
   from t5x_variants.train import checkpoints, trainer  # pylint: disable=g-import-not-at-top
   try:
     yield
@@ -340,7 +341,7 @@ def clear_errors(prog: str):
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):  # a full disk
       e = ValueError(f'{e.strerror} writing {e.filename or "the run directory"}: free space and '
                      'rerun the same command (a training run resumes from its last checkpoint)')
-    known = [ValueError, FileNotFoundError, checkpoints.CheckpointError, trainer.NonFiniteLossError]
+    known = [ValueError, OSError, checkpoints.CheckpointError, trainer.NonFiniteLossError]
     tasks, tf = sys.modules.get('t5x_variants.data.tasks'), sys.modules.get('tensorflow')
     if tasks:  # only when the command used the data layer
       known.append(tasks.DataNotFoundError)

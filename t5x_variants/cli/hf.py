@@ -58,7 +58,13 @@ def read_hf_weights(hf_dir) -> dict:
     if files:
       weights = {}
       for f in files:
-        weights.update(_load_safetensors(f.read_bytes()) if f.suffix == '.safetensors' else _load_torch(f))
+        try:
+          weights.update(_load_safetensors(f.read_bytes()) if f.suffix == '.safetensors' else _load_torch(f))
+        except (FileNotFoundError, ImportError):
+          raise
+        except Exception as e:  # safetensors' and torch's errors of a damaged file
+          raise ValueError(f'{f} cannot be read ({checkpoints.error_reason(e)}): is the file whole '
+                           '(a finished download)?') from e
       return weights
   raise FileNotFoundError(f'{d} has no model.safetensors, pytorch_model.bin or a sharded index of '
                           'either: is it a transformers checkpoint directory?')
@@ -72,6 +78,17 @@ def _load_torch(path):
   with path.open('rb') as f:
     state = torch.load(f, map_location='cpu', weights_only=True)
   return {k: v.to(torch.float32).numpy() for k, v in state.items()}
+
+
+def _read_config(path) -> dict:
+  """A transformers config.json as a dict; ValueError naming the file if it is not one."""
+  try:
+    hf = json.loads(path.read_text())
+  except json.JSONDecodeError as e:
+    raise ValueError(f'{path} is not valid JSON ({e})') from e
+  if not isinstance(hf, dict):
+    raise ValueError(f'{path} holds a JSON {type(hf).__name__}, not a transformers config (an object)')
+  return hf
 
 
 def _gin_value(value):
@@ -98,7 +115,7 @@ def _refuse_filled(directory, remedy: str):
 
 def import_checkpoint(hf_dir: str, model_dir: str, scan_layers: bool = True):
   """Writes the run directory of the module doc; returns its TransformerConfig."""
-  hf = json.loads((storage.path(hf_dir) / 'config.json').read_text())
+  hf = _read_config(storage.path(hf_dir) / 'config.json')
   kind = hf.get('architectures') or ['T5ForConditionalGeneration']
   if hf.get('model_type', 't5') != 't5' or not hf.get('is_encoder_decoder', True) or any(
       a not in LM_ARCHITECTURES for a in kind):

@@ -143,7 +143,7 @@ class Checkpointer:
               else 'there is no earlier checkpoint: fix the cause and rerun to start again')
     unfinished = (f'the unfinished save is the {PREFIX}_<step> without a commit_success.txt' if store
                   else f'the unfinished save is in {PREFIX}_*.orbax-checkpoint-tmp*')
-    reason = _reason(e)
+    reason = error_reason(e)
     return CheckpointError(f'saving a checkpoint in {self.model_dir} failed ({reason}). {intact}; '
                            f'{unfinished}')
 
@@ -174,7 +174,7 @@ class Checkpointer:
       try:
         return self.restore(step, abstract_state, data_iterator), step
       except Exception as e:  # orbax raises many types for a damaged directory
-        reason = _reason(e)
+        reason = error_reason(e)
         if isinstance(e, (MemoryError, ConnectionError, TimeoutError)) or _NOT_DAMAGE.search(str(e)):
           raise CheckpointError(f'{path} could not be read ({reason}), for a cause outside it: '
                                 'nothing was moved aside; fix the cause (memory, the network, '
@@ -251,7 +251,7 @@ def checkpoint_path(path: str) -> epath.Path:
   return latest.path
 
 
-def _reason(e: Exception, limit: int = 300) -> str:
+def error_reason(e: Exception, limit: int = 300) -> str:
   """'<type>: <first line>' of an exception, at most ``limit`` characters (tensorstore's messages
   carry whole object reprs)."""
   first = str(e).splitlines()[0] if str(e) else ''
@@ -324,7 +324,7 @@ def read_on_host(path: str, part: Optional[str] = 'params'):
       restored = ckptr.restore(path / 'state', args=ocp.args.PyTreeRestore(
           item=target, restore_args=args, partial_restore=True))
   except Exception as e:  # orbax raises many types for a damaged directory
-    raise CheckpointError(f'cannot read {part or "the state"} of {path} ({_reason(e)}): is it '
+    raise CheckpointError(f'cannot read {part or "the state"} of {path} ({error_reason(e)}): is it '
                           'damaged? Another checkpoint of the run may read') from e
   restored = jax.tree_util.tree_map(np.asarray, restored)
   return restored[part] if part else restored
