@@ -83,6 +83,20 @@ def test_bench_runs_end_to_end_on_cpu(tmp_path, capsys):
   assert not any(op['op'].startswith('while') for op in ops)  # a loop's event encloses its body's
 
 
+def test_bench_flags_out_of_range_and_an_unwritable_output_are_one_line_before_any_work(tmp_path, capsys):
+  """--batch=0 ran the default batch; --output naming a directory failed after the run."""
+  base = ['--gin_file=gin/models/t5_tiny.gin', '--steps=1', '--warmup=0']
+  for flags, message in ((['--batch=0'], '--batch=0 is out of range: it must be at least 1'),
+                         (['--steps=0'], '--steps=0 is out of range'),
+                         ([f'--output={tmp_path}'], 'cannot be written: it must name a file in an existing'),
+                         ([f'--output={tmp_path}/no/such.json'], 'cannot be written')):
+    gin.clear_config()
+    with pytest.raises(SystemExit) as e:
+      bench.main(base + flags)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count('\n') == 1 and message in err, err
+
+
 @pytest.mark.skipif(ON_GPU, reason='the CPU run of the bench; on a GPU: scripts/gpu_bench.sh')
 def test_bench_times_a_packed_step(tmp_path):
   """--packed: two examples per row with their segment ids and positions, as a packing

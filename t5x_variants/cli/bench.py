@@ -21,6 +21,7 @@ dropout 0 and one microbatch (cli/bench_hf.py; extra ``hf``: torch, transformers
 step differs: dropout on, several microbatches, another optimizer).
 """
 import json
+import os
 import resource
 import statistics
 import sys
@@ -98,8 +99,12 @@ def bench(config, batch: int, lengths, steps: int = 10, warmup: int = 2,
     if i >= warmup:
       times.append(time.perf_counter() - start)
   report = None
-  if with_profile:
-    report, state = profile.profile(step, state, data, rng)
+  if with_profile:  # after the timing, which a failure here must not cost
+    try:
+      report, state = profile.profile(step, state, data, rng)
+    except Exception as e:  # pylint: disable=broad-except  (a trace format this parser misreads)
+      print(f't5xv-bench: warning: --profile failed ({type(e).__name__}: {e}); the timing stands',
+            file=sys.stderr)
   median = statistics.median(times)
   tokens = batch * sum(lengths[k] for k in ('inputs', 'targets') if k in lengths)
   flop = flops.train_flops(config, batch, lengths)
@@ -141,6 +146,21 @@ def unlike(result, hf, ours: str) -> str:
   return f" ({', '.join(differ)})" if differ else ''
 
 
+def _check_flags(args):
+  """ValueError, one line, for a flag out of range or an --output that cannot be written, before
+  anything compiles (a bad --output failed after the run; --batch=0 ran the default batch)."""
+  for flag, least in (('batch', 1), ('inputs_length', 1), ('targets_length', 1), ('steps', 1),
+                      ('warmup', 0)):
+    value = getattr(args, flag)
+    if value is not None and value < least:
+      raise ValueError(f'--{flag}={value} is out of range: it must be at least {least}')
+  if args.output:
+    parent = os.path.dirname(os.path.abspath(args.output))
+    if os.path.isdir(args.output) or not os.path.isdir(parent):
+      raise ValueError(f'--output={args.output} cannot be written: it must name a file in an '
+                       'existing directory')
+
+
 def main(argv=None):
   parser = common.parser('t5xv-bench', __doc__)
   parser.add_argument('--batch', type=int, default=None, help='default: the run\'s, else 8')
@@ -161,6 +181,7 @@ def main(argv=None):
   with common.clear_errors('t5xv-bench'):
     no_command_buffers = parser.parse_known_args(argv)[0].profile and profile.expose_gpu_kernels()
     args, config = common.setup(parser, argv, with_data=False)
+    _check_flags(args)
     batch = args.batch or common.gin_macro('BATCH_SIZE') or 8
     run_lengths = common.gin_macro('TASK_FEATURE_LENGTHS') or {}
     lengths = {f: getattr(args, f'{f}_length') or run_lengths.get(f) or DEFAULT_LENGTHS[f]
