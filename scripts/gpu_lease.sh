@@ -22,8 +22,9 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir -e . >/dev/null 2>&1 ||
   echo "the project's console scripts could not be installed"
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  python3 -c 'import jax, torch, transformers; print("jax", jax.__version__, "torch", torch.__version__,
-    "transformers", transformers.__version__, jax.devices())'
+  python3 -c 'import jax, flax, optax, orbax.checkpoint as ocp, torch, transformers
+print("jax", jax.__version__, "flax", flax.__version__, "optax", optax.__version__, "orbax",
+      ocp.__version__, "torch", torch.__version__, "transformers", transformers.__version__, jax.devices())'
   git log -1 --format='code %H' 2>/dev/null; } >"$out/machine.txt" 2>&1
 for job in "$@"; do
   left=$((budget - ($(date +%s) - start)))

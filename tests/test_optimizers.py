@@ -68,7 +68,8 @@ def test_global_norm_clip_and_frozen_paths():
 def test_grad_norm_is_over_the_trained_parameters():
   """The logged gradient norm leaves a frozen path's gradient out, as the clip does."""
   tx = optimizer.make_optimizer(PARAMS, 1.0, frozen=['token_embedder'])
-  np.testing.assert_allclose(tx.trained_norm(GRADS), jnp.linalg.norm(GRADS['decoder']['layers']['w']))
+  np.testing.assert_allclose(tx.trained_norm(GRADS), jnp.linalg.norm(GRADS['decoder']['layers']['w']),
+                             rtol=1e-6)
   mesh, batch = partitioning.MeshConfig().mesh(), synthetic_batch()
   norms = [float(step(state, batch, jax.random.PRNGKey(0))[1]['grad_norm'])
            for state, step in (setup(mesh), setup(mesh, frozen=['token_embedder']))]
