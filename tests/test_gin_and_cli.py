@@ -96,6 +96,8 @@ def test_t5xv_info_prints_table_constants_and_total(capsys):
     (["--gin.TransformerConfig.self_attention='synth'"], 'invalid self_attention'),
     (["--gin.TransformerConfig.norm='batchnorm'"], 'valid: rmsnorm, layernorm'),
     (['--gin_file=gin/variants/ffn/nope.gin'], 'cannot read gin file'),
+    (['--gin.TransformerConfig.num_heads=0'], 'TransformerConfig.num_heads must be a positive integer, not 0'),
+    (['--gin.TransformerConfig.num_encoder_layers=2.5'], 'num_encoder_layers must be a non-negative integer'),
     # With a run file: the trainer's configurables are checked; only the data layer's are skipped.
     (['--gin_file=gin/runs/pretrain.gin', '--gin.train.z_los=1'], "doesn't have a parameter named 'z_los'"),
     (['--gin_file=gin/runs/pretrain.gin', '--gin.Transformer.d_model=8'], "No configurable matching 'Transformer'"),

@@ -22,6 +22,12 @@ def _check(name, value, valid):
     raise ValueError(f'unknown {name} {value!r}; valid: {", ".join(valid)}')
 
 
+# The integer sizes: positive (the layer counts: non-negative; each stack's at least 1).
+SIZES = ('vocab_size', 'd_model', 'num_heads', 'head_dim', 'd_ff', 'd_ff_glu', 'num_encoder_layers',
+         'num_decoder_layers', 'relative_attention_num_buckets', 'relative_attention_max_distance',
+         'encoder_max_length', 'decoder_max_length', 'synthesizer_rank')
+
+
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
@@ -153,6 +159,12 @@ class TransformerConfig:
         raise ValueError(f'{name} must be in [0, 1), not {rate}')
     if self.num_labels < 1:
       raise ValueError(f'num_labels must be >= 1 (1: regression), not {self.num_labels}')
+    for name in SIZES:  # a size of 0, -5 or 2.5 failed later inside JAX, in a traceback
+      value = getattr(self, name)
+      if not (value is None and name == 'd_ff_glu') and (
+          not isinstance(value, int) or isinstance(value, bool) or value < (0 if 'layers' in name else 1)):
+        raise ValueError(f'TransformerConfig.{name} must be a {"non-negative" if "layers" in name else "positive"} '
+                         f'integer, not {value!r}')
     ffn.resolve_activations(self.ffn)
     attention.resolve_components(self.self_attention)
     for stack in self.stacks:
