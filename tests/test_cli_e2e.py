@@ -63,6 +63,7 @@ def test_quickstart_trains_evaluates_and_decodes_quietly(quickstart):
     results = json.load(f)['validation']
   best = results.pop('best')['embedded_span_corruption']
   assert results.pop('settings')['decoding']['method'] == 'greedy'  # how the split's results were made
+  assert results.pop('average') == {}  # no GLUE or SuperGLUE task
   loss = {s: r['embedded_span_corruption']['loss'] for s, r in results.items()}
   assert set(loss) == {'20', '40'} and loss['40'] < loss['20']  # the checkpoints' weights were read
   assert best['loss'] == {'value': loss['40'], 'step': 40}  # the best checkpoint per metric
@@ -351,6 +352,27 @@ def test_best_over_checkpoints_takes_the_lowest_loss_and_the_highest_score():
       'rte': {'loss': {'value': 0.5, 'step': 20}, 'accuracy': {'value': 60.0, 'step': 10}},
       'cola': {'mcc': {'value': 42.0, 'step': 30}, 'log_perplexity': {'value': 2.0, 'step': 20}},
       'stsb': {'pearson': {'value': 85.0, 'step': 20}}}
+
+
+def test_benchmark_averages_score_each_task_at_its_best_checkpoint_as_t5():
+  """A task's score: its metrics' mean (teacher-forced figures not counted) at the step where
+  that mean is highest; a benchmark's: the mean over its tasks; WNLI and NaN steps left out."""
+  results = {'10': {'glue_mrpc': {'loss': 0.1, 'f1': 80.0, 'accuracy': 70.0, 'num_tokens': 9.0},
+                    'glue_cola': {'matthews_corrcoef': 20.0}, 'glue_wnli': {'accuracy': 99.0},
+                    'glue_stsb': {'pearson_corrcoef': float('nan'), 'spearman_corrcoef': 90.0},
+                    'super_glue_cb': {'f1': 50.0, 'accuracy': 60.0}},
+             '20': {'glue_mrpc': {'loss': 0.2, 'f1': 84.0, 'accuracy': 68.0},  # mean 76 > 75
+                    'glue_cola': {'matthews_corrcoef': 10.0},
+                    'glue_stsb': {'pearson_corrcoef': 30.0, 'spearman_corrcoef': 40.0},
+                    'embedded_lm': {'log_perplexity': 3.0}},
+             'best': {}, 'settings': {}}
+  averages = eval_cli.benchmark_averages(results)
+  assert averages['GLUE']['tasks'] == {'glue_mrpc': {'value': 76.0, 'step': 20},
+                                       'glue_cola': {'value': 20.0, 'step': 10},
+                                       'glue_stsb': {'value': 35.0, 'step': 20}}
+  assert averages['GLUE']['value'] == pytest.approx((76 + 20 + 35) / 3)
+  assert averages['SuperGLUE'] == {'value': 55.0, 'tasks': {'super_glue_cb': {'value': 55.0, 'step': 10}}}
+  assert set(averages) == {'GLUE', 'SuperGLUE'}
 
 
 def test_results_written_before_the_split_key_are_read_as_validation(tmp_path):

@@ -15,7 +15,8 @@ same pass as its loss. ``token_accuracy`` is the teacher-forced fraction of targ
 predicted right; ``accuracy`` (percent) is a task metric of the decoded text or labels. Results go
 to RUN/metrics.jsonl (kind 'eval', with the split), TensorBoard and RUN/eval_results.json
 ({split: {step: {task: metrics}}}, and under each split's 'best' each task's best value of every
-metric over the evaluated checkpoints with its step, also printed); checkpoints already there for
+metric over the evaluated checkpoints with its step, under 'average' the GLUE and SuperGLUE
+averages as T5 scores them (``benchmark_averages``), both also printed); checkpoints already there for
 the same split and tasks are skipped. Each split's results record the settings they were made with
 (``settings``: feature lengths, batch and example limits, inference, z-loss, decoding options); a
 call with other settings for a split already evaluated is one error, not a mix of the two.
@@ -41,6 +42,11 @@ from t5x_variants.train.predictor import (DecodeOptions, Predictor, continuation
 RESULTS = 'eval_results.json'
 BEST = 'best'  # eval_results.json's key for the best value of each metric over checkpoints
 SETTINGS = 'settings'  # its key for how a split's results were made
+AVERAGE = 'average'  # its key for the benchmarks' averages (benchmark_averages)
+BENCHMARKS = {'super_glue_': 'SuperGLUE', 'glue_': 'GLUE'}  # task name prefix: benchmark
+# The teacher-forced figures of every task: not a task's own metrics (and a continuation's).
+TEACHER_FORCED = ('loss', 'z_loss', 'log_perplexity', 'token_accuracy', 'num_tokens',
+                  'continuation_exact_match', 'continuation_log_perplexity')
 LOWER_IS_BETTER = ('loss', 'z_loss', 'log_perplexity', 'continuation_log_perplexity')
 DEFAULT_SPLIT = 'validation'
 VANISH_WAIT_SECS = 5.0  # how long a checkpoint that failed to load is watched for its deletion
@@ -124,6 +130,28 @@ def _check_settings(results: dict, path, split: str, settings: dict):
                      'evaluate with those settings, or move that file aside to start its results afresh')
 
 
+def benchmark_averages(results) -> dict:
+  """{'GLUE': {'value', 'tasks': {task: {'value', 'step'}}}, 'SuperGLUE': ...} of one split's
+  results, scored as T5 scores a benchmark (Raffel et al. 2020, 2.3): a task's score is the mean
+  of its metrics (MRPC's F1 and accuracy, STS-B's two correlations, ...) at the checkpoint where
+  that mean is highest, the benchmark's the mean over its tasks evaluated (WNLI left out, as
+  T5); a step where a metric is undefined (NaN) does not score."""
+  scores = {}
+  for step, by_task in results.items():
+    if not step.isdigit():
+      continue
+    for task, metrics in by_task.items():
+      benchmark = next((name for prefix, name in BENCHMARKS.items() if task.startswith(prefix)), None)
+      values = [v for k, v in metrics.items() if k not in TEACHER_FORCED and v is not None]
+      if not benchmark or task.startswith('glue_wnli') or not values or not all(map(math.isfinite, values)):
+        continue
+      score, best = sum(values) / len(values), scores.setdefault(benchmark, {}).get(task)
+      if best is None or score > best['value']:
+        scores[benchmark][task] = {'value': score, 'step': int(step)}
+  return {name: {'value': sum(t['value'] for t in tasks.values()) / len(tasks), 'tasks': tasks}
+          for name, tasks in scores.items()}
+
+
 def read_results(path: epath.Path) -> dict:
   """eval_results.json as {split: {step: {task: metrics}, 'best': ...}}. A file written before
   results were keyed by split ({step: ...} at the top) is read as the default split's."""
@@ -204,6 +232,7 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
       results.setdefault(step, {})[task.name] = metrics
       new.setdefault(int(step), {})[task.name] = metrics
     results[BEST] = best_over_checkpoints(results)
+    results[AVERAGE] = benchmark_averages(results)
     if jax.process_index() == 0:
       storage.write_text(results_file, json.dumps(all_results, indent=1, sort_keys=True))
   logger.close()
@@ -211,6 +240,9 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
   for task, metrics in sorted(results.get(BEST, {}).items()):
     print(f'best of {evaluated} checkpoint(s), {task} ({split}): ' + ', '.join(
         f'{name} {m["value"]:.4g} (step {m["step"]})' for name, m in sorted(metrics.items())))
+  for name, average in sorted(results.get(AVERAGE, {}).items()):
+    print(f'{name} average ({split}, as T5 scores it: each task its metrics\' mean at its best '
+          f'checkpoint): {average["value"]:.2f} over {len(average["tasks"])} task(s)')
   return new
 
 
