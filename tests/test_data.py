@@ -161,6 +161,8 @@ def test_t5xv_data_prints_examples_and_statistics(capsys):
      "existing SentencePiece .model file, got '/no/such.model'"),
     (['--task=c4_span_corruption'], 'not prepared'),
     (['--task=embedded_lm', '--gin.vocabulary.kind="wordpiece"'], "unknown vocabulary kind 'wordpiece'"),
+    (['--task=embedded_lm', '--n=-1'], '--n=-1 is out of range: it must be at least 1'),
+    (['--task=embedded_lm', '--inputs_length=0'], '--inputs_length=0 is out of range'),
 ])
 def test_bad_input_gives_one_clear_error(argv, message, capsys):
   with pytest.raises(SystemExit) as e:

@@ -149,11 +149,8 @@ def unlike(result, hf, ours: str) -> str:
 def _check_flags(args):
   """ValueError, one line, for a flag out of range or an --output that cannot be written, before
   anything compiles (a bad --output failed after the run; --batch=0 ran the default batch)."""
-  for flag, least in (('batch', 1), ('inputs_length', 1), ('targets_length', 1), ('steps', 1),
-                      ('warmup', 0)):
-    value = getattr(args, flag)
-    if value is not None and value < least:
-      raise ValueError(f'--{flag}={value} is out of range: it must be at least {least}')
+  common.check_flag_ranges(args, {'batch': 1, 'inputs_length': 1, 'targets_length': 1, 'steps': 1,
+                                  'warmup': 0})
   if args.output:
     parent = os.path.dirname(os.path.abspath(args.output))
     if os.path.isdir(args.output) or not os.path.isdir(parent):

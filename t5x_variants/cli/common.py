@@ -328,6 +328,15 @@ def setup(p: argparse.ArgumentParser, argv: Optional[Sequence[str]],
 # --- errors ------------------------------------------------------------------------------------
 
 
+def check_flag_ranges(args, least: Mapping[str, int]):
+  """ValueError, one line, for the first integer flag given below its least value (``least``:
+  flag name -> least value); an unset flag (None) is left to its default."""
+  for flag, low in least.items():
+    value = getattr(args, flag)
+    if value is not None and value < low:
+      raise ValueError(f'--{flag}={value} is out of range: it must be at least {low}')
+
+
 @contextlib.contextmanager
 def clear_errors(prog: str):
   """Known failures (bad flags or gin, missing data or checkpoints, a file system's error,
