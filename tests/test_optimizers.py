@@ -76,6 +76,34 @@ def test_grad_norm_is_over_the_trained_parameters():
   assert 0 < norms[1] < 0.999 * norms[0], norms  # the embedding's gradient: 8% of the square
 
 
+def test_adafactor_factors_attention_projections_as_t5_stored_them():
+  """T5 stored query / key / value as (d_model, heads x head_dim) and out transposed (Mesh
+  TensorFlow's combined dims; T5X factors heads and head_dim as one column): a scanned
+  (layers, d_model, heads, head_dim) kernel gets per layer a row of d_model and a column of
+  heads x head_dim, no full second moment, and Adafactor's update on that matrix."""
+  k1, k2, k3, k4 = jax.random.split(jax.random.PRNGKey(0), 4)
+  params = {'encoder': {'layers': {'attention': {
+      'query': {'kernel': jax.random.normal(k1, (2, 384, 4, 64))},
+      'out': {'kernel': jax.random.normal(k2, (2, 4, 64, 384))}}}}}
+  grads = {'encoder': {'layers': {'attention': {
+      'query': {'kernel': jax.random.normal(k3, (2, 384, 4, 64))},
+      'out': {'kernel': jax.random.normal(k4, (2, 4, 64, 384))}}}}}
+  tx = optimizer.make_optimizer(params, 0.01)
+  state = tx.init(params)
+  # (layers, 1): optax's placeholder for the full moment of a factored parameter
+  assert {x.shape for x in jax.tree_util.tree_leaves(state) if x.ndim > 1} == {(2, 1), (2, 384), (2, 256)}
+  updates, _ = tx.update(grads, state, params)
+  t5 = optax.adafactor(0.01, min_dim_size_to_factor=128, decay_rate=0.8, clipping_threshold=1.0,
+                       multiply_by_parameter_scale=True, momentum=None, factored=True)
+  for name in ('query', 'out'):
+    shape = (384, 256) if name == 'query' else (256, 384)
+    p, g = (tree['encoder']['layers']['attention'][name]['kernel'][1].reshape(shape)
+            for tree in (params, grads))
+    want, _ = t5.update(g, t5.init(p), p)
+    got = updates['encoder']['layers']['attention'][name]['kernel'][1]
+    np.testing.assert_allclose(got, want.reshape(got.shape), rtol=1e-5, atol=1e-7)
+
+
 @pytest.mark.parametrize('name', ['adam', 'adamw'])
 def test_every_optimizer_resumes_exactly_and_keeps_frozen_paths(name, tmp_path):
   """2 steps + a resumed 2 equal 4 straight steps (losses and saved state, optimizer statistics

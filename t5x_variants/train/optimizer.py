@@ -1,7 +1,8 @@
 """The papers' optimizers as gin objects, and their learning-rate schedules.
 
 - ``adafactor`` (Shazeer & Stern 2018) as T5 used it: factored second moments, decay rate 0.8,
-  parameter-scaled relative steps, update clipping 1.0, no momentum.
+  parameter-scaled relative steps, update clipping 1.0, no momentum; an attention projection
+  seen as the (d_model, heads x head_dim) matrix T5 stored, so its moments factor as T5's did.
 - ``adam`` / ``adamw`` (optax), as DeepNet, Magneto and Xiong et al. trained.
 
 A scanned stack stores its layers on a leading ``layers`` axis; each layer gets its own
@@ -10,7 +11,7 @@ and its parameter scale and clipping stay per layer, as T5X's factor rules treat
 elementwise Adam this changes nothing. Parameters of a ``fixed_random`` synthesizer (and any path
 listed in ``make_optimizer.frozen``) get no update.
 """
-from typing import Any, Callable, NamedTuple, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence, Tuple
 
 import gin
 import jax
@@ -135,14 +136,39 @@ class Optimizer(NamedTuple):
         [g for g, label in zip(leaves, jax.tree_util.tree_leaves(self.labels)) if label != 'frozen'])
 
 
+def as_matrix(path, shape: Tuple[int, ...]) -> Tuple[int, ...]:
+  """The shape T5 stored a parameter of one layer in: an attention projection's heads and
+  head_dim axes as one (Mesh TensorFlow's combined dims; T5X's factor rules make both one
+  column), (d_model, heads x head_dim) for query / key / value and (heads x head_dim, d_model) for
+  out; any other parameter as it is."""
+  keys = path_keys(path)
+  if len(shape) != 3 or keys[-1:] != ['kernel'] or keys[-2:-1] not in (['query'], ['key'], ['value'], ['out']):
+    return shape
+  return (shape[0] * shape[1], shape[2]) if keys[-2] == 'out' else (shape[0], shape[1] * shape[2])
+
+
+def _on_matrices(tx: optax.GradientTransformation) -> optax.GradientTransformation:
+  """``tx`` seeing each parameter of a layer in its ``as_matrix`` shape (its state kept so)."""
+  def matrices(tree):
+    return None if tree is None else jax.tree_util.tree_map_with_path(
+        lambda path, x: x.reshape(as_matrix(path, x.shape)), tree)
+
+  def update(updates, state, params=None):
+    new, state = tx.update(matrices(updates), state, matrices(params))
+    return jax.tree_util.tree_map(lambda u, g: u.reshape(g.shape), new, updates), state
+  return optax.GradientTransformation(lambda params: tx.init(matrices(params)), update)
+
+
 @gin.configurable
 def adafactor(learning_rate, decay_rate: float = 0.8, clipping_threshold: float = 1.0,
               multiply_by_parameter_scale: bool = True, min_dim_size_to_factor: int = 128):
-  """Adafactor as T5 ran it (factored, no momentum)."""
-  return optax.adafactor(learning_rate, min_dim_size_to_factor=min_dim_size_to_factor,
-                         decay_rate=decay_rate, clipping_threshold=clipping_threshold,
-                         multiply_by_parameter_scale=multiply_by_parameter_scale, momentum=None,
-                         factored=True)
+  """Adafactor as T5 ran it (factored, no momentum), on each layer's parameters as T5 stored them
+  (``as_matrix``): its second moments of an attention projection factor over d_model and
+  heads x head_dim (on (d_model, heads, head_dim) optax factors nothing below head_dim 128)."""
+  return _on_matrices(optax.adafactor(
+      learning_rate, min_dim_size_to_factor=min_dim_size_to_factor, decay_rate=decay_rate,
+      clipping_threshold=clipping_threshold, multiply_by_parameter_scale=multiply_by_parameter_scale,
+      momentum=None, factored=True))
 
 
 @gin.configurable
