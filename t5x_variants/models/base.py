@@ -44,10 +44,10 @@ class LanguageModel(nn.Module):
   def logits(self, x):
     """The output matmul in the compute dtype, its logits cast to float32 for a stable softmax
     over the vocabulary (as T5X and MaxText)."""
-    x = x.astype(self.config.compute_dtype)
     if self.config.tie_embeddings:
       scale = self.config.d_model**-0.5 if self.config.scale_tied_logits else 1.0
-      x = self.token_embedder.attend(x * jnp.asarray(scale, x.dtype))
+      # Scaled in float32: d^-0.5 rounded to bfloat16 would bias every logit (by +0.13% at 768).
+      x = self.token_embedder.attend((x.astype(jnp.float32) * scale).astype(self.config.compute_dtype))
     else:
-      x = self.logits_dense(x)
+      x = self.logits_dense(x.astype(self.config.compute_dtype))
     return x.astype(jnp.float32)
