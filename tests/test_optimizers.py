@@ -104,6 +104,28 @@ def test_adafactor_factors_attention_projections_as_t5_stored_them():
     np.testing.assert_allclose(got, want.reshape(got.shape), rtol=1e-5, atol=1e-7)
 
 
+def test_adamw_leaves_norms_and_biases_undecayed_as_bert_when_asked():
+  """With zero gradients AdamW's update is the decay -lr wd theta alone: on every parameter by
+  default (fairseq, PyTorch), on none of the norms' parameters and biases with
+  decay_norms_and_biases False (BERT), in a scanned stack too."""
+  ones = lambda *shape: jnp.ones(shape)
+  params = {'encoder': {'layers': {'pre_attention_layer_norm': {'scale': ones(2, 4)},
+                                   'attention': {'query': {'kernel': ones(2, 4, 4), 'bias': ones(2, 4)}}},
+                        'encoder_norm': {'scale': ones(4)}},
+            'classifier': {'kernel': ones(4, 2), 'bias': ones(2)}}
+  zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
+  for flag, decayed in ((True, 6), (False, 2)):
+    adamw = lambda lr: optimizer.adamw(lr, weight_decay=0.5, decay_norms_and_biases=flag)
+    tx = optimizer.make_optimizer(params, 0.1, optimizer=adamw)
+    updates, _ = tx.update(zeros, tx.init(params), params)
+    moved = {'/'.join(str(k.key) for k in path): float(jnp.max(jnp.abs(u)))
+             for path, u in jax.tree_util.tree_leaves_with_path(updates)}
+    assert sum(v == pytest.approx(0.05) for v in moved.values()) == decayed, moved
+    if not flag:
+      assert {k for k, v in moved.items() if v} == {'encoder/layers/attention/query/kernel',
+                                                     'classifier/kernel'}
+
+
 @pytest.mark.parametrize('name', ['adam', 'adamw'])
 def test_every_optimizer_resumes_exactly_and_keeps_frozen_paths(name, tmp_path):
   """2 steps + a resumed 2 equal 4 straight steps (losses and saved state, optimizer statistics

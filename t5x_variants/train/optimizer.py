@@ -179,10 +179,18 @@ def adam(learning_rate, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8):
 
 @gin.configurable
 def adamw(learning_rate, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
-          weight_decay: float = 0.01):
+          weight_decay: float = 0.01, decay_norms_and_biases: bool = True):
   """AdamW (Loshchilov & Hutter 2019): decay lr * weight_decay * theta decoupled from the Adam
-  step, on every trained parameter (as fairseq's and PyTorch's AdamW)."""
-  return optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
+  step, on every trained parameter (as fairseq's and PyTorch's AdamW); with
+  ``decay_norms_and_biases`` False not on the norms' parameters and the biases (BERT's
+  ``exclude_from_weight_decay``)."""
+  decayed = None if decay_norms_and_biases else (lambda params: jax.tree_util.tree_map_with_path(
+      lambda path, _: not _norm_or_bias(path_keys(path)), params))
+  return optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=decayed)
+
+
+def _norm_or_bias(keys) -> bool:
+  return keys[-1:] == ['bias'] or any(k.endswith('norm') for k in keys)
 
 
 @gin.configurable
