@@ -141,6 +141,14 @@ def test_mlm_batches_weight_exactly_the_selected_positions(pack):
   assert (inp[w == 1] != tgt[w == 1]).mean() > 0.6  # most selected ones are corrupted
 
 
+def test_a_decoder_only_model_on_a_task_with_inputs_is_refused_not_fed_targets_alone():
+  """LMFeatureConverter reads targets only: the inputs (a GLUE sentence, a corrupted span) would
+  be dropped without a word, the model trained on labels or sentinels alone."""
+  with pytest.raises(ValueError, match='embedded_span_corruption has inputs, which a decoder-only'):
+    pipeline.get_dataset('embedded_span_corruption', {'targets': 114}, 'decoder_only')
+  assert pipeline.get_dataset('embedded_lm', {'targets': 64}, 'decoder_only') is not None
+
+
 def test_t5xv_data_prints_examples_and_statistics(capsys):
   assert data_main(['--task=embedded_span_corruption', '--n=8']) == 0
   out = capsys.readouterr().out

@@ -116,6 +116,11 @@ def get_dataset(name: str, task_feature_lengths: Mapping[str, int], architecture
     task_feature_lengths = {'inputs': task_feature_lengths['inputs'], 'label': 1}
     converter = ClassificationFeatureConverter(regression=num_labels == 1)
   else:
+    if architecture == 'decoder_only' and 'inputs' in task.output_features:
+      raise ValueError(f'{name} has inputs, which a decoder-only model would never read (it trains '
+                       'as a language model on targets alone; no prefix LM is built here): train '
+                       'an encoder-decoder on it, or a decoder-only model on a task of targets '
+                       'only (e.g. c4_lm, embedded_lm)')
     if architecture == 'encoder_only':  # the MLM weights are as long as the inputs
       task_feature_lengths = dict(task_feature_lengths, mlm_weights=task_feature_lengths['inputs'])
     converter = feature_converter(architecture, pack)
