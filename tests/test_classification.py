@@ -303,7 +303,10 @@ def test_t5xv_eval_reports_the_glue_metrics_of_a_classifier(register, tmp_path):
   saved = json.loads((tmp_path / 'run' / 'eval_results.json').read_text())
   assert saved['train']['3'] == on_train[3] and saved['validation']['3'] == results['3']
   assert set(saved['train']['best']['glue_sst2_cls_local']['loss']) == {'value', 'step'}
-  # Other settings for a split already evaluated: one error, the file unchanged (a skip would mix them).
-  with pytest.raises(ValueError, match=r"other settings \(max_batches: None there, 1 now\)"):
+  # Other settings for a task already evaluated: one error, the file unchanged (a skip would mix
+  # them); another batch size changes nothing where every batch is read.
+  with pytest.raises(ValueError, match=r"results of glue_sst2_cls_local made with other settings "
+                                       r"\(max_batches: None there, 1 now; batch_size"):
     evaluate(max_batches=1)
   assert json.loads((tmp_path / 'run' / 'eval_results.json').read_text()) == saved
+  assert evaluate(batch_size=2) == {}

@@ -62,7 +62,8 @@ def test_quickstart_trains_evaluates_and_decodes_quietly(quickstart):
   with open(os.path.join(run_dir, 'eval_results.json')) as f:
     results = json.load(f)['validation']
   best = results.pop('best')['embedded_span_corruption']
-  assert results.pop('settings')['decoding']['method'] == 'greedy'  # how the split's results were made
+  settings = results.pop('settings')['embedded_span_corruption']  # how its results were made
+  assert settings['decoding']['method'] == 'greedy' and 'batch_size' not in settings  # all batches
   assert results.pop('average') == {}  # no GLUE or SuperGLUE task
   loss = {s: r['embedded_span_corruption']['loss'] for s, r in results.items()}
   assert set(loss) == {'20', '40'} and loss['40'] < loss['20']  # the checkpoints' weights were read

@@ -17,9 +17,9 @@ to RUN/metrics.jsonl (kind 'eval', with the split), TensorBoard and RUN/eval_res
 ({split: {step: {task: metrics}}}, and under each split's 'best' each task's best value of every
 metric over the evaluated checkpoints with its step, under 'average' the GLUE and SuperGLUE
 averages as T5 scores them (``benchmark_averages``), both also printed); checkpoints already there for
-the same split and tasks are skipped. Each split's results record the settings they were made with
-(``settings``: feature lengths, batch and example limits, inference, z-loss, decoding options); a
-call with other settings for a split already evaluated is one error, not a mix of the two.
+the same split and tasks are skipped. Each task's results record the settings they were made
+with (``settings``: feature lengths, batch and example limits, inference, z-loss, decoding
+options); evaluating a task again with other settings is one error, not a mix of the two.
 """
 import dataclasses
 import json
@@ -118,16 +118,18 @@ def best_over_checkpoints(results) -> dict:
   return best
 
 
-def _check_settings(results: dict, path, split: str, settings: dict):
-  """Records ``settings`` in a split's results (a file from before settings were recorded takes
-  them); ValueError if the split's results were made with others (skipping the checkpoints they
-  hold would mix the two ways of evaluating)."""
-  recorded = json.loads(json.dumps(results.setdefault(SETTINGS, settings)))  # as read back
-  now = json.loads(json.dumps(settings))
-  differ = [f'{k}: {recorded.get(k)!r} there, {now[k]!r} now' for k in now if recorded.get(k) != now[k]]
-  if differ:
-    raise ValueError(f'{path} holds {split} results made with other settings ({"; ".join(differ)}); '
-                     'evaluate with those settings, or move that file aside to start its results afresh')
+def _check_settings(results: dict, path, split: str, task_names, settings: dict):
+  """Records ``settings`` for each of ``task_names`` in a split's results; ValueError if one of
+  those tasks' results there were made with others (skipping the checkpoints they hold would mix
+  two ways of evaluating). Other tasks' results may have their own settings."""
+  recorded, now = results.setdefault(SETTINGS, {}), json.loads(json.dumps(settings))  # as read back
+  for task in task_names:
+    before = recorded.setdefault(task, now)
+    differ = [f'{k}: {before.get(k)!r} there, {now[k]!r} now' for k in now if before.get(k) != now[k]]
+    if differ:
+      raise ValueError(f'{path} holds {split} results of {task} made with other settings '
+                       f'({"; ".join(differ)}); evaluate it with those settings, or move that file '
+                       'aside to start its results afresh')
 
 
 def benchmark_averages(results) -> dict:
@@ -202,10 +204,12 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
   all_results = read_results(results_file)
   results = all_results.setdefault(split, {})
   options = DecodeOptions()
-  _check_settings(results, results_file, split, {
-      'task_feature_lengths': dict(task_feature_lengths), 'batch_size': batch_size,
-      'max_batches': max_batches, 'max_examples': max_examples, 'inference': inference,
-      'z_loss': z_loss, 'prompt_length': prompt_length, 'decoding': dataclasses.asdict(options)})
+  settings = {'task_feature_lengths': dict(task_feature_lengths), 'max_batches': max_batches,
+              'max_examples': max_examples, 'inference': inference, 'z_loss': z_loss,
+              'prompt_length': prompt_length, 'decoding': dataclasses.asdict(options)}
+  if max_batches is not None:  # then the batch size sets how many examples are evaluated
+    settings['batch_size'] = batch_size
+  _check_settings(results, results_file, split, names, settings)
   predictor = Predictor(config, options=options, z_loss=z_loss)
   logger = MetricsLogger(str(run_dir), console=True)
   new = {}
