@@ -8,6 +8,7 @@ import optax
 import pytest
 
 from t5x_variants.train import optimizer, partitioning
+from conftest import tiny
 from train_helpers import records_of, run_train, saved_state, setup, synthetic_batch, train_losses
 
 PARAMS = {'decoder': {'layers': {'w': jnp.array([[1.0, -2.0], [0.5, 3.0]])}},  # 2 scanned layers
@@ -102,6 +103,24 @@ def test_adafactor_factors_attention_projections_as_t5_stored_them():
     want, _ = t5.update(g, t5.init(p), p)
     got = updates['encoder']['layers']['attention'][name]['kernel'][1]
     np.testing.assert_allclose(got, want.reshape(got.shape), rtol=1e-5, atol=1e-7)
+
+  # combine_heads False: optax's own layout, the whole second moment of each kernel
+  tx = optimizer.make_optimizer(params, 0.01, optimizer=lambda lr: optimizer.adafactor(lr, combine_heads=False))
+  assert (2, 384, 4, 64) in {x.shape for x in jax.tree_util.tree_leaves(tx.init(params))}
+
+
+def test_an_adafactor_checkpoint_of_the_earlier_layout_resumes_with_combine_heads_false(tmp_path):
+  """Checkpoints saved before Adafactor combined the heads hold whole moments: resuming them is
+  one error naming the switch, and with it they resume."""
+  from t5x_variants.train import checkpoints  # pylint: disable=g-import-not-at-top
+  config = tiny(d_model=128, num_heads=2, head_dim=64, num_encoder_layers=1, num_decoder_layers=1)
+  gin.bind_parameter('adafactor.combine_heads', False)
+  run_train(tmp_path, 2, config=config)
+  gin.clear_config()
+  with pytest.raises(checkpoints.CheckpointError, match='--gin.adafactor.combine_heads=False'):
+    run_train(tmp_path, 4, config=config)
+  gin.bind_parameter('adafactor.combine_heads', False)
+  assert run_train(tmp_path, 4, config=config)['step'] == 4
 
 
 def test_adamw_leaves_norms_and_biases_undecayed_as_bert_when_asked():

@@ -161,14 +161,17 @@ def _on_matrices(tx: optax.GradientTransformation) -> optax.GradientTransformati
 
 @gin.configurable
 def adafactor(learning_rate, decay_rate: float = 0.8, clipping_threshold: float = 1.0,
-              multiply_by_parameter_scale: bool = True, min_dim_size_to_factor: int = 128):
-  """Adafactor as T5 ran it (factored, no momentum), on each layer's parameters as T5 stored them
-  (``as_matrix``): its second moments of an attention projection factor over d_model and
-  heads x head_dim (on (d_model, heads, head_dim) optax factors nothing below head_dim 128)."""
-  return _on_matrices(optax.adafactor(
+              multiply_by_parameter_scale: bool = True, min_dim_size_to_factor: int = 128,
+              combine_heads: bool = True):
+  """Adafactor as T5 ran it (factored, no momentum), with ``combine_heads`` on each layer's
+  parameters as T5 stored them (``as_matrix``): its second moments of an attention projection
+  factor over d_model and heads x head_dim (on (d_model, heads, head_dim) optax factors nothing
+  below head_dim 128; False keeps that layout, of this project's checkpoints before 49e9cc9)."""
+  tx = optax.adafactor(
       learning_rate, min_dim_size_to_factor=min_dim_size_to_factor, decay_rate=decay_rate,
       clipping_threshold=clipping_threshold, multiply_by_parameter_scale=multiply_by_parameter_scale,
-      momentum=None, factored=True))
+      momentum=None, factored=True)
+  return _on_matrices(tx) if combine_heads else tx
 
 
 @gin.configurable
