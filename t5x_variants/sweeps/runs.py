@@ -86,8 +86,9 @@ def _last_by_step(records: List[dict]) -> List[dict]:
 def _evals_by_step(records: List[dict]) -> List[dict]:
   """One eval record per step: the training run's own (the latest where a resumed run logged the
   step again) with the metrics that only ``t5xv-eval``'s validation records of that step add
-  (scores of decoded text); where both have a metric, the run's own stands, so a curve over
-  steps is one way of evaluating."""
+  (scores of decoded text); where both have a metric, the run's own stands. A step only
+  ``t5xv-eval`` evaluated (often the last checkpoint) has its record alone: over the whole split,
+  where the run's own evals may read a few batches."""
   own = {r['step']: r for r in records if 'split' not in r}
   added = {r['step']: r for r in records if 'split' in r}
   return [{**added.get(s, {}), **own.get(s, {})} for s in sorted(own.keys() | added.keys())]
