@@ -107,3 +107,12 @@ def test_a_full_disk_under_metrics_jsonl_is_one_line_raised_once(capsys):
   assert exit_.value.code == 2 and err == (
       't5xv-train: error: No space left on device writing /runs/r/metrics.jsonl: free space and '
       'rerun the same command (a training run resumes from its last checkpoint)\n')
+
+
+def test_a_closed_pipe_ends_a_command_quietly(capsys, monkeypatch):
+  """``t5xv-data ... | head``: the reader leaving is no error to report (it was a traceback)."""
+  monkeypatch.setattr(sys, 'stdout', sys.stdout)  # restored after the command drops its output
+  with pytest.raises(SystemExit) as exit_:
+    with common.clear_errors('t5xv-data'):
+      raise BrokenPipeError(32, 'Broken pipe')
+  assert exit_.value.code == 1 and capsys.readouterr().err == ''

@@ -347,6 +347,9 @@ def clear_errors(prog: str):
   try:
     yield
   except Exception as e:  # pylint: disable=broad-except
+    if isinstance(e, BrokenPipeError):  # the reader of the output left (``| head``): nothing to say
+      sys.stdout = open(os.devnull, 'w')  # pylint: disable=consider-using-with  (for the exit's flush)
+      raise SystemExit(1) from None
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):  # a full disk
       e = ValueError(f'{e.strerror} writing {e.filename or "the run directory"}: free space and '
                      'rerun the same command (a training run resumes from its last checkpoint)')

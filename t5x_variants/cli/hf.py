@@ -60,7 +60,7 @@ def read_hf_weights(hf_dir) -> dict:
       for f in files:
         try:
           weights.update(_load_safetensors(f.read_bytes()) if f.suffix == '.safetensors' else _load_torch(f))
-        except (FileNotFoundError, ImportError):
+        except (OSError, MemoryError, ImportError):  # the file system's, memory's: not the file's
           raise
         except Exception as e:  # safetensors' and torch's errors of a damaged file
           raise ValueError(f'{f} cannot be read ({checkpoints.error_reason(e)}): is the file whole '

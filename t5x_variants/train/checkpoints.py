@@ -175,7 +175,7 @@ class Checkpointer:
         return self.restore(step, abstract_state, data_iterator), step
       except Exception as e:  # orbax raises many types for a damaged directory
         reason = error_reason(e)
-        if isinstance(e, (MemoryError, ConnectionError, TimeoutError)) or _NOT_DAMAGE.search(str(e)):
+        if _outside_cause(e):
           raise CheckpointError(f'{path} could not be read ({reason}), for a cause outside it: '
                                 'nothing was moved aside; fix the cause (memory, the network, '
                                 'the bucket or its permissions) and rerun') from e
@@ -254,6 +254,12 @@ def checkpoint_path(path: str) -> epath.Path:
   return latest.path
 
 
+def _outside_cause(e: Exception) -> bool:
+  """Whether a read failed for a cause outside the checkpoint (memory, the network, permissions)."""
+  return isinstance(e, (MemoryError, ConnectionError, TimeoutError, PermissionError)) or bool(
+      _NOT_DAMAGE.search(str(e)))
+
+
 def error_reason(e: Exception, limit: int = 300) -> str:
   """'<type>: <first line>' of an exception, at most ``limit`` characters (tensorstore's messages
   carry whole object reprs)."""
@@ -327,8 +333,9 @@ def read_on_host(path: str, part: Optional[str] = 'params'):
       restored = ckptr.restore(path / 'state', args=ocp.args.PyTreeRestore(
           item=target, restore_args=args, partial_restore=True))
   except Exception as e:  # orbax raises many types for a damaged directory
-    raise CheckpointError(f'cannot read {part or "the state"} of {path} ({error_reason(e)}): is it '
-                          'damaged? Another checkpoint of the run may read') from e
+    why = ('fix that cause (memory, the network, the bucket or its permissions) and rerun'
+           if _outside_cause(e) else 'is it damaged? Another checkpoint of the run may read')
+    raise CheckpointError(f'cannot read {part or "the state"} of {path} ({error_reason(e)}): {why}') from e
   restored = jax.tree_util.tree_map(np.asarray, restored)
   return restored[part] if part else restored
 
