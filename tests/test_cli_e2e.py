@@ -355,24 +355,29 @@ def test_best_over_checkpoints_takes_the_lowest_loss_and_the_highest_score():
       'stsb': {'pearson': {'value': 85.0, 'step': 20}}}
 
 
-def test_benchmark_averages_score_each_task_at_its_best_checkpoint_as_t5():
-  """A task's score: its metrics' mean (teacher-forced figures not counted) at the step where
-  that mean is highest; a benchmark's: the mean over its tasks; WNLI and NaN steps left out."""
+def test_benchmark_averages_are_t5s_best_step_and_each_tasks_best_step():
+  """As T5's eval_utils: a task's score is its metrics' mean (MNLI's matched and mismatched one
+  task), the benchmark's the mean over its tasks at a step where all have one, reported at its
+  best step; each task also at its own best step. WNLI, teacher-forced figures and NaN left out."""
   results = {'10': {'glue_mrpc': {'loss': 0.1, 'f1': 80.0, 'accuracy': 70.0, 'num_tokens': 9.0},
                     'glue_cola': {'matthews_corrcoef': 20.0}, 'glue_wnli': {'accuracy': 99.0},
-                    'glue_stsb': {'pearson_corrcoef': float('nan'), 'spearman_corrcoef': 90.0},
+                    'glue_mnli': {'accuracy': 60.0}, 'glue_mnli_mismatched': {'accuracy': 62.0},
                     'super_glue_cb': {'f1': 50.0, 'accuracy': 60.0}},
-             '20': {'glue_mrpc': {'loss': 0.2, 'f1': 84.0, 'accuracy': 68.0},  # mean 76 > 75
+             '20': {'glue_mrpc': {'loss': 0.2, 'f1': 84.0, 'accuracy': 68.0},  # 76 > 75
                     'glue_cola': {'matthews_corrcoef': 10.0},
-                    'glue_stsb': {'pearson_corrcoef': 30.0, 'spearman_corrcoef': 40.0},
+                    'glue_mnli': {'accuracy': 70.0}, 'glue_mnli_mismatched': {'accuracy': 68.0},
                     'embedded_lm': {'log_perplexity': 3.0}},
+             '30': {'glue_mrpc': {'f1': 90.0, 'accuracy': 90.0},  # a step without every task
+                    'glue_cola': {'matthews_corrcoef': float('nan')}},
              'best': {}, 'settings': {}}
   averages = eval_cli.benchmark_averages(results)
-  assert averages['GLUE']['tasks'] == {'glue_mrpc': {'value': 76.0, 'step': 20},
-                                       'glue_cola': {'value': 20.0, 'step': 10},
-                                       'glue_stsb': {'value': 35.0, 'step': 20}}
-  assert averages['GLUE']['value'] == pytest.approx((76 + 20 + 35) / 3)
-  assert averages['SuperGLUE'] == {'value': 55.0, 'tasks': {'super_glue_cb': {'value': 55.0, 'step': 10}}}
+  assert averages['GLUE']['tasks'] == {'glue_cola': {'value': 20.0, 'step': 10},
+                                       'glue_mnli': {'value': 69.0, 'step': 20},
+                                       'glue_mrpc': {'value': 90.0, 'step': 30}}
+  # step 10: (75 + 20 + 61) / 3 = 52; step 20: (76 + 10 + 69) / 3 = 51.67; step 30 lacks two tasks
+  assert (averages['GLUE']['value'], averages['GLUE']['step']) == (pytest.approx(52.0), 10)
+  assert averages['SuperGLUE'] == {'value': 55.0, 'step': 10,
+                                   'tasks': {'super_glue_cb': {'value': 55.0, 'step': 10}}}
   assert set(averages) == {'GLUE', 'SuperGLUE'}
 
 

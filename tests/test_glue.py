@@ -170,6 +170,8 @@ def test_local_glue_tasks(register, glue_dir):
   assert _text(mnli, 'inputs') == 'mnli hypothesis: The hypothesis. premise: The premise.'
   assert _text(mnli, 'targets') == 'neutral'
   assert _text(_examples('glue_mnli_local', 'validation_mismatched')[0], 'targets') == 'contradiction'
+  mismatched = _examples('glue_mnli_mismatched_local', 'validation')[0]  # the task of its own
+  assert (_text(mismatched, 'inputs'), _text(mismatched, 'targets')) == (_text(mnli, 'inputs'), 'contradiction')
   assert _text(_examples('glue_mrpc_local')[0], 'inputs') == 'mrpc sentence1: He left. sentence2: He went.'
 
 
@@ -207,10 +209,14 @@ def test_missing_local_file_names_it(register, glue_dir):
 def test_mixtures_and_idempotence(register, glue_dir, super_glue_dir):
   names = register()
   assert 'glue_cola_local' not in names and 'glue_proportional_local' not in seqio.MixtureRegistry.names()
-  glue_tasks = {f'glue_{t}' for t in ('cola', 'sst2', 'mrpc', 'qqp', 'stsb', 'mnli', 'qnli', 'rte', 'wnli')}
+  glue_tasks = {f'glue_{t}' for t in ('cola', 'sst2', 'mrpc', 'qqp', 'stsb', 'mnli', 'mnli_mismatched', 'qnli',
+                                      'rte', 'wnli')}
   super_tasks = {f'super_glue_{t}' for t in ('boolq', 'cb', 'copa', 'multirc', 'record', 'rte', 'wic', 'wsc')}
   assert {t.name for t in seqio.get_mixture_or_task('glue_proportional').tasks} == glue_tasks - {'glue_wnli'}
   assert 'glue_wnli' in seqio.TaskRegistry.names()  # T5's mixture leaves it out; a task of its own
+  mixture = seqio.get_mixture_or_task('glue_proportional')  # MNLI mismatched: evaluated, never trained
+  assert mixture.get_rate(seqio.get_mixture_or_task('glue_mnli_mismatched')) == 0.0
+  assert seqio.get_mixture_or_task('glue_mnli_mismatched').splits == ('validation', 'test')
   assert {t.name for t in seqio.get_mixture_or_task('super_glue_proportional').tasks} == super_tasks
   assert register() == []
   local = register(glue_dir=str(glue_dir), super_glue_dir=str(super_glue_dir), mixing_maximum=2)

@@ -135,7 +135,8 @@ def test_missing_file_names_it(registry, squad_dir):
 
 def test_mixtures(registry, squad_dir, glue_dirs):
   glue_dir, super_glue_dir = glue_dirs
-  expected = {'squad_v010', *(f'glue_{t}' for t in ('cola', 'sst2', 'mrpc', 'qqp', 'stsb', 'mnli', 'qnli', 'rte')),
+  expected = {'squad_v010', *(f'glue_{t}' for t in ('cola', 'sst2', 'mrpc', 'qqp', 'stsb', 'mnli',
+                                                    'mnli_mismatched', 'qnli', 'rte')),
               *(f'super_glue_{t}' for t in ('boolq', 'cb', 'copa', 'multirc', 'record', 'rte', 'wic', 'wsc'))}
   names = _register(squad_dir=str(squad_dir))  # no local GLUE/SuperGLUE: no local mixture
   assert 'squad_glue_super_glue_proportional' in names
@@ -147,12 +148,12 @@ def test_mixtures(registry, squad_dir, glue_dirs):
 
   def rates():  # of the fixture's SQuAD (4 questions), CoLA (3 rows) and BoolQ (1 row) train files
     mixture = seqio.get_mixture_or_task(LOCAL_MIXTURE)
-    names = ('squad_v010_local', 'glue_cola_local', 'super_glue_boolq_local')
+    names = ('squad_v010_local', 'glue_cola_local', 'super_glue_boolq_local', 'glue_mnli_mismatched_local')
     return [mixture.get_rate(seqio.get_mixture_or_task(n)) for n in names]
-  assert rates() == [4.0, 3.0, 1.0]  # under the cap K = 2**19
+  assert rates() == [4.0, 3.0, 1.0, 0.0]  # under the cap K = 2**19; MNLI mismatched: evaluated only
   seqio.MixtureRegistry.remove(LOCAL_MIXTURE)
   assert squad.register_squad_tasks(FEATURES, mixing_maximum=2) == [LOCAL_MIXTURE]
-  assert rates() == [2.0, 2.0, 1.0]
+  assert rates() == [2.0, 2.0, 1.0, 0.0]
 
 
 def test_register_tasks_with_the_embedded_vocabulary(registry, squad_dir):

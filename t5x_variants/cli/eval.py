@@ -133,25 +133,37 @@ def _check_settings(results: dict, path, split: str, task_names, settings: dict)
 
 
 def benchmark_averages(results) -> dict:
-  """{'GLUE': {'value', 'tasks': {task: {'value', 'step'}}}, 'SuperGLUE': ...} of one split's
-  results, scored as T5 scores a benchmark (Raffel et al. 2020, 2.3): a task's score is the mean
-  of its metrics (MRPC's F1 and accuracy, STS-B's two correlations, ...) at the checkpoint where
-  that mean is highest, the benchmark's the mean over its tasks evaluated (WNLI left out, as
-  T5); a step where a metric is undefined (NaN) does not score."""
-  scores = {}
+  """{'GLUE': {'value', 'step', 'tasks': {task: {'value', 'step'}}}, 'SuperGLUE': ...} of one
+  split's results, as T5's evaluation scores a benchmark (its eval_utils: compute_avg_glue,
+  metric_group_max): a task's score at a step is the mean of its metrics (MRPC's F1 and accuracy,
+  STS-B's two correlations, MNLI's matched and mismatched accuracies, ...), the benchmark's the
+  mean over its tasks at a step where every task evaluated has a score; reported are the best
+  step's benchmark score and each task's best step's score. WNLI is left out, as T5; a metric
+  that is undefined (NaN) leaves its task without a score at that step."""
+  scores = {}  # benchmark -> step -> task -> score
+  benchmark_of = lambda task: next((n for p, n in BENCHMARKS.items() if task.startswith(p)), None)
   for step, by_task in results.items():
     if not step.isdigit():
       continue
+    grouped = {}
     for task, metrics in by_task.items():
-      benchmark = next((name for prefix, name in BENCHMARKS.items() if task.startswith(prefix)), None)
-      values = [v for k, v in metrics.items() if k not in TEACHER_FORCED and v is not None]
-      if not benchmark or task.startswith('glue_wnli') or not values or not all(map(math.isfinite, values)):
-        continue
-      score, best = sum(values) / len(values), scores.setdefault(benchmark, {}).get(task)
-      if best is None or score > best['value']:
-        scores[benchmark][task] = {'value': score, 'step': int(step)}
-  return {name: {'value': sum(t['value'] for t in tasks.values()) / len(tasks), 'tasks': tasks}
-          for name, tasks in scores.items()}
+      if benchmark_of(task) and not task.startswith('glue_wnli'):
+        grouped.setdefault(task.replace('_mismatched', ''), []).extend(
+            v for k, v in metrics.items() if k not in TEACHER_FORCED and v is not None)
+    for task, values in grouped.items():
+      if values and all(map(math.isfinite, values)):
+        scores.setdefault(benchmark_of(task), {}).setdefault(int(step), {})[task] = sum(values) / len(values)
+  out = {}
+  for benchmark, by_step in scores.items():
+    tasks = set().union(*by_step.values())
+    first_best = lambda pair: (pair[0], -pair[1])  # the earliest step of a tie, as T5's idxmax
+    best = {t: max(((s[t], step) for step, s in by_step.items() if t in s), key=first_best) for t in tasks}
+    full = {step: sum(s.values()) / len(s) for step, s in by_step.items() if set(s) == tasks}
+    if full:
+      step = max(full, key=lambda k: first_best((full[k], k)))
+      out[benchmark] = {'value': full[step], 'step': step,
+                        'tasks': {t: {'value': v, 'step': k} for t, (v, k) in sorted(best.items())}}
+  return out
 
 
 def read_results(path: epath.Path) -> dict:
@@ -245,8 +257,10 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
     print(f'best of {evaluated} checkpoint(s), {task} ({split}): ' + ', '.join(
         f'{name} {m["value"]:.4g} (step {m["step"]})' for name, m in sorted(metrics.items())))
   for name, average in sorted(results.get(AVERAGE, {}).items()):
-    print(f'{name} average ({split}, as T5 scores it: each task its metrics\' mean at its best '
-          f'checkpoint): {average["value"]:.2f} over {len(average["tasks"])} task(s)')
+    print(f'{name} average ({split}, as T5 scores it: each task its metrics\' mean, the mean over '
+          f'{len(average["tasks"])} task(s)): {average["value"]:.2f} at its best step '
+          f'{average["step"]}; ' + ', '.join(f'{t} {v["value"]:.2f} (step {v["step"]})'
+                                            for t, v in average['tasks'].items()))
   return new
 
 

@@ -143,6 +143,12 @@ GLUE_TASKS = {
     'mnli': _glue('mnli', ('hypothesis', 'premise'), ('entailment', 'neutral', 'contradiction'), _ACC, 'MNLI',
                   {'hypothesis': 'sentence2', 'premise': 'sentence1'}, 'gold_label', files=_MNLI_FILES,
                   tfds_splits={**{s: s for s in _MNLI_FILES}, 'validation': 'validation_matched'}),
+    # MNLI's mismatched validation set as a task of its own (T5's glue_mnli_mismatched): evaluated
+    # in the mixtures, never trained on (no train split).
+    'mnli_mismatched': _glue('mnli', ('hypothesis', 'premise'), ('entailment', 'neutral', 'contradiction'),
+                             _ACC, 'MNLI', {'hypothesis': 'sentence2', 'premise': 'sentence1'}, 'gold_label',
+                             files={'validation': 'dev_mismatched.tsv', 'test': 'test_mismatched.tsv'},
+                             tfds_splits={'validation': 'validation_mismatched', 'test': 'test_mismatched'}),
     'qnli': _glue('qnli', ('question', 'sentence'), ('entailment', 'not_entailment'), _ACC, 'QNLI'),
     'rte': _glue('rte', ('sentence1', 'sentence2'), ('entailment', 'not_entailment'), _ACC, 'RTE'),
     'wnli': _glue('wnli', ('sentence1', 'sentence2'), ('not_entailment', 'entailment'), _ACC, 'WNLI'),
@@ -191,6 +197,8 @@ SUPER_GLUE_TASKS = {
 # T5's GLUE mixture leaves WNLI out (T5 trained on WSC instead; Raffel et al. 2020, 2.3); glue_wnli
 # stays a task of its own.
 UNMIXED = ('glue_wnli',)
+# In the mixtures at rate 0: evaluated with them, never trained on (as T5's GLUE mixture).
+EVAL_ONLY = ('glue_mnli_mismatched',)
 
 
 def _filter_train(ds, split: str, train_filter: Optional[Callable]):
@@ -289,10 +297,12 @@ def add_tasks(specs: Mapping[str, TaskSpec], output_features: Mapping[str, seqio
 def add_proportional_mixture(name: str, task_names: Sequence[str],
                              mixing_maximum: int = MIXING_MAXIMUM) -> List[str]:
   """Registers mixture ``name`` unless registered (then returns []): examples-proportional mixing, each
-  task's rate its number of train examples capped at K = ``mixing_maximum`` (Raffel et al. 2020, 3.5.2)."""
+  task's rate its number of train examples capped at K = ``mixing_maximum`` (Raffel et al. 2020, 3.5.2);
+  an ``EVAL_ONLY`` task's rate 0."""
   if name in seqio.MixtureRegistry.names():
     return []
-  seqio.MixtureRegistry.add(name, list(task_names),
+  tasks = [(t, 0.0) if t.removesuffix('_local') in EVAL_ONLY else t for t in task_names]
+  seqio.MixtureRegistry.add(name, tasks,
                             default_rate=functools.partial(seqio.mixing_rate_num_examples, maximum=mixing_maximum))
   return [name]
 
