@@ -116,3 +116,16 @@ def test_a_closed_pipe_ends_a_command_quietly(capsys, monkeypatch):
     with common.clear_errors('t5xv-data'):
       raise BrokenPipeError(32, 'Broken pipe')
   assert exit_.value.code == 1 and capsys.readouterr().err == ''
+
+
+def test_a_run_bounded_by_epochs_over_several_processes_is_refused(monkeypatch):
+  """Each host's share of the data ends at its own step: the first host out would leave the
+  others alone in the step's collectives (a hang)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from conftest import tiny  # pylint: disable=g-import-not-at-top
+  from t5x_variants.cli import train  # pylint: disable=g-import-not-at-top
+  from t5x_variants.data.config import DatasetConfig  # pylint: disable=g-import-not-at-top
+  from t5x_variants.train import trainer  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  monkeypatch.setattr(jax, 'process_count', lambda: 2)
+  with pytest.raises(ValueError, match=r'num_epochs = 3 with 2 processes: .*train.total_steps'):
+    train.check_inputs(tiny(), DatasetConfig(num_epochs=3, batch_size=8), DatasetConfig())

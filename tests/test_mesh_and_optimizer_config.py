@@ -49,3 +49,23 @@ def test_the_trainer_takes_the_gin_bound_optimizer(tmp_path):
   gin.clear_config()
   run_train(tmp_path / 'adafactor', 3)
   assert len({r['param_norm'] for r in records_of(tmp_path / 'adafactor')}) == 3
+
+
+def test_a_data_shard_spanning_processes_is_refused():
+  """Two hosts of 2 devices: data=2 x model=2 with each host's devices one data row feeds whole
+  rows per process; data=1 x model=4, or rows split across hosts, is one error (each process
+  would feed other rows to one shard: replicas that disagree, predictions lost)."""
+  import types  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  def mesh(data, model, owner):  # owner(data index, model index) -> process
+    devices = np.array([[types.SimpleNamespace(process_index=owner(d, m)) for m in range(model)]
+                        for d in range(data)])
+    return types.SimpleNamespace(devices=devices, axis_names=('data', 'model'),
+                                 shape={'data': data, 'model': model})
+  partitioning.check_processes(mesh(2, 2, lambda d, m: d), process_count=2)
+  partitioning.check_processes(mesh(4, 1, lambda d, m: d // 2), process_count=2)
+  for bad in (mesh(1, 4, lambda d, m: m // 2), mesh(2, 2, lambda d, m: m), mesh(2, 2, lambda d, m: 1 - d)):
+    with pytest.raises(ValueError, match="each process must hold whole shards of mesh axis 'data'"):
+      partitioning.check_processes(bad, process_count=2)
+  partitioning.check_processes(mesh(1, 4, lambda d, m: 0))  # one process: anything goes

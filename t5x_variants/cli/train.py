@@ -133,6 +133,13 @@ def check_inputs(config, train_cfg, eval_cfg):
   ranges.check_ranges('DatasetConfig', vars(train_cfg), scope='train')
   if eval_cfg.mixture_or_task_name:
     ranges.check_ranges('DatasetConfig', vars(eval_cfg), scope='train_eval')
+  if train_cfg.num_epochs is not None and jax.process_count() > 1:
+    # Each host's share of the data ends after its own number of batches: the first host out
+    # would stop while the others step on, alone in the step's collectives.
+    raise ValueError(f'{ranges.binding_name("train/DatasetConfig.num_epochs")[1]} = '
+                     f'{train_cfg.num_epochs} with {jax.process_count()} processes: the hosts\' '
+                     'shares of the data would end at different steps; bound the run by its steps '
+                     '(train.total_steps) instead')
   mesh = (bindings.get('mesh') or partitioning.MeshConfig()).mesh()
   try:
     partitioning.check_batch(train_cfg.batch_size, mesh, bindings.get('num_microbatches', 1))

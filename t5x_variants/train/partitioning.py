@@ -10,7 +10,7 @@ synthesizer ``length`` ...) are replicated.
 """
 import dataclasses
 import math
-from typing import Dict, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import flax.linen as nn
 import gin
@@ -97,9 +97,30 @@ def check_mesh(boxed_params, mesh: Mesh, rules):
           f"{mesh.size} devices: {', '.join(map(str, fits))} (set MeshConfig.{axis})")
 
 
+def check_processes(mesh: Mesh, process_count: Optional[int] = None):
+  """With several processes, each must feed the rows of its own contiguous block of 'data', in
+  process order (what ``global_batch`` and ``host_rows`` assume); else one ValueError: a data
+  shard that spans processes (a 'model' axis wider than a host's devices) would get other rows
+  from each (replicas that disagree, eval rows counted once, predictions lost)."""
+  count = jax.process_count() if process_count is None else process_count
+  if count == 1:
+    return
+  axis, data = mesh.axis_names.index('data'), mesh.shape['data']
+  blocks = {}
+  for index, device in np.ndenumerate(mesh.devices):
+    blocks.setdefault(device.process_index, set()).add(index[axis])
+  size = data // count
+  if data % count or any(blocks.get(p) != set(range(p * size, (p + 1) * size)) for p in range(count)):
+    raise ValueError(f"the mesh ({', '.join(f'{k}={v}' for k, v in mesh.shape.items())}) over {count} "
+                     "processes: each process must hold whole shards of mesh axis 'data', its own "
+                     "block in process order; make MeshConfig.data a multiple of the process count "
+                     "and MeshConfig.model at most one host's devices")
+
+
 def check_batch(batch_size: int, mesh: Mesh, num_microbatches: int = 1):
   """The global batch splits into ``num_microbatches`` equal microbatches, each split evenly over
-  'data'; else one ValueError with the batch sizes that would."""
+  'data'; else one ValueError with the batch sizes that would (or ``check_processes``')."""
+  check_processes(mesh)
   data = mesh.shape['data']
   unit = data * num_microbatches
   if batch_size < 1 or batch_size % unit:
@@ -170,6 +191,7 @@ def global_batch(batch, mesh: Mesh):
 def host_rows(batch, mesh: Mesh):
   """From a global batch that every process holds: zero rows appended so that it splits evenly
   over 'data', then this process's contiguous share (what ``global_batch`` expects)."""
+  check_processes(mesh)
   n = len(next(iter(batch.values())))
   rows = -(-n // mesh.shape['data']) * mesh.shape['data']
   local = rows // jax.process_count()
