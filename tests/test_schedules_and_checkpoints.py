@@ -282,3 +282,17 @@ def test_a_restore_without_target_shardings_fails_the_tests(tmp_path):
           f'ocp.PyTreeCheckpointer().restore({str(tmp_path / "tree")!r})')
   out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)
   assert out.returncode != 0 and 'Sharding info not provided' in out.stderr
+
+
+def test_every_process_takes_process_0s_checkpoint_steps(monkeypatch):
+  """Beside a training run that saves and deletes, each process would list its own moment (and
+  load its own 'newest'): process 0's steps are broadcast, in arrays of its count's shape."""
+  process0 = iter([np.asarray(2), np.asarray([10, 20])])  # its count, then its steps
+  shapes = []
+  def broadcast(x):
+    shapes.append(np.shape(x))
+    return next(process0)
+  monkeypatch.setattr(jax, 'process_count', lambda: 2)
+  monkeypatch.setattr(checkpoints.multihost_utils, 'broadcast_one_to_all', broadcast)
+  assert checkpoints._process0_steps([10, 20, 30]) == [10, 20]  # pylint: disable=protected-access
+  assert shapes == [(), (2,)]

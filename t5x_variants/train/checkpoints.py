@@ -11,7 +11,7 @@ one is used.
 import dataclasses
 import logging
 import re
-from typing import Any, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 import gin
 import jax
@@ -222,8 +222,20 @@ class Checkpointer:
 
 def list_checkpoints(run_dir: str):
   """The ``checkpoint_<step>`` directories in ``run_dir``, oldest first (not ``*.unreadable``
-  ones, unfinished saves or stray files)."""
-  return [m.path for m in sorted(_NAME_FORMAT.find_all(run_dir), key=lambda m: m.step)]
+  ones, unfinished saves or stray files); process 0's listing for every process (beside a
+  training run that saves and deletes, each would list its own moment)."""
+  steps = _process0_steps([m.step for m in _NAME_FORMAT.find_all(run_dir)])
+  return [ocp.step.build_step_path(storage.path(run_dir), _NAME_FORMAT, step) for step in sorted(steps)]
+
+
+def _process0_steps(steps: Sequence[int]) -> List[int]:
+  """Process 0's ``steps``, for every process (which all call this together)."""
+  if jax.process_count() == 1:
+    return list(steps)
+  count = int(multihost_utils.broadcast_one_to_all(np.asarray(len(steps), np.int64)))
+  mine = np.zeros(count, np.int64)
+  mine[:min(count, len(steps))] = list(steps)[:count]
+  return [int(step) for step in multihost_utils.broadcast_one_to_all(mine)]
 
 
 def _saved_mismatch(path: epath.Path, abstract_state, part: str) -> Optional[str]:
@@ -248,10 +260,11 @@ def checkpoint_path(path: str) -> epath.Path:
   if (path / 'state').exists():
     return path
   latest = ocp.step.latest_step_metadata(path, _NAME_FORMAT)
-  if latest is None:
+  latest = _process0_steps([] if latest is None else [latest.step])  # one step for every process
+  if not latest:
     raise CheckpointError(f'no checkpoint at {path}: expected a {PREFIX}_<step> directory or a '
                           f'directory containing them')
-  return latest.path
+  return ocp.step.build_step_path(path, _NAME_FORMAT, latest[0])
 
 
 def _outside_cause(e: Exception) -> bool:
