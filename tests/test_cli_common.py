@@ -129,3 +129,5 @@ def test_a_run_bounded_by_epochs_over_several_processes_is_refused(monkeypatch):
   monkeypatch.setattr(jax, 'process_count', lambda: 2)
   with pytest.raises(ValueError, match=r'num_epochs = 3 with 2 processes: .*train.total_steps'):
     train.check_inputs(tiny(), DatasetConfig(num_epochs=3, batch_size=8), DatasetConfig())
+  with pytest.raises(ValueError, match=r'seed = None with 2 processes: .*set a seed'):  # shares overlap
+    train.check_inputs(tiny(), DatasetConfig(seed=None, batch_size=8), DatasetConfig())

@@ -140,6 +140,10 @@ def check_inputs(config, train_cfg, eval_cfg):
                      f'{train_cfg.num_epochs} with {jax.process_count()} processes: the hosts\' '
                      'shares of the data would end at different steps; bound the run by its steps '
                      '(train.total_steps) instead')
+  if train_cfg.seed is None and jax.process_count() > 1:  # each host would shuffle its own way
+    raise ValueError(f'{ranges.binding_name("train/DatasetConfig.seed")[1]} = None with '
+                     f'{jax.process_count()} processes: the hosts would shuffle the data each their '
+                     'own way, their shares overlapping; set a seed (an integer)')
   mesh = (bindings.get('mesh') or partitioning.MeshConfig()).mesh()
   try:
     partitioning.check_batch(train_cfg.batch_size, mesh, bindings.get('num_microbatches', 1))
