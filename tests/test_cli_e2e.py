@@ -369,12 +369,14 @@ def test_benchmark_averages_are_t5s_best_step_and_each_tasks_best_step():
                     'embedded_lm': {'log_perplexity': 3.0}},
              '30': {'glue_mrpc': {'f1': 90.0, 'accuracy': 90.0},  # a step without every task
                     'glue_cola': {'matthews_corrcoef': float('nan')}},
+             '40': {'glue_mrpc': {'f1': 95.0, 'accuracy': 95.0}, 'glue_cola': {'matthews_corrcoef': 90.0},
+                    'glue_mnli': {'accuracy': 99.0}},  # MNLI's mismatched half missing: no MNLI score
              'best': {}, 'settings': {}}
   averages = eval_cli.benchmark_averages(results)
-  assert averages['GLUE']['tasks'] == {'glue_cola': {'value': 20.0, 'step': 10},
+  assert averages['GLUE']['tasks'] == {'glue_cola': {'value': 90.0, 'step': 40},
                                        'glue_mnli': {'value': 69.0, 'step': 20},
-                                       'glue_mrpc': {'value': 90.0, 'step': 30}}
-  # step 10: (75 + 20 + 61) / 3 = 52; step 20: (76 + 10 + 69) / 3 = 51.67; step 30 lacks two tasks
+                                       'glue_mrpc': {'value': 95.0, 'step': 40}}
+  # step 10: (75 + 20 + 61) / 3 = 52; step 20: (76 + 10 + 69) / 3 = 51.67; 30 and 40 lack a task
   assert (averages['GLUE']['value'], averages['GLUE']['step']) == (pytest.approx(52.0), 10)
   assert averages['SuperGLUE'] == {'value': 55.0, 'step': 10,
                                    'tasks': {'super_glue_cb': {'value': 55.0, 'step': 10}}}

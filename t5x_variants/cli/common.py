@@ -337,6 +337,15 @@ def check_flag_ranges(args, least: Mapping[str, int]):
       raise ValueError(f'--{flag}={value} is out of range: it must be at least {low}')
 
 
+def _stdout_closed() -> bool:
+  """Whether standard output's reader has gone (its unwritten lines cannot be flushed)."""
+  try:
+    sys.stdout.flush()
+  except BrokenPipeError:
+    return True
+  return False
+
+
 @contextlib.contextmanager
 def clear_errors(prog: str):
   """Known failures (bad flags or gin, missing data or checkpoints, a file system's error,
@@ -347,7 +356,7 @@ def clear_errors(prog: str):
   try:
     yield
   except Exception as e:  # pylint: disable=broad-except
-    if isinstance(e, BrokenPipeError):  # the reader of the output left (``| head``): nothing to say
+    if isinstance(e, BrokenPipeError) and _stdout_closed():  # its reader left (``| head``)
       sys.stdout = open(os.devnull, 'w')  # pylint: disable=consider-using-with  (for the exit's flush)
       raise SystemExit(1) from None
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):  # a full disk

@@ -140,25 +140,30 @@ def benchmark_averages(results) -> dict:
   mean over its tasks at a step where every task evaluated has a score; reported are the best
   step's benchmark score and each task's best step's score. WNLI is left out, as T5; a metric
   that is undefined (NaN) leaves its task without a score at that step."""
-  scores = {}  # benchmark -> step -> task -> score
+  raw = {}  # benchmark -> step -> task -> its metrics' values
   benchmark_of = lambda task: next((n for p, n in BENCHMARKS.items() if task.startswith(p)), None)
   for step, by_task in results.items():
     if not step.isdigit():
       continue
-    grouped = {}
     for task, metrics in by_task.items():
-      if benchmark_of(task) and not task.startswith('glue_wnli'):
-        grouped.setdefault(task.replace('_mismatched', ''), []).extend(
-            v for k, v in metrics.items() if k not in TEACHER_FORCED and v is not None)
-    for task, values in grouped.items():
-      if values and all(map(math.isfinite, values)):
-        scores.setdefault(benchmark_of(task), {}).setdefault(int(step), {})[task] = sum(values) / len(values)
+      values = [v for k, v in metrics.items() if k not in TEACHER_FORCED and v is not None]
+      if benchmark_of(task) and not task.startswith('glue_wnli') and values:
+        raw.setdefault(benchmark_of(task), {}).setdefault(int(step), {})[task] = values
   out = {}
-  for benchmark, by_step in scores.items():
-    tasks = set().union(*by_step.values())
-    first_best = lambda pair: (pair[0], -pair[1])  # the earliest step of a tie, as T5's idxmax
-    best = {t: max(((s[t], step) for step, s in by_step.items() if t in s), key=first_best) for t in tasks}
-    full = {step: sum(s.values()) / len(s) for step, s in by_step.items() if set(s) == tasks}
+  first_best = lambda pair: (pair[0], -pair[1])  # the earliest step of a tie, as T5's idxmax
+  for benchmark, by_step in raw.items():
+    groups = {}  # a task of the average -> the evaluated tasks it is the mean of (MNLI: m and mm)
+    for task in set().union(*by_step.values()):
+      groups.setdefault(task.replace('_mismatched', ''), []).append(task)
+    scores = {}  # step -> task -> score, where every one of its tasks has finite values
+    for step, tasks in by_step.items():
+      for group, members in groups.items():
+        values = [v for t in members for v in tasks.get(t, [math.nan])]
+        if all(map(math.isfinite, values)):
+          scores.setdefault(step, {})[group] = sum(values) / len(values)
+    best = {g: max(((s[g], step) for step, s in scores.items() if g in s), key=first_best)
+            for g in groups if any(g in s for s in scores.values())}
+    full = {step: sum(s.values()) / len(s) for step, s in scores.items() if len(s) == len(groups)}
     if full:
       step = max(full, key=lambda k: first_best((full[k], k)))
       out[benchmark] = {'value': full[step], 'step': step,

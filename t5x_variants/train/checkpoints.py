@@ -184,8 +184,9 @@ class Checkpointer:
         mismatch = _saved_mismatch(path, abstract_state, 'opt_state')
         if mismatch:
           if re.search(r'/(query|key|value|out)/kernel', mismatch):  # Adafactor's layout of before
-            retry += (' (Adafactor saved before it factored attention projections as T5: '
-                      '--gin.adafactor.combine_heads=False)')
+            retry += (' (an Adafactor state of the other attention layout: '
+                      '--gin.adafactor.combine_heads=False reads those saved before 49e9cc9, True '
+                      'those after)')
           raise CheckpointError(f'{path} holds the optimizer state of other optimizer settings '
                                 f'({mismatch}). {retry}') from e
         if _resumable(data_iterator) and self._state_reads(step, abstract_state):
