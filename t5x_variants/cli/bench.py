@@ -31,7 +31,7 @@ import gin
 import jax
 import numpy as np
 
-from t5x_variants.cli import common, launch, profile
+from t5x_variants.cli import common, launch, profile, ranges
 from t5x_variants.models import flops
 from t5x_variants.train import aot, partitioning, targets, train_step, trainer
 
@@ -149,8 +149,8 @@ def unlike(result, hf, ours: str) -> str:
 def _check_flags(args):
   """ValueError, one line, for a flag out of range or an --output that cannot be written, before
   anything compiles (a bad --output failed after the run; --batch=0 ran the default batch)."""
-  common.check_flag_ranges(args, {'batch': 1, 'inputs_length': 1, 'targets_length': 1, 'steps': 1,
-                                  'warmup': 0})
+  ranges.check_flags(args, {'batch': 1, 'inputs_length': 1, 'targets_length': 1, 'steps': 1,
+                            'warmup': 0})
   if args.output:
     parent = os.path.dirname(os.path.abspath(args.output))
     if os.path.isdir(args.output) or not os.path.isdir(parent):

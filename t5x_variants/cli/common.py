@@ -328,15 +328,6 @@ def setup(p: argparse.ArgumentParser, argv: Optional[Sequence[str]],
 # --- errors ------------------------------------------------------------------------------------
 
 
-def check_flag_ranges(args, least: Mapping[str, int]):
-  """ValueError, one line, for the first integer flag given below its least value (``least``:
-  flag name -> least value); an unset flag (None) is left to its default."""
-  for flag, low in least.items():
-    value = getattr(args, flag)
-    if value is not None and value < low:
-      raise ValueError(f'--{flag}={value} is out of range: it must be at least {low}')
-
-
 def _stdout_closed() -> bool:
   """Whether standard output's reader has gone (its unwritten lines cannot be flushed)."""
   try:

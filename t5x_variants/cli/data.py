@@ -6,7 +6,7 @@ import sys
 
 import numpy as np
 
-from t5x_variants.cli import common
+from t5x_variants.cli import common, ranges
 from t5x_variants.features import EOS_ID, PAD_ID
 
 
@@ -79,7 +79,7 @@ def main(argv=None):
   parser.add_argument('--targets_length', type=int, default=None)
   with common.clear_errors('t5xv-data'):
     args = common.parse_args(parser, argv)
-    common.check_flag_ranges(args, {'n': 1, 'inputs_length': 1, 'targets_length': 1})
+    ranges.check_flags(args, {'n': 1, 'inputs_length': 1, 'targets_length': 1})
     common.import_data_layer()
     from t5x_variants.data import corpus, vocab  # pylint: disable=g-import-not-at-top
     common.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_paths.split(','),

@@ -41,11 +41,11 @@ from t5x_variants.train.predictor import (DecodeOptions, Predictor, continuation
 
 RESULTS = 'eval_results.json'
 BEST = 'best'  # eval_results.json's key for the best value of each metric over checkpoints
-SETTINGS = 'settings'  # its key for how a split's results were made
+SETTINGS = 'settings'  # its key for how each task's results were made
 AVERAGE = 'average'  # its key for the benchmarks' averages (benchmark_averages)
 BENCHMARKS = {'super_glue_': 'SuperGLUE', 'glue_': 'GLUE'}  # task name prefix: benchmark
-# The teacher-forced figures of every task: not a task's own metrics (and a continuation's).
-TEACHER_FORCED = ('loss', 'z_loss', 'log_perplexity', 'token_accuracy', 'num_tokens',
+# Figures every task gets (teacher-forced) and a continuation's: not a task's own metrics.
+NOT_TASK_METRICS = ('loss', 'z_loss', 'log_perplexity', 'token_accuracy', 'num_tokens',
                   'continuation_exact_match', 'continuation_log_perplexity')
 LOWER_IS_BETTER = ('loss', 'z_loss', 'log_perplexity', 'continuation_log_perplexity')
 DEFAULT_SPLIT = 'validation'
@@ -146,9 +146,10 @@ def benchmark_averages(results) -> dict:
     if not step.isdigit():
       continue
     for task, metrics in by_task.items():
-      values = [v for k, v in metrics.items() if k not in TEACHER_FORCED and v is not None]
-      if benchmark_of(task) and not task.startswith('glue_wnli') and values:
-        raw.setdefault(benchmark_of(task), {}).setdefault(int(step), {})[task] = values
+      values = [v for k, v in metrics.items() if k not in NOT_TASK_METRICS and v is not None]
+      benchmark = benchmark_of(task)
+      if benchmark and not task.startswith('glue_wnli') and values:
+        raw.setdefault(benchmark, {}).setdefault(int(step), {})[task] = values
   out = {}
   first_best = lambda pair: (pair[0], -pair[1])  # the earliest step of a tie, as T5's idxmax
   for benchmark, by_step in raw.items():

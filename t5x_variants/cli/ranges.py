@@ -82,3 +82,12 @@ def check_ranges(configurable: str, values: Mapping[str, object], scope: str = '
     valid = f'an integer >= {minimum}' + (' or None' if optional else '')
     raise ValueError(f'{name} = {value!r} is out of range: {what} must be {valid}; set '
                      f'--gin.{flag} accordingly')
+
+
+def check_flags(args, least: Mapping[str, int]):
+  """The same for a command's integer flags: ValueError, one line, for the first flag given below
+  its least value (``least``: flag name -> least value); an unset flag (None) keeps its default."""
+  for flag, low in least.items():
+    value = getattr(args, flag)
+    if value is not None and value < low:
+      raise ValueError(f'--{flag}={value} is out of range: it must be at least {low}')

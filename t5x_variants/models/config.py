@@ -160,10 +160,11 @@ class TransformerConfig:
     if self.num_labels < 1:
       raise ValueError(f'num_labels must be >= 1 (1: regression), not {self.num_labels}')
     for name in SIZES:  # a size of 0, -5 or 2.5 failed later inside JAX, in a traceback
-      value = getattr(self, name)
-      if not (value is None and name == 'd_ff_glu') and (
-          not isinstance(value, int) or isinstance(value, bool) or value < (0 if 'layers' in name else 1)):
-        raise ValueError(f'TransformerConfig.{name} must be a {"non-negative" if "layers" in name else "positive"} '
+      value, least = getattr(self, name), 0 if 'layers' in name else 1
+      if value is None and name == 'd_ff_glu':
+        continue
+      if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise ValueError(f'TransformerConfig.{name} must be a {("positive", "non-negative")[least == 0]} '
                          f'integer, not {value!r}')
     ffn.resolve_activations(self.ffn)
     attention.resolve_components(self.self_attention)

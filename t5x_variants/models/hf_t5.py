@@ -99,9 +99,13 @@ def scales_decoder_outputs(hf: Mapping) -> bool:
 def _tied(hf: Mapping, weights: Mapping[str, np.ndarray]) -> bool:
   """Our ``tie_embeddings``: a scaled output layer that is the embedding itself (``shared``, or
   the encoder's copy of it where a file has no ``shared.weight``)."""
-  head = weights.get('lm_head.weight')
-  shared = weights.get('shared.weight', weights.get('encoder.embed_tokens.weight'))
+  head, shared = weights.get('lm_head.weight'), weights.get(_embedding_name(weights))
   return scales_decoder_outputs(hf) and (head is None or shared is None or np.array_equal(head, shared))
+
+
+def _embedding_name(weights: Mapping[str, np.ndarray]) -> str:
+  """Where a file holds the shared embedding: ``shared.weight``, else the encoder's copy."""
+  return next((n for n in ('shared.weight', 'encoder.embed_tokens.weight') if n in weights), 'shared.weight')
 
 
 def config_bindings(hf: Mapping, weights: Mapping[str, np.ndarray]) -> Dict[str, object]:
@@ -156,8 +160,7 @@ def params_from_hf(weights: Mapping[str, np.ndarray], config: TransformerConfig,
     used.add(name)
     return w[name]
   heads, d_h, d = config.num_heads, config.head_dim, config.d_model
-  embedding = get('shared.weight' if 'shared.weight' in w or 'encoder.embed_tokens.weight' not in w
-                  else 'encoder.embed_tokens.weight')
+  embedding = get(_embedding_name(w))
   params = {'token_embedder': {'embedding': embedding}}
   if config.tie_embeddings:
     used.add('lm_head.weight')  # the embedding itself (config_bindings' judgement)

@@ -21,7 +21,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from t5x_variants import path_keys
-from t5x_variants.train import storage
+from t5x_variants.train import optimizer, storage
 
 PREFIX = 'checkpoint'
 # Status words of a read that failed outside the checkpoint (tensorstore's and XLA's errors):
@@ -183,7 +183,7 @@ class Checkpointer:
                  'train.init_checkpoint pointing at it.')
         mismatch = _saved_mismatch(path, abstract_state, 'opt_state')
         if mismatch:
-          if re.search(r'/(query|key|value|out)/kernel', mismatch):  # Adafactor's layout of before
+          if any(f'/{name}/kernel' in mismatch for name in optimizer.PROJECTIONS):  # Adafactor's layout
             retry += (' (an Adafactor state of the other attention layout: '
                       '--gin.adafactor.combine_heads=False reads those saved before 49e9cc9, True '
                       'those after)')

@@ -131,9 +131,17 @@ class Optimizer(NamedTuple):
 
   def trained_norm(self, grads):
     """The global L2 norm of the trained parameters' gradients (a frozen path's are none of it)."""
-    leaves = jax.tree_util.tree_leaves(grads)
-    return optax.tree_utils.tree_norm(
-        [g for g, label in zip(leaves, jax.tree_util.tree_leaves(self.labels)) if label != 'frozen'])
+    return optax.tree_utils.tree_norm(_trained(grads, self.labels))
+
+
+def _trained(grads, labels):
+  """``grads`` with a frozen path's zeroed: it updates nothing."""
+  return jax.tree_util.tree_map(lambda g, label: jnp.zeros_like(g) if label == 'frozen' else g,
+                                grads, labels)
+
+
+# The attention projections, whose heads and head_dim axes T5 stored as one (``as_matrix``).
+PROJECTIONS = ('query', 'key', 'value', 'out')
 
 
 def as_matrix(path, shape: Tuple[int, ...]) -> Tuple[int, ...]:
@@ -142,7 +150,7 @@ def as_matrix(path, shape: Tuple[int, ...]) -> Tuple[int, ...]:
   column), (d_model, heads x head_dim) for query / key / value and (heads x head_dim, d_model) for
   out; any other parameter as it is."""
   keys = path_keys(path)
-  if len(shape) != 3 or keys[-1:] != ['kernel'] or keys[-2:-1] not in (['query'], ['key'], ['value'], ['out']):
+  if len(shape) != 3 or len(keys) < 2 or keys[-1] != 'kernel' or keys[-2] not in PROJECTIONS:
     return shape
   return (shape[0] * shape[1], shape[2]) if keys[-2] == 'out' else (shape[0], shape[1] * shape[2])
 
@@ -215,8 +223,6 @@ def make_optimizer(params, learning_rate, optimizer: Callable = adafactor,
   tx = optax.multi_transform(transforms, labels)
   if global_norm_clip:
     clip = optax.clip_by_global_norm(global_norm_clip)
-    trained = lambda grads: jax.tree_util.tree_map(
-        lambda g, label: jnp.zeros_like(g) if label == 'frozen' else g, grads, labels)
     tx = optax.chain(optax.GradientTransformation(
-        clip.init, lambda grads, state, params=None: clip.update(trained(grads), state, params)), tx)
+        clip.init, lambda grads, state, params=None: clip.update(_trained(grads, labels), state, params)), tx)
   return Optimizer(tx.init, tx.update, labels)

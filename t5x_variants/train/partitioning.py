@@ -132,7 +132,9 @@ def check_batch(batch_size: int, mesh: Mesh, num_microbatches: int = 1):
 
 def sharded_abstract_params(model, init_inputs, mesh: Mesh, rules, rng=None):
   """(boxed abstract parameters, the same unboxed as ShapeDtypeStructs carrying their shardings);
-  ValueError if the mesh does not fit the parameters (``check_mesh``)."""
+  ValueError if the mesh does not fit the parameters (``check_mesh``) or the processes
+  (``check_processes``)."""
+  check_processes(mesh)
   rng = jax.random.PRNGKey(0) if rng is None else rng
   boxed = jax.eval_shape(lambda: model.init(rng, *init_inputs)['params'])
   check_mesh(boxed, mesh, rules)
@@ -191,7 +193,6 @@ def global_batch(batch, mesh: Mesh):
 def host_rows(batch, mesh: Mesh):
   """From a global batch that every process holds: zero rows appended so that it splits evenly
   over 'data', then this process's contiguous share (what ``global_batch`` expects)."""
-  check_processes(mesh)
   n = len(next(iter(batch.values())))
   rows = -(-n // mesh.shape['data']) * mesh.shape['data']
   local = rows // jax.process_count()

@@ -122,9 +122,9 @@ def _classification_sums(config: TransformerConfig, logits, batch, label_smoothi
 
 
 def train_step(state: TrainState, batch: Dict[str, jnp.ndarray], rng, *, model, config,
-               tx: optimizer.Optimizer, schedule: Callable, num_microbatches: int = 1, label_smoothing: float = 0.0,
-               z_loss: float = 0.0, loss_normalizing_factor: Union[str, float] = 'num_tokens',
-               dropout: bool = False):
+               tx: optimizer.Optimizer, schedule: Callable, num_microbatches: int = 1,
+               label_smoothing: float = 0.0, z_loss: float = 0.0,
+               loss_normalizing_factor: Union[str, float] = 'num_tokens', dropout: bool = False):
   """Returns (new state, metrics). A step whose loss or gradients are not finite leaves the
   parameters and optimizer statistics unchanged (metrics['skipped'] = 1); the step counts still
   advance, the optimizer's with the state's, so the learning rate logged is the one applied.
