@@ -5,6 +5,7 @@ import json
 
 import gin
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -42,18 +43,20 @@ def test_flops_count_a_shared_query_once():
 @pytest.mark.parametrize('arch, attention, ffn', [
     ('encoder_decoder', 'dot_product', 'geglu'),
     ('decoder_only', ('dense', 'factorized_random', 'dot_product'), 'relu'),
-    ('encoder_only', 'factorized_dense', 'swiglu')])
+    ('encoder_only', 'factorized_dense', 'swiglu'), ('prefix_lm', 'dot_product', 'relu')])
 @pytest.mark.skipif(ON_GPU, reason="XLA's GPU cost analysis counted 3-4% of the formula's "
                     "FLOPs on an H100 (by our reading it skips the cuBLAS calls); the CPU's counts "
                     "every dot")
 def test_flops_agree_with_xla_cost_analysis(arch, attention, ffn):
   """XLA counts every dot plus the elementwise work the formula leaves out: the formula is at most
   XLA's count and within 5% of it (unrolled layers: XLA counts a scan body once)."""
-  c = tiny(architecture=arch, self_attention=attention, ffn=ffn, d_model=128, head_dim=32,
-           d_ff=256, vocab_size=512, encoder_max_length=64, decoder_max_length=32,
-           synthesizer_factor=8, scan_layers=False)
+  prefix_lm = arch == 'prefix_lm'  # one row of the inputs and the targets
+  c = tiny(architecture='decoder_only' if prefix_lm else arch, self_attention=attention, ffn=ffn,
+           d_model=128, head_dim=32, d_ff=256, vocab_size=512, encoder_max_length=64,
+           decoder_max_length=32, synthesizer_factor=8, scan_layers=False, prefix_lm=prefix_lm)
   enc, dec = tokens(4, 64, 512), tokens(4, 32, 512)
-  inputs = {'encoder_decoder': (enc, dec), 'decoder_only': (dec,), 'encoder_only': (enc,)}[arch]
+  inputs = {'encoder_decoder': (enc, dec), 'decoder_only': (dec,), 'encoder_only': (enc,),
+            'prefix_lm': (tokens(4, 96, 512), None, None, jnp.arange(96)[None] <= 64)}[arch]
   model, params = init_params(c, *inputs)
   cost = jax.jit(lambda p, *a: model.apply({'params': p}, *a)).lower(params, *inputs).compile().cost_analysis()
   xla = (cost[0] if isinstance(cost, list) else cost)['flops']

@@ -98,6 +98,30 @@ def test_infer_writes_jsonl(quickstart, method, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_prefix_lm_trains_evaluates_and_decodes(tmp_path):
+  """T5's prefix LM on span corruption (rows of inputs then targets): the loss falls, t5xv-eval
+  reads its checkpoints teacher-forced, t5xv-infer prompts it with texts and their EOS."""
+  run_dir = str(tmp_path / 'prefix_lm')
+  command('t5xv-train', '--gin_file=gin/experiments/quickstart.gin',
+          '--gin_file=gin/architectures/prefix_lm.gin', f"--gin.MODEL_DIR='{run_dir}'", *TINY_RUN)
+  losses = [r['loss'] for r in records(run_dir, 'train')]
+  assert len(losses) == 8 and losses[-1] < losses[0] - 0.5, losses
+  command('t5xv-eval', f'--gin_file={run_dir}/config.gin', '--gin_file=gin/runs/eval.gin',
+          f"--gin.CHECKPOINT_PATH='{run_dir}'")
+  with open(os.path.join(run_dir, 'eval_results.json')) as f:
+    metrics = json.load(f)['validation']['40']['embedded_span_corruption']
+  assert metrics['loss'] < losses[0] and metrics['num_tokens'] > 0
+  texts, out = tmp_path / 'texts.txt', tmp_path / 'out.jsonl'
+  texts.write_text('The file is opened in binary mode.\nReturn the number of items.\n')
+  assert infer.main([f'--gin_file={run_dir}/config.gin', '--gin_file=gin/runs/infer.gin',
+                     f"--gin.CHECKPOINT_PATH='{run_dir}'", f"--gin.INFER_OUTPUT='{out}'",
+                     f"--gin.INPUT_FILE='{texts}'", "--gin.DecodeOptions.method='beam'"]) == 0
+  rows = [json.loads(line) for line in out.read_text().splitlines()]
+  assert [r['inputs'] for r in rows] == texts.read_text().splitlines()
+  assert all(r['prediction'] and r['score'] < 0 for r in rows)
+
+
+@pytest.mark.slow
 def test_finetune_on_local_glue_and_eval_its_accuracy(quickstart, tmp_path):
   pretrained = quickstart[0]
   glue = tmp_path / 'glue' / 'SST-2'

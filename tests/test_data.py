@@ -141,10 +141,37 @@ def test_mlm_batches_weight_exactly_the_selected_positions(pack):
   assert (inp[w == 1] != tgt[w == 1]).mean() > 0.6  # most selected ones are corrupted
 
 
+@pytest.mark.parametrize('pack', [False, True])
+def test_prefix_lm_rows_are_the_inputs_then_the_targets_with_the_loss_on_the_targets(pack):
+  """seqio's prefix LM layout: each example (segment) is its inputs (with EOS) then its targets,
+  shifted right behind 0; ``decoder_causal_attention`` covers the inputs and the position that
+  reads their last token; the loss weights cover the targets only."""
+  lengths = {'inputs': 64, 'targets': 16}
+  prefix_lm = next(pipeline.batches('embedded_span_corruption', lengths, 'prefix_lm', 4, pack=pack, seed=0))
+  pairs = next(pipeline.batches('embedded_span_corruption', lengths, 'encoder_decoder', 4, pack=pack, seed=0))
+  assert prefix_lm['decoder_target_tokens'].shape == (4, 80)
+  seg = prefix_lm.get('decoder_segment_ids', (prefix_lm['decoder_target_tokens'] > 0).astype(int))
+  enc_seg = pairs.get('encoder_segment_ids', (pairs['encoder_input_tokens'] > 0).astype(int))
+  dec_seg = pairs.get('decoder_segment_ids', (pairs['decoder_target_tokens'] > 0).astype(int))
+  for r in range(4):
+    for s in set(seg[r][seg[r] > 0].tolist()):
+      inputs = pairs['encoder_input_tokens'][r][enc_seg[r] == s]
+      targets = pairs['decoder_target_tokens'][r][dec_seg[r] == s]
+      here = seg[r] == s
+      np.testing.assert_array_equal(prefix_lm['decoder_target_tokens'][r][here], np.concatenate([inputs, targets]))
+      n = len(inputs)
+      np.testing.assert_array_equal(prefix_lm['decoder_input_tokens'][r][here][0], 0)
+      np.testing.assert_array_equal(prefix_lm['decoder_causal_attention'][r][here], np.arange(here.sum()) <= n)
+      np.testing.assert_array_equal(prefix_lm['decoder_loss_weights'][r][here], np.arange(here.sum()) >= n)
+  with pytest.raises(ValueError, match='embedded_lm has targets only; a prefix LM reads inputs'):
+    pipeline.get_dataset('embedded_lm', {'targets': 64}, 'prefix_lm')
+
+
 def test_a_decoder_only_model_on_a_task_with_inputs_is_refused_not_fed_targets_alone():
   """LMFeatureConverter reads targets only: the inputs (a GLUE sentence, a corrupted span) would
   be dropped without a word, the model trained on labels or sentinels alone."""
-  with pytest.raises(ValueError, match='embedded_span_corruption has inputs, which a decoder-only'):
+  with pytest.raises(ValueError, match='embedded_span_corruption has inputs, which a decoder-only .*'
+                                       'make it a prefix LM'):
     pipeline.get_dataset('embedded_span_corruption', {'targets': 114}, 'decoder_only')
   assert pipeline.get_dataset('embedded_lm', {'targets': 64}, 'decoder_only') is not None
 

@@ -12,7 +12,8 @@ from conftest import init_params, jit_apply, tiny, tokens
 from test_models import _unstack_layers
 from t5x_variants.train.decoding import decode, filter_logits
 
-ARCHS = ['encoder_decoder', 'decoder_only']
+# 'prefix_lm': the decoder-only model with its prompt fully visible (filled into the cache at once).
+ARCHS = ['encoder_decoder', 'decoder_only', 'prefix_lm']
 EOS, M = 1, 8
 # Right-padded prompts of lengths 3, 1, 4 and 0, each fed after token 0; ids valid for vocab 5.
 PROMPT = np.asarray([[2, 3, 4, 0], [4, 0, 0, 0], [3, 2, 4, 4], [0, 0, 0, 0]], np.int32)
@@ -25,7 +26,9 @@ class Setup:
   at different steps."""
 
   def __init__(self, arch, scan_layers=True, vocab=50):
-    self.config = tiny(architecture=arch, scan_layers=scan_layers, vocab_size=vocab)
+    self.prefix_lm = arch == 'prefix_lm'
+    self.config = tiny(architecture='decoder_only' if self.prefix_lm else arch, scan_layers=scan_layers,
+                       vocab_size=vocab, prefix_lm=self.prefix_lm)
     if arch == 'encoder_decoder':
       enc = tokens(4, 6, vocab=vocab, seed=1).at[1, 4:].set(0)
       self.inputs = dict(encoder_input_tokens=enc)
@@ -55,7 +58,9 @@ class Setup:
     seq = np.zeros((len(out), prompt.shape[1] + length - 1), np.int32)
     for b in range(len(out)):
       seq[b, :n[b]], seq[b, n[b]:n[b] + length - 1] = prompt[b, :n[b]], out[b, :-1]
-    logits = np.asarray(self.forward({'params': self.params}, seq))
+    # A prefix LM's prompt (token 0 and the prompt's tokens) is fully visible, as in training.
+    visible = np.arange(seq.shape[1]) < n[:, None] if self.prefix_lm else None
+    logits = np.asarray(self.forward({'params': self.params}, seq, None, None, visible))
     return np.asarray(jax.nn.log_softmax(np.take_along_axis(
         logits, (n[:, None] - 1 + np.arange(length))[..., None], 1)))
 

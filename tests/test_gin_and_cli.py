@@ -1,4 +1,5 @@
 """Every gin file parses and builds; t5xv-info reports the model; bad gin input fails clearly."""
+import dataclasses
 import glob
 import os
 
@@ -62,6 +63,16 @@ def test_variant_files_compose(arch):
   assert c.ffn_hidden_dim == 128  # t5_tiny's d_ff_glu
 
 
+def test_the_prefix_lm_file_makes_a_decoder_only_model_read_inputs_then_targets():
+  gin_utils.parse_gin(['gin/models/t5_tiny.gin', 'gin/architectures/prefix_lm.gin'], [])
+  c = gin_utils.build_config()
+  assert (c.architecture, c.prefix_lm, c.data_architecture, c.task_features) == (
+      'decoder_only', True, 'prefix_lm', ('inputs', 'targets'))
+  assert c.stack_length('decoder', {'inputs': 512, 'targets': 114}) == 626
+  plain = dataclasses.replace(c, prefix_lm=False)
+  assert (plain.data_architecture, plain.task_features) == ('decoder_only', ('targets',))
+
+
 def test_base_geglu_uses_d_ff_2048_and_relu_3072():
   for ffn, width in (('relu', 3072), ('geglu', 2048)):
     gin.clear_config()
@@ -98,6 +109,8 @@ def test_t5xv_info_prints_table_constants_and_total(capsys):
     (['--gin_file=gin/variants/ffn/nope.gin'], 'cannot read gin file'),
     (['--gin.TransformerConfig.num_heads=0'], 'TransformerConfig.num_heads must be a positive integer, not 0'),
     (['--gin.TransformerConfig.num_encoder_layers=2.5'], 'num_encoder_layers must be a non-negative integer'),
+    (['--gin.TransformerConfig.prefix_lm=True'], "prefix_lm is a decoder-only model's mask; architecture "
+                                                 "is 'encoder_decoder' (gin/architectures/prefix_lm.gin sets both)"),
     # With a run file: the trainer's configurables are checked; only the data layer's are skipped.
     (['--gin_file=gin/runs/pretrain.gin', '--gin.train.z_los=1'], "doesn't have a parameter named 'z_los'"),
     (['--gin_file=gin/runs/pretrain.gin', '--gin.Transformer.d_model=8'], "No configurable matching 'Transformer'"),

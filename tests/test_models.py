@@ -104,6 +104,40 @@ def test_packed_segments_equal_separate_sequences(variant):
   np.testing.assert_allclose(packed[:, 5:], apply({'params': params}, b), rtol=1e-5, atol=1e-5)
 
 
+def test_a_prefix_lm_sees_its_whole_prefix_and_no_later_target():
+  """T5's prefix LM (Raffel et al. 2020, Fig. 3): query i sees key j when j <= i or both are in
+  the prefix. A prefix token changes the outputs before it; a target token never does; with no
+  prefix the model is the causal LM (same parameters)."""
+  c = tiny(architecture='decoder_only', prefix_lm=True, decoder_max_length=L)
+  dec = tokens(2, L)
+  prefix = jnp.asarray([[1] * 4 + [0] * 4, [1] * 2 + [0] * 6])
+  model, params = init_params(c, dec)
+  apply = jit_apply(model)
+  a = apply({'params': params}, dec, None, None, prefix)
+  b = apply({'params': params}, dec.at[:, 1].set(7), None, None, prefix)
+  assert not np.allclose(a[0, 0], b[0, 0]) and not np.allclose(a[1, 0], b[1, 0])
+  c_ = apply({'params': params}, dec.at[:, 3].set(7), None, None, prefix)
+  assert not np.allclose(a[0, :3], c_[0, :3])  # inside row 0's prefix: seen from before
+  np.testing.assert_allclose(a[1, :3], c_[1, :3], rtol=1e-6, atol=1e-6)  # row 1's targets: not
+  d = apply({'params': params}, dec.at[:, 5].set(7), None, None, prefix)
+  np.testing.assert_allclose(a[:, :5], d[:, :5], rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(apply({'params': params}, dec, None, None, jnp.zeros_like(prefix)),
+                             apply({'params': params}, dec), rtol=1e-6, atol=1e-6)
+
+
+def test_packed_prefix_lm_rows_equal_separate_rows():
+  """seqio's packed prefix LM rows: each segment's prefix is fully visible to itself only."""
+  c = tiny(architecture='decoder_only', prefix_lm=True, decoder_max_length=L)
+  a, b = tokens(1, 5, seed=1), tokens(1, 3, seed=2)
+  pa, pb = jnp.asarray([[1, 1, 1, 0, 0]]), jnp.asarray([[1, 1, 0]])
+  model, params = init_params(c, a)
+  apply = jit_apply(model)
+  packed = apply({'params': params}, jnp.concatenate([a, b], 1), jnp.asarray([[1] * 5 + [2] * 3]),
+                 jnp.asarray([[0, 1, 2, 3, 4, 0, 1, 2]]), jnp.concatenate([pa, pb], 1))
+  np.testing.assert_allclose(packed[:, :5], apply({'params': params}, a, None, None, pa), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(packed[:, 5:], apply({'params': params}, b, None, None, pb), rtol=1e-5, atol=1e-5)
+
+
 def test_restarting_positions_without_segment_ids_do_not_open_the_future():
   """The causal mask follows token order, not position values."""
   c = tiny(architecture='decoder_only', decoder_max_length=L)

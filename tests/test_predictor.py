@@ -13,14 +13,16 @@ from t5x_variants.train.predictor import DecodeOptions, Predictor, pad_tokens, p
 PROMPTS = [[5, 6, 7], [8], [9, 10, 11, 12], []]
 
 
-@pytest.mark.parametrize('arch', ['encoder_decoder', 'decoder_only'])
+@pytest.mark.parametrize('arch', ['encoder_decoder', 'decoder_only', 'prefix_lm'])
 def test_the_score_of_a_greedy_continuation_is_its_decoding_score(arch, tmp_path):
   """Greedy decoding sums the log-probabilities of its tokens through the KV cache, one step at a
-  time; ``score`` computes log p(those tokens | inputs) in one full forward pass. They agree."""
-  config = tiny(architecture=arch, vocab_size=50)
+  time; ``score`` computes log p(those tokens | inputs) in one full forward pass. They agree (a
+  prefix LM's inputs end with EOS, as its training rows: both keep it, fully visible)."""
+  prefix_lm = arch == 'prefix_lm'
+  config = tiny(architecture='decoder_only' if prefix_lm else arch, vocab_size=50, prefix_lm=prefix_lm)
   save_fresh_state(config, tmp_path, seed=3)
   predictor = Predictor(config).load(str(tmp_path))
-  inputs = pad_tokens([np.asarray(p) for p in PROMPTS], 6, 4)
+  inputs = pad_tokens([np.asarray(p + [EOS_ID] * prefix_lm) for p in PROMPTS], 6, 4)
   out, scores = predictor.predict(inputs, 5)
   np.testing.assert_allclose(predictor.score(inputs, out), scores, rtol=1e-5, atol=1e-5)
   other = np.where(out > 0, (out + 1) % 50, 0)  # another continuation scores lower than greedy
@@ -80,3 +82,20 @@ def test_infer_and_eval_prompt_a_decoder_only_model_on_a_language_modelling_task
           'continuation_log_perplexity'} <= set(metrics)
   # An untrained model of 4224 ids: about log(4224) = 8.35 nats per token, never an exact match.
   assert 7.5 < metrics['continuation_log_perplexity'] < 9.5 and metrics['continuation_exact_match'] == 0.0
+
+
+@pytest.mark.parametrize('prefix_lm', [False, True])
+def test_a_prefix_lm_is_prompted_with_its_inputs_eos_a_language_model_without(prefix_lm):
+  """A prefix LM's training rows hold the inputs with their EOS (seqio's PrefixLMFeatureConverter);
+  a language model continues the text itself, so its prompt leaves the EOS out."""
+  from types import SimpleNamespace  # pylint: disable=g-import-not-at-top
+  from t5x_variants.train.predictor import decode_examples  # pylint: disable=g-import-not-at-top
+  seen = []
+
+  def predict(tokens, max_decode_length, batch_index):
+    seen.append(tokens)
+    return np.zeros((len(tokens), max_decode_length), np.int32), np.zeros(len(tokens))
+  fake = SimpleNamespace(config=tiny(architecture='decoder_only', prefix_lm=prefix_lm), predict=predict)
+  vocab = SimpleNamespace(decode=lambda ids: '')
+  decode_examples(fake, vocab, [{'inputs': np.asarray([5, 6, EOS_ID])}], 4, 3, 1)
+  np.testing.assert_array_equal(seen[0], [[5, 6, EOS_ID, 0] if prefix_lm else [5, 6, 0, 0]])

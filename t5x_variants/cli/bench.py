@@ -182,7 +182,7 @@ def main(argv=None):
     batch = args.batch or common.gin_macro('BATCH_SIZE') or 8
     run_lengths = common.gin_macro('TASK_FEATURE_LENGTHS') or {}
     lengths = {f: getattr(args, f'{f}_length') or run_lengths.get(f) or DEFAULT_LENGTHS[f]
-               for f in (common.STACK_FEATURES[s] for s in config.stacks)}
+               for f in config.task_features}
     ours = optimizer_kind()
     hf = None
     if args.hf:  # first: JAX's backend would take most of the accelerator's memory

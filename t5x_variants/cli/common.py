@@ -276,7 +276,6 @@ DATA_CONFIGURABLES = ('vocabulary', 'local_corpus_files', 'register_tasks')
 # Run-file macros that only the trainer reads: bound to a placeholder by the tools that need only
 # the model and its step, so that run files and recipes parse without them.
 RUN_MACROS = ('MODEL_DIR', 'INITIAL_CHECKPOINT_PATH')
-STACK_FEATURES = {'encoder': 'inputs', 'decoder': 'targets'}  # the feature length each stack reads
 
 
 def library_configurables(with_data: bool = True) -> Mapping[str, Callable]:

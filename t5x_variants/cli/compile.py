@@ -116,7 +116,7 @@ def main(argv=None):
     common.parse_recipe(args.gin_file, args.gin_bindings, args.gin_search_paths.split(','), with_data)
     config = common.build_config()
     batch, lengths, packed = _run_settings(args, with_data)
-    lengths = {f: lengths[f] for f in (common.STACK_FEATURES[s] for s in config.stacks)}
+    lengths = {f: lengths[f] for f in config.task_features}
     missing = [f'--{k}_length' for k, v in lengths.items() if not v]
     if missing:
       raise common.UsageError(f'no sequence lengths: give {" and ".join(missing)} or a run file')

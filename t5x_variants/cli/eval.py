@@ -59,7 +59,8 @@ def teacher_forced(predictor, task_name: str, split: str, lengths, batch_size: i
   """Loss, log-perplexity, token accuracy over the split (every example once); with a classification
   head also ``metric_fns`` of its predictions (the task's GLUE metrics)."""
   from t5x_variants.data import pipeline  # pylint: disable=g-import-not-at-top
-  batches = pipeline.eval_batches(task_name, lengths, predictor.config.architecture, batch_size, split)
+  batches = pipeline.eval_batches(task_name, lengths, predictor.config.data_architecture, batch_size,
+                                  split)
   return evaluation.evaluate(predictor.eval_step, predictor.params, batches, predictor.mesh,
                              max_batches, metric_fns)
 

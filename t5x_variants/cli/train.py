@@ -158,7 +158,7 @@ def _data_description(config, train_cfg, eval_cfg):
   """What decides this run's batches (``train/prebuilt.py``)."""
   from t5x_variants.train import prebuilt  # pylint: disable=g-import-not-at-top
   bindings = gin.get_bindings('train')
-  return prebuilt.description(train_cfg, eval_cfg, config.architecture,
+  return prebuilt.description(train_cfg, eval_cfg, config.data_architecture,
                               bindings.get('total_steps'), bindings.get('eval_batches'),
                               _init_checkpoint())
 
@@ -190,7 +190,7 @@ def _train_from_data_layer(args, config, train_cfg, eval_cfg):
     common.check_vocabulary_size(config, train_task, train_cfg.mixture_or_task_name)
     vocabulary_size = common.vocabulary_size(train_task)
   host = (jax.process_index(), jax.process_count())
-  train_data = lambda: pipeline.config_batches(train_cfg, config.architecture, *host)
+  train_data = lambda: pipeline.config_batches(train_cfg, config.data_architecture, *host)
   eval_data = eval_metric_fns = None
   if eval_cfg.mixture_or_task_name:
     eval_task = tasks.get_task_or_mixture(eval_cfg.mixture_or_task_name)
@@ -199,7 +199,7 @@ def _train_from_data_layer(args, config, train_cfg, eval_cfg):
     if classification.check_model(eval_task, config):  # GLUE metrics at eval
       eval_metric_fns = classification.metric_fns(subtasks)
     eval_data = lambda: {n: pipeline.eval_batches(n, eval_cfg.task_feature_lengths,
-                                                  config.architecture, eval_cfg.batch_size,
+                                                  config.data_architecture, eval_cfg.batch_size,
                                                   eval_cfg.split) for n in names}
   files = vocabulary_files(train_cfg.mixture_or_task_name)
   if args.write_batches:

@@ -1,7 +1,9 @@
 """From a registered task or mixture to this host's numpy batches, resumably.
 
 Feature conversion follows the architecture: encoder-decoder (seqio.EncDecFeatureConverter),
-decoder-only (seqio.LMFeatureConverter) or encoder-only MLM (``MLMFeatureConverter``: the loss
+decoder-only (seqio.LMFeatureConverter), T5's prefix LM (seqio.PrefixLMFeatureConverter: the
+inputs then the targets in one row, ``decoder_causal_attention`` marking the fully visible part,
+the loss on the targets) or encoder-only MLM (``MLMFeatureConverter``: the loss
 sits on every position BERT selected, also the 10% replaced at random and the 10% kept); a
 classification task (data/classification.py, encoder-only only) has its own
 ``ClassificationFeatureConverter``. With ``pack=True`` several examples share a row, told apart by
@@ -18,7 +20,7 @@ import tensorflow as tf
 
 from t5x_variants.data import classification, tasks
 from t5x_variants.data.config import DatasetConfig
-from t5x_variants.features import ARCHITECTURES
+from t5x_variants.features import DATA_ARCHITECTURES
 
 
 class MLMFeatureConverter(seqio.FeatureConverter):
@@ -95,9 +97,11 @@ class ClassificationFeatureConverter(seqio.FeatureConverter):
 
 
 def feature_converter(architecture: str, pack: bool) -> seqio.FeatureConverter:
-  if architecture not in ARCHITECTURES:
-    raise ValueError(f'unknown architecture {architecture!r}; valid: {", ".join(ARCHITECTURES)}')
+  """``architecture``: one of features.DATA_ARCHITECTURES (TransformerConfig.data_architecture)."""
+  if architecture not in DATA_ARCHITECTURES:
+    raise ValueError(f'unknown architecture {architecture!r}; valid: {", ".join(DATA_ARCHITECTURES)}')
   return {'encoder_decoder': seqio.EncDecFeatureConverter, 'decoder_only': seqio.LMFeatureConverter,
+          'prefix_lm': seqio.PrefixLMFeatureConverter,
           'encoder_only': MLMFeatureConverter}[architecture](pack=pack)
 
 
@@ -117,10 +121,14 @@ def get_dataset(name: str, task_feature_lengths: Mapping[str, int], architecture
     converter = ClassificationFeatureConverter(regression=num_labels == 1)
   else:
     if architecture == 'decoder_only' and 'inputs' in task.output_features:
-      raise ValueError(f'{name} has inputs, which a decoder-only model would never read (it trains '
-                       'as a language model on targets alone; no prefix LM is built here): train '
-                       'an encoder-decoder on it, or a decoder-only model on a task of targets '
-                       'only (e.g. c4_lm, embedded_lm)')
+      raise ValueError(f'{name} has inputs, which a decoder-only language model would never read '
+                       '(it trains on targets alone): make it a prefix LM '
+                       '(gin/architectures/prefix_lm.gin), train an encoder-decoder on it, or '
+                       'train the language model on a task of targets only (e.g. c4_lm, embedded_lm)')
+    if architecture == 'prefix_lm' and 'inputs' not in task.output_features:
+      raise ValueError(f'{name} has targets only; a prefix LM reads inputs, then targets: train it '
+                       'on a task with inputs (e.g. c4_span_corruption, a GLUE task), or a plain '
+                       'decoder-only model (gin/architectures/decoder_only.gin) on this one')
     if architecture == 'encoder_only':  # the MLM weights are as long as the inputs
       task_feature_lengths = dict(task_feature_lengths, mlm_weights=task_feature_lengths['inputs'])
     converter = feature_converter(architecture, pack)

@@ -13,11 +13,12 @@ which takes the mask as sequence ``lengths`` and the module's ``causal`` flag ra
 dense boolean ``mask``; both describe the same attention, and tests hold the two paths equal.
 
 Decoding: with ``decode=True`` keys and values live in the ``cache`` collection. The first call
-(during ``init``) creates the cache from the full-length input; every later call takes one token,
-writes its key and value at ``decode_position`` and attends over the cache under the given mask.
+(during ``init``) creates the cache from the full-length input; every later call takes one token
+(or a prefix LM's whole prompt), writes its keys and values from ``decode_position`` on and
+attends over the cache under the given mask.
 """
 import functools
-from typing import Any, Optional, Tuple
+from typing import Any, NamedTuple, Optional, Tuple
 
 import flax.linen as nn
 import jax
@@ -31,6 +32,13 @@ from t5x_variants.layers.norms import Norm
 
 ATTENTION_COMPONENTS = ('dot_product',) + synth.SYNTHESIZERS
 _NEG_INF = -1e10
+
+
+class CacheWrite(NamedTuple):
+  """Where a cached decoding call writes its keys and values: from position ``index`` (a scalar),
+  except, in each row, the positions before ``keep`` (batch,): a prefix LM's prefilled prompt."""
+  index: jnp.ndarray
+  keep: jnp.ndarray
 
 
 def resolve_components(self_attention) -> Tuple[str, ...]:
@@ -146,13 +154,16 @@ class Attention(nn.Module):
   causal: bool = False
   dtype: Any = jnp.float32
 
-  def _cached(self, name, x, decode_position):
+  def _cached(self, name, x, write: CacheWrite):
     initialized = self.has_variable('cache', name)
     var = self.variable('cache', name, jnp.zeros, x.shape, x.dtype)
     if not initialized:
       return x
-    var.value = jax.lax.dynamic_update_slice(var.value, x.astype(var.value.dtype),
-                                             (0, decode_position, 0, 0))
+    start = (0, write.index, 0, 0)
+    kept = (write.index + jnp.arange(x.shape[1]))[None] < write.keep[:, None]
+    x = jnp.where(kept[:, :, None, None], jax.lax.dynamic_slice(var.value, start, x.shape),
+                  x.astype(var.value.dtype))
+    var.value = jax.lax.dynamic_update_slice(var.value, x, start)
     return var.value
 
   def _component(self, name):

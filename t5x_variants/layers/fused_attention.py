@@ -63,7 +63,8 @@ def unsupported(components, lengths, dropout: bool, implementation: str) -> Opti
   if tuple(components) != ('dot_product',):
     return 'synthesizer logits have no fused kernel'
   if lengths is None:
-    return 'packed segments without both sides\' segment ids'
+    return ("a mask that is neither lengths nor segments (a prefix LM's, or packed rows without "
+            "both sides' segment ids)")
   if isinstance(lengths, Segments) and implementation != 'pallas':
     return 'packed segments (jax.nn.dot_product_attention takes sequence lengths only)'
   if dropout:

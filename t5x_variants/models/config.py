@@ -84,6 +84,10 @@ class TransformerConfig:
     head: 'lm' (the architecture's logits over the vocabulary) or 'classification' (encoder-only:
       BERT's pooler and classifier on the first token, logits (batch, 1, num_labels)).
     num_labels: the classification head's outputs; 1 is regression (STS-B).
+    prefix_lm: a decoder-only model as T5's "prefix LM" (Raffel et al. 2020, Sec. 3.2.1, Fig. 3):
+      a row is the inputs then the targets, the mask fully visible over the inputs (and the
+      position that reads their last token) and causal after them, the loss on the targets only
+      (seqio's PrefixLMFeatureConverter); it trains and is prompted on tasks with inputs.
   """
   architecture: str = 'encoder_decoder'
   vocab_size: int = 32128
@@ -130,6 +134,7 @@ class TransformerConfig:
   remat: str = 'auto'
   attention_kernel: str = 'auto'
   dtype: str = 'float32'
+  prefix_lm: bool = False
 
   def remat_policy(self, platform: str) -> str:
     """The remat that runs on ``platform`` ('cpu', 'gpu', 'tpu'). 'auto': 'full' on a GPU with
@@ -153,6 +158,9 @@ class TransformerConfig:
     _check('synthesizer_hidden', self.synthesizer_hidden, attention.synth.HIDDEN)
     if self.head == 'classification' and self.architecture != 'encoder_only':
       raise ValueError(f"head 'classification' needs architecture 'encoder_only', not {self.architecture!r}")
+    if self.prefix_lm and self.architecture != 'decoder_only':
+      raise ValueError(f"prefix_lm is a decoder-only model's mask; architecture is {self.architecture!r}"
+                       " (gin/architectures/prefix_lm.gin sets both)")
     for name in ('dropout_rate', 'attention_dropout_rate', 'activation_dropout_rate'):
       rate = getattr(self, name)
       if rate is not None and not 0.0 <= rate < 1.0:
@@ -202,6 +210,25 @@ class TransformerConfig:
   @property
   def stacks(self) -> Tuple[str, ...]:
     return STACKS[self.architecture]
+
+  @property
+  def data_architecture(self) -> str:
+    """The rows the data layer builds for this model (features.DATA_ARCHITECTURES)."""
+    return 'prefix_lm' if self.prefix_lm else self.architecture
+
+  @property
+  def task_features(self) -> Tuple[str, ...]:
+    """The task features whose lengths make the model's rows: the encoder's 'inputs', the
+    decoder's 'targets', a prefix LM's 'inputs' and 'targets' (one row of both)."""
+    if self.prefix_lm:
+      return ('inputs', 'targets')
+    return tuple({'encoder': 'inputs', 'decoder': 'targets'}[s] for s in self.stacks)
+
+  def stack_length(self, stack: str, lengths: Dict[str, int]) -> int:
+    """The length of ``stack``'s rows for task feature ``lengths``."""
+    if stack == 'encoder':
+      return lengths['inputs']
+    return lengths['targets'] + (lengths['inputs'] if self.prefix_lm else 0)
 
   def num_layers(self, stack: str) -> int:
     return self.num_encoder_layers if stack == 'encoder' else self.num_decoder_layers

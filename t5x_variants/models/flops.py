@@ -49,7 +49,8 @@ def ffn_flops(config: TransformerConfig, tokens: int) -> int:
 
 def forward_flops(config: TransformerConfig, batch: int, lengths: Dict[str, int]) -> Dict[str, int]:
   """{'attention', 'ffn', 'logits', 'total'} of one forward pass. ``lengths``: 'inputs' and
-  'targets' (encoder-decoder), 'targets' (decoder-only) or 'inputs' (encoder-only)."""
+  'targets' (encoder-decoder), 'targets' (decoder-only; a prefix LM's rows are both) or 'inputs'
+  (encoder-only)."""
   attention = ffn = 0
   self_components = config.attention_components
   if config.architecture != 'decoder_only':
@@ -59,7 +60,7 @@ def forward_flops(config: TransformerConfig, batch: int, lengths: Dict[str, int]
                                           config.max_length('encoder'))
     ffn += layers * ffn_flops(config, batch * n)
   if config.architecture != 'encoder_only':
-    n = lengths['targets']
+    n = config.stack_length('decoder', lengths)
     layers = config.num_layers('decoder')
     attention += layers * attention_flops(config, batch * n, n, n, self_components,
                                           config.max_length('decoder'))
@@ -67,7 +68,7 @@ def forward_flops(config: TransformerConfig, batch: int, lengths: Dict[str, int]
       attention += layers * attention_flops(config, batch * n, n, lengths['inputs'],
                                             ('dot_product',), 0)
     ffn += layers * ffn_flops(config, batch * n)
-  out_tokens = batch * lengths['inputs' if config.architecture == 'encoder_only' else 'targets']
+  out_tokens = batch * config.stack_length(config.stacks[-1], lengths)
   logits = 2 * out_tokens * config.d_model * config.vocab_size
   if config.architecture == 'encoder_only':
     logits += 2 * out_tokens * config.d_model * config.d_model  # the MLM transform

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import flax.linen as nn
 
 from t5x_variants.layers import fused_attention
-from t5x_variants.layers.attention import causal_mask
+from t5x_variants.layers.attention import CacheWrite, causal_mask
 from t5x_variants.layers.norms import Norm
 from t5x_variants.layers.placement import has_final_norm
 from t5x_variants.layers.position import AbsolutePositionEmbedding, RelativePositionBias
@@ -39,35 +39,46 @@ class Stack(nn.Module):
   causal: bool = False
   cross_attention: bool = False
 
-  def _decode_positions(self, x, positions, self_mask, self_lengths):
+  def _decode_positions(self, x, positions, self_mask, self_lengths, prefilled):
     """In a cached decode step the query is the one token at the counter and the keys are the
-    whole cache (its length fixed when ``init`` ran with ``decode=True``). Decoding past the
-    cache length is undefined: callers stop at it."""
+    whole cache (its length fixed when ``init`` ran with ``decode=True``). A prefix LM's prompt
+    instead fills the cache in one call under its own mask (``prefilled``: each row's count of
+    fully visible positions, which later steps leave as they are; the counter stays at 0, so
+    steps run through the prompt with the other rows). Decoding past the cache length is
+    undefined: callers stop at it."""
     initialized = self.has_variable('cache', 'position')
     counter = self.variable('cache', 'position', lambda: jnp.zeros((), jnp.int32))
     keys = self.variable('cache', 'key_positions', lambda: jnp.arange(x.shape[1], dtype=jnp.int32)[None])
+    kept = self.variable('cache', 'prefilled', lambda: jnp.zeros((x.shape[0],), jnp.int32))
     if not initialized:
       return positions, positions, self_mask, self_lengths, None
+    if prefilled is not None:
+      kept.value = prefilled
+      pad = keys.value.shape[1] - x.shape[1]
+      mask = jnp.pad(self_mask, ((0, 0), (0, 0), (0, 0), (0, pad)))
+      return positions, keys.value, mask, None, CacheWrite(jnp.zeros((), jnp.int32), jnp.zeros_like(prefilled))
     if x.shape[1] != 1:
-      raise ValueError(f'cached decoding takes one token per step, got {x.shape[1]}')
+      raise ValueError(f'cached decoding takes one token per step, got {x.shape[1]} (a prompt '
+                       'fills the cache at once only in a prefix LM)')
     index = counter.value
     counter.value = index + 1
     q = jnp.reshape(index, (1, 1))
     seen = jnp.full((x.shape[0],), index + 1, jnp.int32)  # the causal mask as key lengths
-    return q, keys.value, causal_mask(q, keys.value), (None, seen), index
+    return q, keys.value, causal_mask(q, keys.value), (None, seen), CacheWrite(index, kept.value)
 
   @nn.compact
   def __call__(self, x, positions, self_mask, encoded=None, cross_mask=None,
                deterministic: bool = True, decode: bool = False, self_lengths=None,
-               cross_lengths=None):
+               cross_lengths=None, prefilled=None):
     """``self_lengths`` / ``cross_lengths``: the masks as (query, key) lengths for a fused
-    attention kernel (layers/attention.py), None where they are not a prefix."""
+    attention kernel (layers/attention.py), None where they are not a prefix; ``prefilled``:
+    a prefix LM's prompt lengths when its prompt fills the cache (``_decode_positions``)."""
     c = self.config
     q_positions = k_positions = positions
     decode_position = None
     if decode:
       q_positions, k_positions, self_mask, self_lengths, decode_position = self._decode_positions(
-          x, positions, self_mask, self_lengths)
+          x, positions, self_mask, self_lengths, prefilled)
     bias = None
     if c.position_embedding in ('sinusoidal', 'learned'):
       x = x + AbsolutePositionEmbedding(c.position_embedding, c.d_model, c.max_length(self.stack),

@@ -5,6 +5,9 @@ from token 0; the decoder-only model is first fed token 0 and then its prompt (r
 one token per step, forced), as its training sequences are shifted right behind a 0, so a row with
 an n-token prompt emits its first token at step n. Rows advance in
 lockstep (the cache has one position counter) and each ignores the steps outside its own window.
+A prefix LM (``TransformerConfig.prefix_lm``) first fills the cache with its whole prompt at once,
+fully visible as in training (T5X's prefill); the steps through the prompt then leave those keys
+and values as they are.
 ``tokens`` are the generated tokens, EOS included and 0 after it; ``scores`` sum the log-softmax
 of the raw logits over them (for beam search, length-normalised as below).
 """
@@ -163,6 +166,10 @@ def decode(model, config, params, *, encoder_input_tokens=None, prompt_tokens=No
   # (dropped by XLA under jit).
   dummy = jnp.zeros((batch * beams, prompt_len + max_decode_length - 1), jnp.int32)
   cache = run(variables, dummy, decode=True, mutable=['cache'])[1]['cache']
+  if config.prefix_lm:
+    visible = jnp.arange(prompt_len)[None] < jnp.repeat(lengths, beams)[:, None]
+    cache = run({**variables, 'cache': cache}, jnp.repeat(prompt, beams, 0), decode=True,
+                decoder_causal_attention=visible.astype(jnp.int32), mutable=['cache'])[1]['cache']
 
   def step(token, cache):
     logits, new = run({**variables, 'cache': cache}, token[:, None], decode=True, mutable=['cache'])

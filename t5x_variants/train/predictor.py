@@ -121,12 +121,15 @@ class Predictor:
       batch = {'encoder_input_tokens': inputs, 'decoder_target_tokens': targets,
                'decoder_loss_weights': (targets != PAD_ID).astype(np.int32)}
     elif self.config.architecture == 'decoder_only':
-      prompts = [until_eos(p) for p in inputs]
+      # A prefix LM's inputs keep their EOS and are fully visible up to the position reading it.
+      prompts = [until_eos(p, keep_eos=self.config.prefix_lm) for p in inputs]
       rows = [np.asarray(p + until_eos(t, keep_eos=True), np.int32) for p, t in zip(prompts, targets)]
       sequences = pad_tokens(rows, inputs.shape[1] + targets.shape[1], n)
       positions = np.arange(sequences.shape[1])
       weights = np.stack([(len(p) <= positions) & (positions < len(r)) for p, r in zip(prompts, rows)])
       batch = {'decoder_target_tokens': sequences, 'decoder_loss_weights': weights.astype(np.int32)}
+      if self.config.prefix_lm:
+        batch['decoder_causal_attention'] = np.stack([positions <= len(p) for p in prompts]).astype(np.int32)
     else:
       raise ValueError('an encoder-only (MLM) model does not score continuations; evaluate it teacher-forced')
     batch['decoder_input_tokens'] = np.pad(batch['decoder_target_tokens'], ((0, 0), (1, 0)))[:, :-1]
@@ -200,9 +203,9 @@ def score_examples(predictor: Predictor, examples: List[dict], input_length: int
 def decode_examples(predictor: Predictor, vocab, examples: List[dict], input_length: int,
                     max_decode_length: int, batch_size: int) -> List[dict]:
   """Adds 'prediction' (text by ``vocab.decode``), 'prediction_ids' and 'score' to each example
-  (which has 'inputs' token ids; a decoder-only model continues them as a prompt, without their
-  EOS)."""
-  prompt = predictor.config.architecture == 'decoder_only'
+  (which has 'inputs' token ids; a decoder-only language model continues them as a prompt,
+  without their EOS; a prefix LM reads them with it, as in training)."""
+  prompt = predictor.config.architecture == 'decoder_only' and not predictor.config.prefix_lm
   out = []
   for i, chunk in enumerate(_chunks(examples, batch_size)):
     rows = [np.asarray(ex['inputs'])[:-1] if prompt and ex['inputs'][-1] == EOS_ID

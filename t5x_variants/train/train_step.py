@@ -23,7 +23,8 @@ from t5x_variants.train import optimizer, partitioning
 MODEL_INPUTS = {
     'encoder_decoder': ('encoder_input_tokens', 'decoder_input_tokens', 'encoder_segment_ids',
                         'decoder_segment_ids', 'encoder_positions', 'decoder_positions'),
-    'decoder_only': ('decoder_input_tokens', 'decoder_segment_ids', 'decoder_positions'),
+    'decoder_only': ('decoder_input_tokens', 'decoder_segment_ids', 'decoder_positions',
+                     'decoder_causal_attention'),
     'encoder_only': ('encoder_input_tokens', 'encoder_segment_ids', 'encoder_positions'),
 }
 TARGETS = {'encoder_decoder': 'decoder', 'decoder_only': 'decoder', 'encoder_only': 'encoder'}
@@ -35,7 +36,10 @@ def synthetic_batch(config: TransformerConfig, batch: int, lengths, seed: int = 
   architecture's features (``lengths``: 'inputs' / 'targets'), or a classification head's
   (random labels, every example weighted); for benchmarks and tests. ``packed``: two examples
   per row as packing lays them out (segment ids 1 then 2, positions restarting), the mask a
-  packed pretraining step computes with."""
+  packed pretraining step computes with. A prefix LM's row is the inputs then the targets, the
+  loss on the targets (unpacked only)."""
+  if packed and config.prefix_lm:
+    raise ValueError("a prefix LM's synthetic batch is unpacked: leave out --packed")
   rng = np.random.RandomState(seed)
   ids = lambda n: rng.randint(2, config.vocab_size, (batch, n)).astype(np.int32)
   if config.head == 'classification':
@@ -48,9 +52,13 @@ def synthetic_batch(config: TransformerConfig, batch: int, lengths, seed: int = 
     out = {'encoder_input_tokens': tokens, 'encoder_target_tokens': tokens,
            'encoder_loss_weights': np.ones_like(tokens)}
   else:
-    targets = ids(lengths['targets'])
+    targets = ids(config.stack_length('decoder', lengths))
     out = {'decoder_input_tokens': np.concatenate([np.zeros((batch, 1), np.int32), targets[:, :-1]], 1),
            'decoder_target_tokens': targets, 'decoder_loss_weights': np.ones_like(targets)}
+    if config.prefix_lm:  # seqio's layout: the inputs, and the position that reads their last token
+      index = np.arange(targets.shape[1])
+      out['decoder_loss_weights'] = np.tile(index >= lengths['inputs'], (batch, 1)).astype(np.int32)
+      out['decoder_causal_attention'] = np.tile(index <= lengths['inputs'], (batch, 1)).astype(np.int32)
   if config.architecture == 'encoder_decoder':
     out['encoder_input_tokens'] = ids(lengths['inputs'])
   if packed:
