@@ -87,7 +87,8 @@ class TransformerConfig:
     prefix_lm: a decoder-only model as T5's "prefix LM" (Raffel et al. 2020, Sec. 3.2.1, Fig. 3):
       a row is the inputs then the targets, the mask fully visible over the inputs (and the
       position that reads their last token) and causal after them, the loss on the targets only
-      (seqio's PrefixLMFeatureConverter); it trains and is prompted on tasks with inputs.
+      (seqio's PrefixLMFeatureConverter); it trains and is prompted on tasks with inputs. Its
+      relative position buckets stay one-directional, as T5X's decoder-only model has them.
   """
   architecture: str = 'encoder_decoder'
   vocab_size: int = 32128
