@@ -239,6 +239,8 @@ BAD_TRAIN_INPUTS = [
     ('{tmp}/run', None, ['--gin.Checkpointer.keep=0'],  # orbax would delete every checkpoint
      'Checkpointer.keep = 0 is out of range: the checkpoints kept (None: all) must be an integer '
      '>= 1 or None'),
+    ('{tmp}/run', None, ["--gin.MIXTURE_OR_TASK_NAME='c4_span_corruption'"],  # C4 not prepared here
+     'TFDS dataset(s) c4/en:3.1.0 not prepared in '),
 ]
 
 
@@ -246,7 +248,7 @@ BAD_TRAIN_INPUTS = [
     'dir_is_a_file', 'dir_under_a_file', 'dir_unwritable', 'dir_of_another_model', 'batch_0',
     'batch_negative', 'batch_vs_data_axis', 'batch_vs_microbatches', 'inputs_length_0',
     'targets_length_negative', 'steps_0', 'steps_negative', 'log_period_0', 'eval_period_negative',
-    'checkpoint_period_0', 'keep_0'])
+    'checkpoint_period_0', 'keep_0', 'data_not_prepared'])
 def test_bad_train_input_is_one_line_before_any_work(model_dir, setup, flags, message, tmp_path,
                                                      monkeypatch, capsys):
   model_dir, message = (x.replace('{tmp}', str(tmp_path)) for x in (model_dir, message))

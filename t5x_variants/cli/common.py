@@ -106,6 +106,7 @@ _NOISE = (
     'non-retriable exception',  # gcsfs's log of an error it raises at once (a 401, a 403)
     'in background save thread',
     'Save Finalize thread',
+    'has no dataset_info.json',  # TFDS on an unprepared dataset, which the command's line names
 )
 
 

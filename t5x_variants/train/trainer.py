@@ -366,7 +366,8 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
   """
   guard = NonFiniteGuard(on_nonfinite, max_skipped_in_a_row)
   sharded = ShardedModel.build(config, mesh or partitioning.MeshConfig(), seed)
-  ckpt, data = checkpoints.Checkpointer(model_dir), train_data()
+  data = train_data()  # first: missing data is one error before the run directory exists
+  ckpt = checkpoints.Checkpointer(model_dir)
   state, start = sharded.restore_or_init(ckpt, data, model_dir, init_checkpoint)
   _write_run_files(model_dir, config, files or {})  # after restoring: a refused resume keeps them
   loss = dict(label_smoothing=label_smoothing, z_loss=z_loss,
