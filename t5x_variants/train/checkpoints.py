@@ -38,6 +38,10 @@ class CheckpointError(RuntimeError):
   """No usable checkpoint where one was asked for."""
 
 
+class DataPositionError(RuntimeError):
+  """A checkpoint's data position could not be restored on some process: raised on every one."""
+
+
 def _host_file(directory) -> str:
   return str(storage.path(directory) / f'host-{jax.process_index():05d}-of-{jax.process_count():05d}')
 
@@ -52,9 +56,16 @@ class DataIteratorHandler(ocp.CheckpointHandler):
       args.iterator.save(prefix)
 
   def restore(self, directory: epath.Path, args: 'DataIteratorRestore'):
-    with storage.staged_read(_host_file(directory)) as prefix:
-      args.iterator.restore(prefix)
-    return args.iterator
+    """Reads this host's data position into ``args.iterator``; returns None, or the error that
+    stopped it. Returned, not raised: orbax's restore ends at a barrier of every process, which a
+    process raising here would never reach while the others wait there for it; the processes
+    agree on the outcome after that barrier (``Checkpointer.restore``)."""
+    try:
+      with storage.staged_read(_host_file(directory)) as prefix:
+        args.iterator.restore(prefix)
+    except Exception as e:  # pylint: disable=broad-except  (the iterator's and the store's own)
+      return e
+    return None
 
 
 @ocp.args.register_with_handler(DataIteratorHandler, for_save=True)
@@ -171,16 +182,21 @@ class Checkpointer:
             f'{path} holds {", ".join(sorted(parts))} but no {", ".join(sorted(missing))} (as '
             't5xv-import writes parameters only): train from it in a new model_dir with '
             f'--gin.train.init_checkpoint="\'{path}\'"')
+      retry = ('Resume with those settings, or start a new model_dir with '
+               'train.init_checkpoint pointing at it.')
       try:
         return self.restore(step, abstract_state, data_iterator), step
+      except DataPositionError as e:  # on every process at once: nothing is moved aside
+        raise CheckpointError(
+            f'{path} has a readable state but its data position cannot be restored by this run '
+            f'({e}): the number of processes or the data pipeline differ from the run that wrote '
+            f'it, or its data file is damaged. {retry}') from e
       except Exception as e:  # orbax raises many types for a damaged directory
         reason = error_reason(e)
         if _outside_cause(e):
           raise CheckpointError(f'{path} could not be read ({reason}), for a cause outside it: '
                                 'nothing was moved aside; fix the cause (memory, the network, '
                                 'the bucket or its permissions) and rerun') from e
-        retry = ('Resume with those settings, or start a new model_dir with '
-                 'train.init_checkpoint pointing at it.')
         mismatch = _saved_mismatch(path, abstract_state, 'opt_state')
         if mismatch:
           if any(f'/{name}/kernel' in mismatch for name in optimizer.PROJECTIONS):  # Adafactor's layout
@@ -215,10 +231,24 @@ class Checkpointer:
     return True
 
   def restore(self, step: int, abstract_state, data_iterator=None):
+    """The state of checkpoint ``step``, and the data position into ``data_iterator``; a data
+    position that any process failed to read raises DataPositionError on every process."""
     items = {'state': ocp.args.StandardRestore(_abstract(abstract_state))}
     if _resumable(data_iterator):
       items['data'] = DataIteratorRestore(data_iterator)
-    return self.manager.restore(step, args=ocp.args.Composite(**items))['state']
+    restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+    failed = restored['data'] if 'data' in items else None
+    if _on_any_process(failed is not None):
+      raise DataPositionError(error_reason(failed) if failed else
+                              'another process could not read its own; its error says why')
+    return restored['state']
+
+
+def _on_any_process(flag: bool) -> bool:
+  """Whether ``flag`` holds on any process; every process calls this at the same point."""
+  if jax.process_count() == 1:
+    return flag
+  return bool(np.any(multihost_utils.process_allgather(np.asarray(flag))))
 
 
 def list_checkpoints(run_dir: str):
