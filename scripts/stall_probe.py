@@ -27,7 +27,7 @@ def main(run: str, step: str = '600', num_batches: str = '4'):
   predictor.load(f'{run}/checkpoint_{step}')
   task, lengths, batch_size = (gin.query_parameter(f'%{m}') for m in
                                ('MIXTURE_OR_TASK_NAME', 'TASK_FEATURE_LENGTHS', 'BATCH_SIZE'))
-  arch = config.architecture
+  arch = config.data_architecture
 
   def argmax_and_sums(dropout):  # the training loss's sums (train_step.logits_loss)
     def fn(params, batch, rng):

@@ -14,7 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from conftest import init_params, tiny, tokens
 from t5x_variants.models import losses
-from t5x_variants.train import optimizer, partitioning
+from t5x_variants.train import optimizer, partitioning, train_step
 from train_helpers import setup, synthetic_batch
 
 
@@ -163,3 +163,16 @@ def test_factored_adafactor_statistics_follow_their_parameter_sharding():
   assert by_shape[(2, 256)] == (None, None)        # v_row: the 512 axis was reduced
   assert by_shape[(2, 512)] == (None, 'model')     # v_col: the sharded axis kept
   assert all(specs[k] == () for k in specs if len(shapes[k]) < 2)  # counters, placeholders
+
+
+@pytest.mark.parametrize('packed', [False, True])
+def test_a_synthetic_prefix_lm_batch_has_seqios_layout(packed):
+  """The bench's and t5xv-compile's prefix LM rows: per example the inputs then the targets, fully
+  visible up to the position reading the inputs' last token, the loss on the targets."""
+  c = tiny(architecture='decoder_only', prefix_lm=True)
+  b = train_step.synthetic_batch(c, 2, {'inputs': 6, 'targets': 4}, packed=packed)
+  example = ([1] * 4 + [0], [0] * 3 + [1] * 2) if packed else ([1] * 7 + [0] * 3, [0] * 6 + [1] * 4)
+  repeat = 2 if packed else 1
+  np.testing.assert_array_equal(b['decoder_causal_attention'], [example[0] * repeat] * 2)
+  np.testing.assert_array_equal(b['decoder_loss_weights'], [example[1] * repeat] * 2)
+  assert b['decoder_target_tokens'].shape == (2, 10)

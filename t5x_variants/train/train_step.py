@@ -36,10 +36,8 @@ def synthetic_batch(config: TransformerConfig, batch: int, lengths, seed: int = 
   architecture's features (``lengths``: 'inputs' / 'targets'), or a classification head's
   (random labels, every example weighted); for benchmarks and tests. ``packed``: two examples
   per row as packing lays them out (segment ids 1 then 2, positions restarting), the mask a
-  packed pretraining step computes with. A prefix LM's row is the inputs then the targets, the
-  loss on the targets (unpacked only)."""
-  if packed and config.prefix_lm:
-    raise ValueError("a prefix LM's synthetic batch is unpacked: leave out --packed")
+  packed pretraining step computes with. A prefix LM's row (each packed example's) is the inputs
+  then the targets, the loss on the targets."""
   rng = np.random.RandomState(seed)
   ids = lambda n: rng.randint(2, config.vocab_size, (batch, n)).astype(np.int32)
   if config.head == 'classification':
@@ -55,10 +53,6 @@ def synthetic_batch(config: TransformerConfig, batch: int, lengths, seed: int = 
     targets = ids(config.stack_length('decoder', lengths))
     out = {'decoder_input_tokens': np.concatenate([np.zeros((batch, 1), np.int32), targets[:, :-1]], 1),
            'decoder_target_tokens': targets, 'decoder_loss_weights': np.ones_like(targets)}
-    if config.prefix_lm:  # seqio's layout: the inputs, and the position that reads their last token
-      index = np.arange(targets.shape[1])
-      out['decoder_loss_weights'] = np.tile(index >= lengths['inputs'], (batch, 1)).astype(np.int32)
-      out['decoder_causal_attention'] = np.tile(index <= lengths['inputs'], (batch, 1)).astype(np.int32)
   if config.architecture == 'encoder_decoder':
     out['encoder_input_tokens'] = ids(lengths['inputs'])
   if packed:
@@ -69,6 +63,11 @@ def synthetic_batch(config: TransformerConfig, batch: int, lengths, seed: int = 
         out[f'{stack}_segment_ids'] = np.tile(np.repeat([1, 2], halves).astype(np.int32), (batch, 1))
         out[f'{stack}_positions'] = np.tile(np.concatenate([np.arange(h) for h in halves]).astype(np.int32),
                                             (batch, 1))
+  if config.prefix_lm:  # seqio's layout: the inputs, and the position that reads their last token
+    index = out.get('decoder_positions', np.arange(targets.shape[1]))
+    inputs = lengths['inputs'] // 2 if packed else lengths['inputs']
+    out['decoder_loss_weights'] = np.broadcast_to(index >= inputs, targets.shape).astype(np.int32)
+    out['decoder_causal_attention'] = np.broadcast_to(index <= inputs, targets.shape).astype(np.int32)
   return out
 
 
