@@ -91,6 +91,20 @@ def test_multiprocess_flags_missing_are_one_error():
     common.initialize_processes(args)
 
 
+def test_one_process_per_gpu_names_its_devices(monkeypatch):
+  """--local_device_ids reaches jax.distributed.initialize (one process per GPU of a host)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  calls = []
+  monkeypatch.setattr(jax.distributed, 'initialize', lambda *a, **kw: calls.append((a, kw)))
+  monkeypatch.setattr(jax.config, 'update', lambda *a: None)
+  flags = ['--multiprocess_gpu', '--coordinator_address=h:1234', '--process_count=8', '--process_index=3']
+  for extra, ids in (([], None), (['--local_device_ids=3'], [3]), (['--local_device_ids=2,3'], [2, 3])):
+    common.initialize_processes(common.parser('t5xv-x', 'doc').parse_args(flags + extra))
+    assert calls.pop() == (('h:1234', 8, 3), {'local_device_ids': ids})
+  with pytest.raises(common.UsageError, match='--local_device_ids=gpu3: give GPU ids such as 0,1'):
+    common.initialize_processes(common.parser('t5xv-x', 'doc').parse_args(flags + ['--local_device_ids=gpu3']))
+
+
 @pytest.mark.skipif(not os.path.exists('/dev/full'), reason='needs /dev/full (a device that is always full)')
 def test_a_full_disk_under_metrics_jsonl_is_one_line_raised_once(capsys):
   """metrics.jsonl appended on a full disk: the write raises once (nothing left buffered for

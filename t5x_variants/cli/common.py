@@ -9,7 +9,7 @@ package, which ships ``gin/`` so that ``--gin_file=gin/models/t5_base.gin`` work
 
 Multi-process flags: on multi-GPU hosts every process is started with ``--multiprocess_gpu
 --coordinator_address=HOST:PORT --process_count=N --process_index=I`` and joins through
-``jax.distributed.initialize``; on Cloud TPU pods the same command runs on every host with
+``jax.distributed.initialize`` (one process per GPU: ``--local_device_ids=I``); on Cloud TPU pods the same command runs on every host with
 ``--multiprocess_tpu`` and jax finds its peers itself. CPU processes (tests) use gloo collectives.
 """
 import argparse
@@ -75,6 +75,9 @@ def parser(prog: str, doc: str, processes: bool = True) -> ArgumentParser:
     p.add_argument('--coordinator_address', default=None, help='HOST:PORT of process 0')
     p.add_argument('--process_count', type=int, default=None)
     p.add_argument('--process_index', type=int, default=None)
+    p.add_argument('--local_device_ids', default=None, metavar='ID[,ID]',
+                   help='with --multiprocess_gpu: the GPUs of this process (one process per GPU); '
+                        'default: every GPU of the host')
   return p
 
 
@@ -154,8 +157,14 @@ def initialize_processes(args):
                if getattr(args, f) is None]
     if missing:
       raise UsageError(f'--multiprocess_gpu needs --{", --".join(missing)}')
+    ids = getattr(args, 'local_device_ids', None)
+    try:
+      ids = None if ids is None else [int(i) for i in ids.split(',')]
+    except ValueError:
+      raise UsageError(f'--local_device_ids={args.local_device_ids}: give GPU ids such as 0,1') from None
     jax.config.update('jax_cpu_collectives_implementation', 'gloo')
-    jax.distributed.initialize(args.coordinator_address, args.process_count, args.process_index)
+    jax.distributed.initialize(args.coordinator_address, args.process_count, args.process_index,
+                               local_device_ids=ids)
 
 
 # --- gin ---------------------------------------------------------------------------------------
