@@ -100,7 +100,8 @@ def test_infer_writes_jsonl(quickstart, method, tmp_path):
 @pytest.mark.slow
 def test_a_prefix_lm_trains_evaluates_and_decodes(tmp_path):
   """T5's prefix LM on span corruption (rows of inputs then targets): the loss falls, t5xv-eval
-  reads its checkpoints teacher-forced, t5xv-infer prompts it with texts and their EOS."""
+  reads its checkpoints teacher-forced, t5xv-infer prompts it with texts and their EOS, and it
+  fine-tunes on a GLUE task and is evaluated by decoding."""
   run_dir = str(tmp_path / 'prefix_lm')
   command('t5xv-train', '--gin_file=gin/experiments/quickstart.gin',
           '--gin_file=gin/architectures/prefix_lm.gin', f"--gin.MODEL_DIR='{run_dir}'", *TINY_RUN)
@@ -119,11 +120,12 @@ def test_a_prefix_lm_trains_evaluates_and_decodes(tmp_path):
   rows = [json.loads(line) for line in out.read_text().splitlines()]
   assert [r['inputs'] for r in rows] == texts.read_text().splitlines()
   assert all(r['prediction'] and r['score'] < 0 for r in rows)
+  _finetune_on_local_sst2(run_dir, tmp_path)  # GLUE's inputs then its label word, by decoding
 
 
-@pytest.mark.slow
-def test_finetune_on_local_glue_and_eval_its_accuracy(quickstart, tmp_path):
-  pretrained = quickstart[0]
+def _finetune_on_local_sst2(pretrained, tmp_path):
+  """Fine-tunes the run in ``pretrained`` on a local SST-2 for 30 steps and evaluates it by
+  decoding; the fine-tuned checkpoint's SST-2 metrics."""
   glue = tmp_path / 'glue' / 'SST-2'
   glue.mkdir(parents=True)
   lines = ['sentence\tlabel'] + [f'{s}\t{y}' for s, y in SST2]
@@ -145,6 +147,12 @@ def test_finetune_on_local_glue_and_eval_its_accuracy(quickstart, tmp_path):
   assert 0.0 <= metrics['accuracy'] <= 100.0 and 'loss' in metrics  # percent, of the decoded labels
   assert 0.0 <= metrics['token_accuracy'] <= 1.0  # a fraction, teacher-forced
   assert metrics['loss'] < 3.0, metrics  # learnt the label words ('positive' / 'negative')
+  return metrics
+
+
+@pytest.mark.slow
+def test_finetune_on_local_glue_and_eval_its_accuracy(quickstart, tmp_path):
+  _finetune_on_local_sst2(quickstart[0], tmp_path)
 
 
 def test_unknown_gin_binding_is_one_line(tmp_path, capsys):
