@@ -8,9 +8,10 @@ Gin files are found relative to the working directory, the search paths, and the
 package, which ships ``gin/`` so that ``--gin_file=gin/models/t5_base.gin`` works from anywhere.
 
 Multi-process flags: on multi-GPU hosts every process is started with ``--multiprocess_gpu
---coordinator_address=HOST:PORT --process_count=N --process_index=I`` and joins through
-``jax.distributed.initialize`` (one process per GPU: ``--local_device_ids=I``); on Cloud TPU pods the same command runs on every host with
-``--multiprocess_tpu`` and jax finds its peers itself. CPU processes (tests) use gloo collectives.
+--coordinator_address=HOST:PORT --process_count=N --process_index=I`` (one process per GPU:
+``--local_device_ids=G`` too) and joins through ``jax.distributed.initialize``; on Cloud TPU pods
+the same command runs on every host with ``--multiprocess_tpu`` and jax finds its peers itself.
+CPU processes (tests) use gloo collectives.
 """
 import argparse
 import contextlib
