@@ -215,6 +215,19 @@ def test_scanned_and_unrolled_layers_decode_the_same(arch):
   np.testing.assert_allclose(a_scores, b_scores, rtol=1e-5)
 
 
+@pytest.mark.parametrize('arch', ['decoder_only', 'prefix_lm'])
+@pytest.mark.parametrize('method', ['greedy', 'beam'])
+def test_the_steps_start_at_the_shortest_prompts_last_token(arch, method):
+  """The prompts fill the cache in one pass and the steps start at the shortest prompt's last
+  token: rows without the empty prompt (so starting past step 0) decode as they do beside it."""
+  s = setup(arch)
+  kw = dict(max_decode_length=M, method=method, num_beams=3)
+  want, want_scores = s.decode(**kw)
+  got, scores = run(s.model, s.config, s.params, prompt_tokens=jnp.asarray(PROMPT[:3]), **kw)
+  np.testing.assert_array_equal(got, want[:3])
+  np.testing.assert_allclose(scores, want_scores[:3], rtol=1e-5, atol=1e-5)
+
+
 def test_jitted_decoding_equals_eager_decoding():
   """``run`` (used throughout) jits decode with the sizes and method static; the rest traced."""
   s = setup('decoder_only')

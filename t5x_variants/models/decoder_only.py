@@ -1,6 +1,4 @@
 """Decoder-only causal language model (GPT-style) on the same stack, or T5's prefix LM."""
-import jax.numpy as jnp
-
 from t5x_variants.layers.attention import causal_mask, pair_mask, segment_mask
 from t5x_variants.layers.fused_attention import Segments
 from t5x_variants.models.base import LanguageModel, default_positions, token_index
@@ -14,11 +12,12 @@ class DecoderOnly(LanguageModel):
     self.decoder = Stack(self.config, 'decoder', causal=True)
 
   def __call__(self, decoder_input_tokens, decoder_segment_ids=None, decoder_positions=None,
-               decoder_causal_attention=None, enable_dropout: bool = False, decode: bool = False):
-    """Logits (batch, length, vocab). With ``decode=True`` after cache init, one step, or (a
-    prefix LM's prompt, several tokens) the prefill of the cache. ``decoder_causal_attention``
-    (batch, length): 1 where a prefix LM's mask is fully visible (Raffel et al. 2020, Fig. 3:
-    query i sees key j when j <= i, or when both are in the prefix)."""
+               decoder_causal_attention=None, enable_dropout: bool = False, decode: bool = False,
+               prefill_lengths=None):
+    """Logits (batch, length, vocab). With ``decode=True`` after cache init, one step, or with
+    ``prefill_lengths`` (batch,) the prompts filling the cache at once (models/stack.py).
+    ``decoder_causal_attention`` (batch, length): 1 where a prefix LM's mask is fully visible
+    (Raffel et al. 2020, Fig. 3: query i sees key j when j <= i, or when both are in the prefix)."""
     positions = default_positions(decoder_input_tokens, decoder_positions)
     index = token_index(decoder_input_tokens)
     mask = causal_mask(index, index)
@@ -31,10 +30,7 @@ class DecoderOnly(LanguageModel):
     lengths = (None if decoder_causal_attention is not None else
                (None, None) if decoder_segment_ids is None else
                Segments(decoder_segment_ids, decoder_segment_ids))
-    prefilled = None
-    if decode and decoder_causal_attention is not None:
-      prefilled = jnp.sum(decoder_causal_attention > 0, axis=1, dtype=jnp.int32)
     x = self.decoder(self.token_embedder(decoder_input_tokens), positions, mask,
                      deterministic=not enable_dropout, decode=decode, self_lengths=lengths,
-                     prefilled=prefilled)
+                     prefilled=prefill_lengths if decode else None)
     return self.logits(x)

@@ -41,11 +41,12 @@ class Stack(nn.Module):
 
   def _decode_positions(self, x, positions, self_mask, self_lengths, prefilled):
     """In a cached decode step the query is the one token at the counter and the keys are the
-    whole cache (its length fixed when ``init`` ran with ``decode=True``). A prefix LM's prompt
-    instead fills the cache in one call under its own mask (``prefilled``: each row's count of
-    fully visible positions, which later steps leave as they are; the counter stays at 0, so
-    steps run through the prompt with the other rows). Decoding past the cache length is
-    undefined: callers stop at it."""
+    whole cache (its length fixed when ``init`` ran with ``decode=True``). A decoder-only
+    model's prompts instead fill the cache in one call under the given mask (a prefix LM's fully
+    visible one, T5X's prefill): ``prefilled`` is each row's prompt length, whose positions
+    later steps leave as they are, and the counter moves to the shortest prompt's last position,
+    where the steps resume (longer prompts go on through theirs with the other rows). Decoding
+    past the cache length is undefined: callers stop at it."""
     initialized = self.has_variable('cache', 'position')
     counter = self.variable('cache', 'position', lambda: jnp.zeros((), jnp.int32))
     keys = self.variable('cache', 'key_positions', lambda: jnp.arange(x.shape[1], dtype=jnp.int32)[None])
@@ -54,12 +55,13 @@ class Stack(nn.Module):
       return positions, positions, self_mask, self_lengths, None
     if prefilled is not None:
       kept.value = prefilled
+      counter.value = jnp.min(prefilled) - 1
       pad = keys.value.shape[1] - x.shape[1]
       mask = jnp.pad(self_mask, ((0, 0), (0, 0), (0, 0), (0, pad)))
       return positions, keys.value, mask, None, CacheWrite(jnp.zeros((), jnp.int32), jnp.zeros_like(prefilled))
     if x.shape[1] != 1:
-      raise ValueError(f'cached decoding takes one token per step, got {x.shape[1]} (a prompt '
-                       'fills the cache at once only in a prefix LM)')
+      raise ValueError(f'cached decoding takes one token per step, got {x.shape[1]} (prompts '
+                       'fill the cache at once with their prefill lengths)')
     index = counter.value
     counter.value = index + 1
     q = jnp.reshape(index, (1, 1))
@@ -72,7 +74,7 @@ class Stack(nn.Module):
                cross_lengths=None, prefilled=None):
     """``self_lengths`` / ``cross_lengths``: the masks as (query, key) lengths for a fused
     attention kernel (layers/attention.py), None where they are not a prefix; ``prefilled``:
-    a prefix LM's prompt lengths when its prompt fills the cache (``_decode_positions``)."""
+    the prompt lengths when prompts fill the cache (``_decode_positions``)."""
     c = self.config
     q_positions = k_positions = positions
     decode_position = None

@@ -1,13 +1,13 @@
 """Cached autoregressive decoding: greedy, sampling (temperature, top-k, top-p) and beam search.
 
 Every method runs the decoder one token per step through the KV cache. The encoder-decoder starts
-from token 0; the decoder-only model is first fed token 0 and then its prompt (right-padded with 0,
-one token per step, forced), as its training sequences are shifted right behind a 0, so a row with
-an n-token prompt emits its first token at step n. Rows advance in
-lockstep (the cache has one position counter) and each ignores the steps outside its own window.
-A prefix LM (``TransformerConfig.prefix_lm``) first fills the cache with its whole prompt at once,
-fully visible as in training (T5X's prefill); the steps through the prompt then leave those keys
-and values as they are.
+from token 0. A decoder-only model reads token 0 and then its prompt (right-padded with 0), as its
+training sequences are shifted right behind a 0, so a row with an n-token prompt emits its first
+token at step n: the prompts first fill the cache in one pass (T5X's prefill; a prefix LM's
+(``TransformerConfig.prefix_lm``) fully visible, as in training), and the steps start at the
+shortest prompt's last token. Rows advance in lockstep (the cache has one position counter): a
+longer prompt is fed on, forced, while its prefilled keys and values stay as they are, and each
+row ignores the steps outside its own window.
 ``tokens`` are the generated tokens, EOS included and 0 after it; ``scores`` sum the log-softmax
 of the raw logits over them (for beam search, length-normalised as below).
 """
@@ -50,8 +50,9 @@ def _next_input(prompt, lengths, i, generated):
   return jnp.where(i + 1 < lengths, forced, generated)
 
 
-def _generate(step, cache, prompt, lengths, max_len, choose, eos_id):
-  """Greedy or sampled decoding; stops once every row has emitted EOS or max_len tokens."""
+def _generate(step, cache, prompt, lengths, start, max_len, choose, eos_id):
+  """Greedy or sampled decoding from step ``start``; stops once every row has emitted EOS or
+  max_len tokens."""
   batch = prompt.shape[0]
 
   def body(state):
@@ -65,7 +66,7 @@ def _generate(step, cache, prompt, lengths, max_len, choose, eos_id):
     done |= live & ((new == eos_id) | (j == max_len - 1))
     return i + 1, _next_input(prompt, lengths, i, new), cache, out, score, done
 
-  init = (0, prompt[:, 0], cache, jnp.zeros((batch, max_len), jnp.int32),
+  init = (start, prompt[:, start], cache, jnp.zeros((batch, max_len), jnp.int32),
           jnp.zeros((batch,), jnp.float32), jnp.zeros((batch,), bool))
   _, _, _, out, score, _ = jax.lax.while_loop(lambda s: ~jnp.all(s[-1]), body, init)
   return out, score
@@ -79,7 +80,7 @@ def _gather_beams(cache, index, scan_layers: bool):
       lambda path, x: jnp.take(x, index, axis=axis) if path[-1].key in _KV_CACHES else x, cache)
 
 
-def _beam_search(step, cache, prompt, lengths, max_len, beams, alpha, eos_id, scan_layers):
+def _beam_search(step, cache, prompt, lengths, start, max_len, beams, alpha, eos_id, scan_layers):
   """Beam search as in GNMT / T5X (Wu et al. 2016): ``beams`` alive and ``beams`` finished
   hypotheses per row; a finished one scores log p / lp(length), lp(n) = ((5 + n) / 6) ** alpha,
   n counting EOS (the generated tokens: a decoder-only prompt is not counted). Of each step's
@@ -90,13 +91,13 @@ def _beam_search(step, cache, prompt, lengths, max_len, beams, alpha, eos_id, sc
   penalty = lambda n: ((5.0 + n) / 6.0)**alpha
   take = jax.vmap(lambda x, i: x[i])  # per row: x (hyps, ...)[i (k,)]
   flat_prompt, flat_lengths = jnp.repeat(prompt, beams, 0), jnp.repeat(lengths, beams)
-  start = (lengths - 1)[:, None]
+  first = (lengths - 1)[:, None]  # each row's step of its first generated token
 
   def body(state):
     i, token, cache, seqs, logp, fin_seqs, fin = state
     log_probs, cache = step(token, cache)
     vocab = log_probs.shape[-1]
-    j = i - start
+    j = i - first
     scores = (logp[..., None] + log_probs.reshape(batch, beams, vocab)).reshape(batch, -1)
     cand, flat = jax.lax.top_k(scores, 2 * beams)  # >= beams of them do not end in EOS
     parent, new = flat // vocab, flat % vocab
@@ -120,11 +121,11 @@ def _beam_search(step, cache, prompt, lengths, max_len, beams, alpha, eos_id, sc
     log p / max_n lp(n) bounds its score."""
     i, logp, fin = state[0], state[4], state[6]
     bound = jnp.max(logp, -1) / jnp.maximum(penalty(1), penalty(max_len))
-    return ~jnp.all((i - start[:, 0] >= max_len) | (jnp.min(fin, -1) >= bound))
+    return ~jnp.all((i - first[:, 0] >= max_len) | (jnp.min(fin, -1) >= bound))
 
   seqs = jnp.zeros((batch, beams, max_len), jnp.int32)
   logp = jnp.tile(jnp.where(jnp.arange(beams) == 0, 0.0, -jnp.inf), (batch, 1))
-  init = (0, flat_prompt[:, 0], cache, seqs, logp, seqs, jnp.full((batch, beams), -jnp.inf))
+  init = (start, flat_prompt[:, start], cache, seqs, logp, seqs, jnp.full((batch, beams), -jnp.inf))
   _, _, _, seqs, logp, fin_seqs, fin = jax.lax.while_loop(running, body, init)
   has_fin = fin[:, 0] > -jnp.inf  # top_k keeps both sets sorted, best first
   tokens = jnp.where(has_fin[:, None], fin_seqs[:, 0], seqs[:, 0])
@@ -166,17 +167,20 @@ def decode(model, config, params, *, encoder_input_tokens=None, prompt_tokens=No
   # (dropped by XLA under jit).
   dummy = jnp.zeros((batch * beams, prompt_len + max_decode_length - 1), jnp.int32)
   cache = run(variables, dummy, decode=True, mutable=['cache'])[1]['cache']
-  if config.prefix_lm:
-    visible = jnp.arange(prompt_len)[None] < jnp.repeat(lengths, beams)[:, None]
+  start = 0
+  if config.architecture == 'decoder_only':  # the prompts fill the cache in one pass
+    rows = jnp.repeat(lengths, beams)
+    visible = (jnp.arange(prompt_len)[None] < rows[:, None]).astype(jnp.int32) if config.prefix_lm else None
     cache = run({**variables, 'cache': cache}, jnp.repeat(prompt, beams, 0), decode=True,
-                decoder_causal_attention=visible.astype(jnp.int32), mutable=['cache'])[1]['cache']
+                decoder_causal_attention=visible, prefill_lengths=rows, mutable=['cache'])[1]['cache']
+    start = jnp.min(lengths) - 1
 
   def step(token, cache):
     logits, new = run({**variables, 'cache': cache}, token[:, None], decode=True, mutable=['cache'])
     return jax.nn.log_softmax(logits[:, 0], axis=-1), new['cache']
 
   if method == 'beam':
-    return _beam_search(step, cache, prompt, lengths, max_decode_length, beams, length_penalty,
-                        eos_id, config.scan_layers)
-  return _generate(step, cache, prompt, lengths, max_decode_length,
+    return _beam_search(step, cache, prompt, lengths, start, max_decode_length, beams,
+                        length_penalty, eos_id, config.scan_layers)
+  return _generate(step, cache, prompt, lengths, start, max_decode_length,
                    _sampler(method, rng, temperature, top_k, top_p), eos_id)
