@@ -236,6 +236,44 @@ def test_a_read_failing_outside_the_checkpoint_moves_nothing_aside(tmp_path, mon
   assert names(sorted(tmp_path.iterdir())) == ['checkpoint_1', 'checkpoint_2']
 
 
+class Position:
+  """A data iterator's position: ``restore`` raises ``error`` when given one."""
+
+  def __init__(self, error=None):
+    self.position, self.error = 0, error
+
+  def save(self, prefix):
+    with open(prefix, 'w') as f:
+      f.write(str(self.position))
+
+  def restore(self, prefix):
+    if self.error:
+      raise self.error
+    with open(prefix) as f:
+      self.position = int(f.read())
+
+
+@pytest.mark.parametrize('error, message', [
+    (ConnectionError('connection reset'), r'checkpoint_2 could not be read \(ConnectionError: '
+                                          r'connection reset\), for a cause outside it: nothing was '
+                                          'moved aside'),
+    (ValueError('not a position'), r'checkpoint_2 has a readable state but its data position cannot '
+                                   r'be restored by this run \(ValueError: not a position\)')])
+def test_a_data_position_that_fails_to_read_says_why_and_moves_nothing(tmp_path, error, message):
+  """The data position is read inside orbax's restore but its failure is raised after it (every
+  process meets orbax's closing barrier first): a cause outside the checkpoint (the bucket, the
+  network) or a position this run cannot take, each its own line; nothing moved aside."""
+  ckpt = checkpoints.Checkpointer(str(tmp_path), period=1, async_save=False)
+  for step in (1, 2):
+    ckpt.save(step, state(step), Position())
+  ckpt.close()
+  resumed = checkpoints.Checkpointer(str(tmp_path))
+  with pytest.raises(checkpoints.CheckpointError, match=message):
+    resumed.restore_latest(state(0), Position(error))
+  resumed.close()
+  assert names(sorted(tmp_path.iterdir())) == ['checkpoint_1', 'checkpoint_2']
+
+
 def test_listing_skips_unreadable_unfinished_and_stray_entries(tmp_path):
   ckpt = checkpoints.Checkpointer(str(tmp_path), period=2, keep=None)
   for step in (2, 4, 6):

@@ -14,8 +14,8 @@ dense boolean ``mask``; both describe the same attention, and tests hold the two
 
 Decoding: with ``decode=True`` keys and values live in the ``cache`` collection. The first call
 (during ``init``) creates the cache from the full-length input; every later call takes one token
-(or a prefix LM's whole prompt), writes its keys and values from ``decode_position`` on and
-attends over the cache under the given mask.
+(or a decoder-only model's prompts, the prefill), writes its keys and values from
+``decode_position`` on and attends over the cache under the given mask.
 """
 import functools
 from typing import Any, NamedTuple, Optional, Tuple
@@ -36,7 +36,7 @@ _NEG_INF = -1e10
 
 class CacheWrite(NamedTuple):
   """Where a cached decoding call writes its keys and values: from position ``index`` (a scalar),
-  except, in each row, the positions before ``keep`` (batch,): a prefix LM's prefilled prompt."""
+  except, in each row, the positions before ``keep`` (batch,): its prefilled prompt."""
   index: jnp.ndarray
   keep: jnp.ndarray
 
@@ -224,9 +224,9 @@ class Attention(nn.Module):
         key = project('key', 1.0, x_kv)
         if decode:
           key = self._cached('cached_key', key, decode_position)
-        if fused:  # a cached decode step (decode_position set) is causal through its key lengths
+        if fused:  # a cached decode step (one query) is causal through its key lengths
           y = fused_attention.attend(query, key, value, bias, lengths,
-                                     self.causal and decode_position is None, fused)
+                                     self.causal and x_q.shape[1] > 1, fused)
           return self._output(y, x_q.shape[-1], dense)
         # In the compute dtype, then float32: its backward (dQ, dK) is a compute-dtype matmul too.
         s = jnp.einsum('bqhd,bkhd->bhqk', query, key)

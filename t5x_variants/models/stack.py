@@ -58,7 +58,11 @@ class Stack(nn.Module):
       counter.value = jnp.min(prefilled) - 1
       pad = keys.value.shape[1] - x.shape[1]
       mask = jnp.pad(self_mask, ((0, 0), (0, 0), (0, 0), (0, pad)))
-      return positions, keys.value, mask, None, CacheWrite(jnp.zeros((), jnp.int32), jnp.zeros_like(prefilled))
+      # A causal LM's prefill as (all queries, the prompt's keys) with the causal flag; a prefix
+      # LM's mask is no prefix of the keys (self_lengths None: the reference path).
+      lengths = None if self_lengths is None else (None, prefilled)
+      return positions, keys.value, mask, lengths, CacheWrite(jnp.zeros((), jnp.int32),
+                                                              jnp.zeros_like(prefilled))
     if x.shape[1] != 1:
       raise ValueError(f'cached decoding takes one token per step, got {x.shape[1]} (prompts '
                        'fill the cache at once with their prefill lengths)')

@@ -39,7 +39,12 @@ class CheckpointError(RuntimeError):
 
 
 class DataPositionError(RuntimeError):
-  """A checkpoint's data position could not be restored on some process: raised on every one."""
+  """A checkpoint's data position could not be restored on some process: raised on every one;
+  ``outside`` when a process's read failed for a cause outside the checkpoint."""
+
+  def __init__(self, reason: str, outside: bool):
+    super().__init__(reason)
+    self.outside = outside
 
 
 def _host_file(directory) -> str:
@@ -187,6 +192,8 @@ class Checkpointer:
       try:
         return self.restore(step, abstract_state, data_iterator), step
       except DataPositionError as e:  # on every process at once: nothing is moved aside
+        if e.outside:
+          raise _outside_error(path, str(e)) from e
         raise CheckpointError(
             f'{path} has a readable state but its data position cannot be restored by this run '
             f'({e}): the number of processes or the data pipeline differ from the run that wrote '
@@ -194,9 +201,7 @@ class Checkpointer:
       except Exception as e:  # orbax raises many types for a damaged directory
         reason = error_reason(e)
         if _outside_cause(e):
-          raise CheckpointError(f'{path} could not be read ({reason}), for a cause outside it: '
-                                'nothing was moved aside; fix the cause (memory, the network, '
-                                'the bucket or its permissions) and rerun') from e
+          raise _outside_error(path, reason) from e
         mismatch = _saved_mismatch(path, abstract_state, 'opt_state')
         if mismatch:
           if any(f'/{name}/kernel' in mismatch for name in optimizer.PROJECTIONS):  # Adafactor's layout
@@ -238,17 +243,25 @@ class Checkpointer:
       items['data'] = DataIteratorRestore(data_iterator)
     restored = self.manager.restore(step, args=ocp.args.Composite(**items))
     failed = restored['data'] if 'data' in items else None
-    if _on_any_process(failed is not None):
-      raise DataPositionError(error_reason(failed) if failed else
-                              'another process could not read its own; its error says why')
+    # 0: read; 1: not readable by this run; 2: a cause outside the checkpoint. The worst wins.
+    worst = _worst_over_processes(0 if failed is None else 2 if _outside_cause(failed) else 1)
+    if worst:
+      raise DataPositionError(error_reason(failed) if failed else 'another process could not '
+                              'read its own; its error says why', outside=worst == 2) from failed
     return restored['state']
 
 
-def _on_any_process(flag: bool) -> bool:
-  """Whether ``flag`` holds on any process; every process calls this at the same point."""
+def _outside_error(path, reason: str) -> CheckpointError:
+  return CheckpointError(f'{path} could not be read ({reason}), for a cause outside it: nothing '
+                         'was moved aside; fix the cause (memory, the network, the bucket or its '
+                         'permissions) and rerun')
+
+
+def _worst_over_processes(outcome: int) -> int:
+  """The largest ``outcome`` of all processes; every process calls this at the same point."""
   if jax.process_count() == 1:
-    return flag
-  return bool(np.any(multihost_utils.process_allgather(np.asarray(flag))))
+    return outcome
+  return int(np.max(multihost_utils.process_allgather(np.asarray(outcome, np.int32))))
 
 
 def list_checkpoints(run_dir: str):
