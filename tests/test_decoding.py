@@ -228,6 +228,30 @@ def test_the_steps_start_at_the_shortest_prompts_last_token(arch, method):
   np.testing.assert_allclose(scores, want_scores[:3], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize('prefix_lm', [False, True])
+@pytest.mark.parametrize('placement, position', [('pre', 'relative'), ('subln', 'learned')])
+def test_prefilled_synthesizer_mixtures_and_absolute_positions_decode_as_a_full_forward(
+    prefix_lm, placement, position):
+  """The prefill with position-addressed synthesizers (random, dense) mixed with dot-product, and
+  with learned absolute positions: greedy decoding is the argmax of one full forward pass."""
+  prompt = np.asarray([[5, 6, 7], [8, 9, 0]], np.int32)
+  c = tiny(architecture='decoder_only', prefix_lm=prefix_lm, vocab_size=50, decoder_max_length=16,
+           self_attention=('random', 'dense', 'dot_product'), placement=placement,
+           position_embedding=position)
+  model, params = init_params(c, tokens(2, 16, vocab=50))
+  out, _ = run(model, c, params, prompt_tokens=jnp.asarray(prompt), max_decode_length=6)
+  out = np.asarray(out)
+  n = (prompt != 0).sum(1) + 1  # with the leading 0
+  seq = np.zeros((2, 16), np.int32)
+  for b in range(2):
+    seq[b, 1:n[b]], seq[b, n[b]:n[b] + 5] = prompt[b, :n[b] - 1], out[b, :-1]
+  visible = (np.arange(16) < n[:, None]).astype(np.int32) if prefix_lm else None
+  logits = np.asarray(jit_apply(model)({'params': params}, seq, None, None, visible))
+  want = np.take_along_axis(logits, (n[:, None] - 1 + np.arange(6))[..., None], 1).argmax(-1)
+  valid = upto_eos(out)
+  np.testing.assert_array_equal(out, np.where(valid, want, 0))
+
+
 def test_jitted_decoding_equals_eager_decoding():
   """``run`` (used throughout) jits decode with the sizes and method static; the rest traced."""
   s = setup('decoder_only')
