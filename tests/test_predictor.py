@@ -87,7 +87,8 @@ def test_infer_and_eval_prompt_a_decoder_only_model_on_a_language_modelling_task
 @pytest.mark.parametrize('prefix_lm', [False, True])
 def test_a_prefix_lm_is_prompted_with_its_inputs_eos_a_language_model_without(prefix_lm):
   """A prefix LM's training rows hold the inputs with their EOS (seqio's PrefixLMFeatureConverter);
-  a language model continues the text itself, so its prompt leaves the EOS out."""
+  a language model continues the text itself, so its prompt leaves the EOS out. A last batch is
+  filled with a real prompt, not an empty one (which would start decoding at step 0)."""
   from types import SimpleNamespace  # pylint: disable=g-import-not-at-top
   from t5x_variants.train.predictor import decode_examples  # pylint: disable=g-import-not-at-top
   seen = []
@@ -97,5 +98,6 @@ def test_a_prefix_lm_is_prompted_with_its_inputs_eos_a_language_model_without(pr
     return np.zeros((len(tokens), max_decode_length), np.int32), np.zeros(len(tokens))
   fake = SimpleNamespace(config=tiny(architecture='decoder_only', prefix_lm=prefix_lm), predict=predict)
   vocab = SimpleNamespace(decode=lambda ids: '')
-  decode_examples(fake, vocab, [{'inputs': np.asarray([5, 6, EOS_ID])}], 4, 3, 1)
-  np.testing.assert_array_equal(seen[0], [[5, 6, EOS_ID, 0] if prefix_lm else [5, 6, 0, 0]])
+  decode_examples(fake, vocab, [{'inputs': np.asarray([5, 6, EOS_ID])}], 4, 3, 2)
+  row = [5, 6, EOS_ID, 0] if prefix_lm else [5, 6, 0, 0]
+  np.testing.assert_array_equal(seen[0], [row, row])  # the filler row repeats a prompt

@@ -210,6 +210,8 @@ def decode_examples(predictor: Predictor, vocab, examples: List[dict], input_len
   for i, chunk in enumerate(_chunks(examples, batch_size)):
     rows = [np.asarray(ex['inputs'])[:-1] if prompt and ex['inputs'][-1] == EOS_ID
             else np.asarray(ex['inputs']) for ex in chunk]
+    # A last batch's filler repeats a prompt: an empty one would start every row's steps at 0.
+    rows += rows[:1] * (batch_size - len(rows))
     tokens, scores = predictor.predict(pad_tokens(rows, input_length, batch_size),
                                        max_decode_length, i)
     for ex, t, s in zip(chunk, tokens, scores):
