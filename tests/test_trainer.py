@@ -266,6 +266,12 @@ def test_a_state_that_reads_without_its_data_position_is_an_error_not_a_fallback
   assert sorted(p.name for p in model_dir.glob('checkpoint_*')) == ['checkpoint_2', 'checkpoint_4']
 
 
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
 @needs_data_layer
 @pytest.mark.slow
 def test_two_processes_train_like_one_and_stop_together(reference, tmp_path, subprocess_train):
@@ -274,9 +280,7 @@ def test_two_processes_train_like_one_and_stop_together(reference, tmp_path, sub
   SIGTERM to process 1 alone stops both after the same step k (jax's preemption sync point), both
   exit with status 0, and ``checkpoint_<k>`` holds both hosts' data positions."""
   _, ref, _ = reference
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    port = s.getsockname()[1]
+  port = _free_port()
   procs = [subprocess_train('process', tmp_path, 1000, port, i) for i in range(2)]
   wait_for_steps(tmp_path, 3, procs)
   procs[1].send_signal(signal.SIGTERM)
@@ -291,26 +295,20 @@ def test_two_processes_train_like_one_and_stop_together(reference, tmp_path, sub
   assert [(data / f'host-0000{i}-of-00002').read_text() for i in range(2)] == [str(k0)] * 2
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
-
-
 @needs_data_layer
 @pytest.mark.slow
 def test_a_data_position_one_process_cannot_read_stops_every_process(tmp_path, subprocess_train):
   """Each process reads its own data position inside orbax's restore, which ends at a barrier of
   all processes. With process 1's file of the newest checkpoint damaged, both processes stop with
   the data-position error, none left waiting at that barrier for the other, nothing moved aside."""
-  procs = [subprocess_train('process', tmp_path, 1000, port, i) for port in [_free_port()]
-           for i in range(2)]
+  port = _free_port()
+  procs = [subprocess_train('process', tmp_path, 1000, port, i) for i in range(2)]
   wait_for_steps(tmp_path, 2, procs)
   procs[1].send_signal(signal.SIGTERM)
   k = [finish(p)['step'] for p in procs][0]
   (tmp_path / f'checkpoint_{k}' / 'data' / 'host-00001-of-00002').write_text('damaged')
-  procs = [subprocess_train('process', tmp_path, k + 3, port, i) for port in [_free_port()]
-           for i in range(2)]
+  port = _free_port()
+  procs = [subprocess_train('process', tmp_path, k + 3, port, i) for i in range(2)]
   for p in procs:
     out = p.communicate(timeout=150)[0]
     assert p.returncode != 0 and 'data position cannot be restored by this run' in out, out[-3000:]

@@ -59,6 +59,13 @@ class ArgumentParser(argparse.ArgumentParser):
     raise SystemExit(2)
 
 
+def _device_ids(text: str) -> List[int]:
+  try:
+    return [int(i) for i in text.split(',')]
+  except ValueError:
+    raise argparse.ArgumentTypeError(f'{text!r} is not a list of GPU ids such as 0,1') from None
+
+
 def parser(prog: str, doc: str, processes: bool = True) -> ArgumentParser:
   """A command's parser with the gin, verbosity and (if ``processes``) multi-process flags."""
   p = ArgumentParser(prog=prog, description=doc.strip().splitlines()[0])
@@ -76,7 +83,7 @@ def parser(prog: str, doc: str, processes: bool = True) -> ArgumentParser:
     p.add_argument('--coordinator_address', default=None, help='HOST:PORT of process 0')
     p.add_argument('--process_count', type=int, default=None)
     p.add_argument('--process_index', type=int, default=None)
-    p.add_argument('--local_device_ids', default=None, metavar='ID[,ID]',
+    p.add_argument('--local_device_ids', default=None, type=_device_ids, metavar='ID[,ID]',
                    help='with --multiprocess_gpu: the GPUs of this process (one process per GPU); '
                         'default: every GPU of the host')
   return p
@@ -158,14 +165,9 @@ def initialize_processes(args):
                if getattr(args, f) is None]
     if missing:
       raise UsageError(f'--multiprocess_gpu needs --{", --".join(missing)}')
-    ids = getattr(args, 'local_device_ids', None)
-    try:
-      ids = None if ids is None else [int(i) for i in ids.split(',')]
-    except ValueError:
-      raise UsageError(f'--local_device_ids={args.local_device_ids}: give GPU ids such as 0,1') from None
     jax.config.update('jax_cpu_collectives_implementation', 'gloo')
     jax.distributed.initialize(args.coordinator_address, args.process_count, args.process_index,
-                               local_device_ids=ids)
+                               local_device_ids=getattr(args, 'local_device_ids', None))
 
 
 # --- gin ---------------------------------------------------------------------------------------

@@ -217,19 +217,21 @@ class TransformerConfig:
     """The rows the data layer builds for this model (features.DATA_ARCHITECTURES)."""
     return 'prefix_lm' if self.prefix_lm else self.architecture
 
+  def stack_features(self, stack: str) -> Tuple[str, ...]:
+    """The task features one row of ``stack`` holds: the encoder's 'inputs', the decoder's
+    'targets', a prefix LM's 'inputs' then 'targets'."""
+    if stack == 'encoder':
+      return ('inputs',)
+    return ('inputs', 'targets') if self.prefix_lm else ('targets',)
+
   @property
   def task_features(self) -> Tuple[str, ...]:
-    """The task features whose lengths make the model's rows: the encoder's 'inputs', the
-    decoder's 'targets', a prefix LM's 'inputs' and 'targets' (one row of both)."""
-    if self.prefix_lm:
-      return ('inputs', 'targets')
-    return tuple({'encoder': 'inputs', 'decoder': 'targets'}[s] for s in self.stacks)
+    """The task features whose lengths make the model's rows."""
+    return tuple(dict.fromkeys(f for s in self.stacks for f in self.stack_features(s)))
 
   def stack_length(self, stack: str, lengths: Dict[str, int]) -> int:
     """The length of ``stack``'s rows for task feature ``lengths``."""
-    if stack == 'encoder':
-      return lengths['inputs']
-    return lengths['targets'] + (lengths['inputs'] if self.prefix_lm else 0)
+    return sum(lengths[f] for f in self.stack_features(stack))
 
   def num_layers(self, stack: str) -> int:
     return self.num_encoder_layers if stack == 'encoder' else self.num_decoder_layers

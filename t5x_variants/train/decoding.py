@@ -170,7 +170,9 @@ def decode(model, config, params, *, encoder_input_tokens=None, prompt_tokens=No
   start = 0
   if config.architecture == 'decoder_only':  # the prompts fill the cache in one pass
     rows = jnp.repeat(lengths, beams)
-    visible = (jnp.arange(prompt_len)[None] < rows[:, None]).astype(jnp.int32) if config.prefix_lm else None
+    visible = None
+    if config.prefix_lm:  # the prompt fully visible, as in training
+      visible = (jnp.arange(prompt_len)[None] < rows[:, None]).astype(jnp.int32)
     cache = run({**variables, 'cache': cache}, jnp.repeat(prompt, beams, 0), decode=True,
                 decoder_causal_attention=visible, prefill_lengths=rows, mutable=['cache'])[1]['cache']
     start = jnp.min(lengths) - 1

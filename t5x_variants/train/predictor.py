@@ -122,19 +122,28 @@ class Predictor:
                'decoder_loss_weights': (targets != PAD_ID).astype(np.int32)}
     elif self.config.architecture == 'decoder_only':
       # A prefix LM's inputs keep their EOS and are fully visible up to the position reading it.
-      prompts = [until_eos(p, keep_eos=self.config.prefix_lm) for p in inputs]
+      prompts = [until_eos(p, keep_eos=not continues_text(self.config)) for p in inputs]
       rows = [np.asarray(p + until_eos(t, keep_eos=True), np.int32) for p, t in zip(prompts, targets)]
       sequences = pad_tokens(rows, inputs.shape[1] + targets.shape[1], n)
       positions = np.arange(sequences.shape[1])
-      weights = np.stack([(len(p) <= positions) & (positions < len(r)) for p, r in zip(prompts, rows)])
+      weights = np.stack([(len(p) <= positions) & (positions < len(r))
+                          for p, r in zip(prompts, rows)])
       batch = {'decoder_target_tokens': sequences, 'decoder_loss_weights': weights.astype(np.int32)}
       if self.config.prefix_lm:
-        batch['decoder_causal_attention'] = np.stack([positions <= len(p) for p in prompts]).astype(np.int32)
+        batch['decoder_causal_attention'] = np.stack(
+            [positions <= len(p) for p in prompts]).astype(np.int32)
     else:
       raise ValueError('an encoder-only (MLM) model does not score continuations; evaluate it teacher-forced')
     batch['decoder_input_tokens'] = np.pad(batch['decoder_target_tokens'], ((0, 0), (1, 0)))[:, :-1]
     batch = partitioning.global_batch(partitioning.host_rows(batch, self.mesh), self.mesh)
     return partitioning.to_host(self._log_likelihood(self.params, batch))[:n]
+
+
+def continues_text(config: TransformerConfig) -> bool:
+  """Whether the model continues its inputs as text (a decoder-only language model: prompted
+  without their EOS) rather than reading them whole, EOS included, as trained (an encoder, a
+  prefix LM)."""
+  return config.architecture == 'decoder_only' and not config.prefix_lm
 
 
 def until_eos(tokens, keep_eos: bool = False) -> list:
@@ -205,10 +214,10 @@ def decode_examples(predictor: Predictor, vocab, examples: List[dict], input_len
   """Adds 'prediction' (text by ``vocab.decode``), 'prediction_ids' and 'score' to each example
   (which has 'inputs' token ids; a decoder-only language model continues them as a prompt,
   without their EOS; a prefix LM reads them with it, as in training)."""
-  prompt = predictor.config.architecture == 'decoder_only' and not predictor.config.prefix_lm
+  strip = continues_text(predictor.config)
   out = []
   for i, chunk in enumerate(_chunks(examples, batch_size)):
-    rows = [np.asarray(ex['inputs'])[:-1] if prompt and ex['inputs'][-1] == EOS_ID
+    rows = [np.asarray(ex['inputs'])[:-1] if strip and ex['inputs'][-1] == EOS_ID
             else np.asarray(ex['inputs']) for ex in chunk]
     # A last batch's filler repeats a prompt: an empty one would start every row's steps at 0.
     rows += rows[:1] * (batch_size - len(rows))
