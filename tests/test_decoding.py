@@ -1,5 +1,6 @@
 """Cached decoding against full forward passes (no cache): greedy, sampling, beam search
 (exhaustive on a tiny problem), EOS padding, scanned vs unrolled caches, and jit."""
+import dataclasses
 import functools
 import itertools
 
@@ -10,6 +11,7 @@ import pytest
 
 from conftest import init_params, jit_apply, tiny, tokens
 from test_models import _unstack_layers
+from t5x_variants.models import build_model
 from t5x_variants.train.decoding import decode, filter_logits
 
 # 'prefix_lm': the decoder-only model with its prompt fully visible (filled into the cache at once).
@@ -226,6 +228,23 @@ def test_the_steps_start_at_the_shortest_prompts_last_token(arch, method):
   got, scores = run(s.model, s.config, s.params, prompt_tokens=jnp.asarray(PROMPT[:3]), **kw)
   np.testing.assert_array_equal(got, want[:3])
   np.testing.assert_allclose(scores, want_scores[:3], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('method', ['greedy', 'beam'])
+def test_a_language_model_of_inputs_then_targets_decodes_as_the_causal_lm(method):
+  """T5's 'language model' (the prefix LM's rows, read causally) fills its cache causally: it
+  decodes as the plain causal LM with the same parameters, where the prefix LM does not."""
+  s = setup('decoder_only')
+  kw = dict(max_decode_length=M, method=method, num_beams=3)
+  want, want_scores = s.decode(**kw)
+  for bidirectional in (False, True):
+    c = dataclasses.replace(s.config, prefix_lm=True, inputs_bidirectional_attention=bidirectional)
+    got, scores = run(build_model(c), c, s.params, **s.inputs, **kw)
+    if bidirectional:  # the prompt seen whole: other log-probabilities
+      assert not np.allclose(scores, want_scores, rtol=1e-3)
+    else:
+      np.testing.assert_array_equal(got, want)
+      np.testing.assert_allclose(scores, want_scores, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize('prefix_lm', [False, True])

@@ -71,6 +71,15 @@ def test_the_prefix_lm_file_makes_a_decoder_only_model_read_inputs_then_targets(
   assert c.stack_length('decoder', {'inputs': 512, 'targets': 114}) == 626
   plain = dataclasses.replace(c, prefix_lm=False)
   assert (plain.data_architecture, plain.task_features) == ('decoder_only', ('targets',))
+  assert c.visible_prefix
+
+
+def test_the_language_model_file_reads_the_prefix_lms_rows_causally():
+  gin_utils.parse_gin(['gin/models/t5_tiny.gin', 'gin/architectures/language_model.gin'], [])
+  c = gin_utils.build_config()
+  assert (c.architecture, c.data_architecture, c.task_features, c.visible_prefix) == (
+      'decoder_only', 'prefix_lm', ('inputs', 'targets'), False)
+  assert c.stack_length('decoder', {'inputs': 512, 'targets': 114}) == 626
 
 
 def test_base_geglu_uses_d_ff_2048_and_relu_3072():
@@ -111,6 +120,9 @@ def test_t5xv_info_prints_table_constants_and_total(capsys):
     (['--gin.TransformerConfig.num_encoder_layers=2.5'], 'num_encoder_layers must be a non-negative integer'),
     (['--gin.TransformerConfig.prefix_lm=True'], "prefix_lm is a decoder-only model's mask; architecture "
                                                  "is 'encoder_decoder' (gin/architectures/prefix_lm.gin sets both)"),
+    (['--gin.TransformerConfig.inputs_bidirectional_attention=False'],
+     'inputs_bidirectional_attention=False is for a model reading inputs then targets (prefix_lm=True; '
+     'gin/architectures/language_model.gin sets both)'),
     # With a run file: the trainer's configurables are checked; only the data layer's are skipped.
     (['--gin_file=gin/runs/pretrain.gin', '--gin.train.z_los=1'], "doesn't have a parameter named 'z_los'"),
     (['--gin_file=gin/runs/pretrain.gin', '--gin.Transformer.d_model=8'], "No configurable matching 'Transformer'"),

@@ -125,6 +125,24 @@ def test_a_prefix_lm_sees_its_whole_prefix_and_no_later_target():
                              apply({'params': params}, dec), rtol=1e-6, atol=1e-6)
 
 
+def test_a_language_model_of_inputs_then_targets_reads_its_inputs_causally():
+  """T5's 'language model' row (Table 2): the prefix LM's rows, fully causal. The prefix feature
+  changes nothing (an input token never reaches the outputs before it) and the outputs are the
+  plain causal LM's with the same parameters."""
+  c = tiny(architecture='decoder_only', prefix_lm=True, inputs_bidirectional_attention=False,
+           decoder_max_length=L)
+  dec = tokens(2, L)
+  prefix = jnp.asarray([[1] * 4 + [0] * 4, [1] * 2 + [0] * 6])
+  model, params = init_params(c, dec)
+  apply = jit_apply(model)
+  a = apply({'params': params}, dec, None, None, prefix)
+  b = apply({'params': params}, dec.at[:, 3].set(7), None, None, prefix)
+  np.testing.assert_allclose(a[:, :3], b[:, :3], rtol=1e-6, atol=1e-6)
+  assert not np.allclose(a[:, 3], b[:, 3])
+  causal_lm = jit_apply(build_model(tiny(architecture='decoder_only', decoder_max_length=L)))
+  np.testing.assert_allclose(a, causal_lm({'params': params}, dec), rtol=1e-6, atol=1e-6)
+
+
 def test_packed_prefix_lm_rows_equal_separate_rows():
   """seqio's packed prefix LM rows: each segment's prefix is fully visible to itself only."""
   c = tiny(architecture='decoder_only', prefix_lm=True, decoder_max_length=L)

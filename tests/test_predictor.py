@@ -84,10 +84,11 @@ def test_infer_and_eval_prompt_a_decoder_only_model_on_a_language_modelling_task
   assert 7.5 < metrics['continuation_log_perplexity'] < 9.5 and metrics['continuation_exact_match'] == 0.0
 
 
-@pytest.mark.parametrize('prefix_lm', [False, True])
-def test_a_prefix_lm_is_prompted_with_its_inputs_eos_a_language_model_without(prefix_lm):
+@pytest.mark.parametrize('prefix_lm, bidirectional', [(False, True), (True, True), (True, False)])
+def test_a_prefix_lm_is_prompted_with_its_inputs_eos_a_language_model_without(prefix_lm, bidirectional):
   """A prefix LM's training rows hold the inputs with their EOS (seqio's PrefixLMFeatureConverter);
-  a language model continues the text itself, so its prompt leaves the EOS out. A last batch is
+  a language model continues the text itself, so its prompt leaves the EOS out; one trained on
+  the prefix LM's rows with causal inputs (T5's 'language model') read them with it too. A last batch is
   filled with a real prompt, not an empty one (which would start decoding at step 0)."""
   from types import SimpleNamespace  # pylint: disable=g-import-not-at-top
   from t5x_variants.train.predictor import decode_examples  # pylint: disable=g-import-not-at-top
@@ -96,7 +97,8 @@ def test_a_prefix_lm_is_prompted_with_its_inputs_eos_a_language_model_without(pr
   def predict(tokens, max_decode_length, batch_index):
     seen.append(tokens)
     return np.zeros((len(tokens), max_decode_length), np.int32), np.zeros(len(tokens))
-  fake = SimpleNamespace(config=tiny(architecture='decoder_only', prefix_lm=prefix_lm), predict=predict)
+  fake = SimpleNamespace(config=tiny(architecture='decoder_only', prefix_lm=prefix_lm,
+                                     inputs_bidirectional_attention=bidirectional), predict=predict)
   vocab = SimpleNamespace(decode=lambda ids: '')
   decode_examples(fake, vocab, [{'inputs': np.asarray([5, 6, EOS_ID])}], 4, 3, 2)
   row = [5, 6, EOS_ID, 0] if prefix_lm else [5, 6, 0, 0]

@@ -89,6 +89,9 @@ class TransformerConfig:
       position that reads their last token) and causal after them, the loss on the targets only
       (seqio's PrefixLMFeatureConverter); it trains and is prompted on tasks with inputs. Its
       relative position buckets stay one-directional, as T5X's decoder-only model has them.
+    inputs_bidirectional_attention: with ``prefix_lm``, whether the inputs are fully visible (the
+      prefix LM) or read causally like the targets: T5's "language model" on the inputs then the
+      targets (Table 2), the same rows and loss (T5X's DecoderOnlyModel argument of this name).
   """
   architecture: str = 'encoder_decoder'
   vocab_size: int = 32128
@@ -136,6 +139,7 @@ class TransformerConfig:
   attention_kernel: str = 'auto'
   dtype: str = 'float32'
   prefix_lm: bool = False
+  inputs_bidirectional_attention: bool = True
 
   def remat_policy(self, platform: str) -> str:
     """The remat that runs on ``platform`` ('cpu', 'gpu', 'tpu'). 'auto': 'full' on a GPU with
@@ -162,6 +166,9 @@ class TransformerConfig:
     if self.prefix_lm and self.architecture != 'decoder_only':
       raise ValueError(f"prefix_lm is a decoder-only model's mask; architecture is {self.architecture!r}"
                        " (gin/architectures/prefix_lm.gin sets both)")
+    if not self.inputs_bidirectional_attention and not self.prefix_lm:
+      raise ValueError('inputs_bidirectional_attention=False is for a model reading inputs then '
+                       'targets (prefix_lm=True; gin/architectures/language_model.gin sets both)')
     for name in ('dropout_rate', 'attention_dropout_rate', 'activation_dropout_rate'):
       rate = getattr(self, name)
       if rate is not None and not 0.0 <= rate < 1.0:
@@ -216,6 +223,11 @@ class TransformerConfig:
   def data_architecture(self) -> str:
     """The rows the data layer builds for this model (features.DATA_ARCHITECTURES)."""
     return 'prefix_lm' if self.prefix_lm else self.architecture
+
+  @property
+  def visible_prefix(self) -> bool:
+    """Whether a decoder-only row's inputs are fully visible (T5's prefix LM)."""
+    return self.prefix_lm and self.inputs_bidirectional_attention
 
   def stack_features(self, stack: str) -> Tuple[str, ...]:
     """The task features one row of ``stack`` holds: the encoder's 'inputs', the decoder's

@@ -17,7 +17,10 @@ class DecoderOnly(LanguageModel):
     """Logits (batch, length, vocab). With ``decode=True`` after cache init, one step, or with
     ``prefill_lengths`` (batch,) the prompts filling the cache at once (models/stack.py).
     ``decoder_causal_attention`` (batch, length): 1 where a prefix LM's mask is fully visible
-    (Raffel et al. 2020, Fig. 3: query i sees key j when j <= i, or when both are in the prefix)."""
+    (Raffel et al. 2020, Fig. 3: query i sees key j when j <= i, or when both are in the prefix);
+    a model whose inputs are causal (``inputs_bidirectional_attention`` False) ignores it."""
+    if not self.config.inputs_bidirectional_attention:
+      decoder_causal_attention = None
     positions = default_positions(decoder_input_tokens, decoder_positions)
     index = token_index(decoder_input_tokens)
     mask = causal_mask(index, index)

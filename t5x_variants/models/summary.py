@@ -33,7 +33,9 @@ def param_rows(params) -> List[Tuple[str, Tuple[int, ...], Tuple[str, ...], int]
 def variant_summary(config: TransformerConfig) -> List[str]:
   c = config
   gain_name = {'deepnorm': 'beta', 'subln': 'gamma'}.get(c.placement, 'gain')
-  lines = [f'architecture: {c.architecture}{" (prefix LM: inputs fully visible)" * c.prefix_lm}',
+  rows = (' (prefix LM: inputs fully visible)' if c.visible_prefix else
+          ' (inputs then targets, causal)' if c.prefix_lm else '')
+  lines = [f'architecture: {c.architecture}{rows}',
            f'layers: encoder={c.num_encoder_layers if "encoder" in c.stacks else 0} '
            f'decoder={c.num_decoder_layers if "decoder" in c.stacks else 0}',
            f'd_model={c.d_model} heads={c.num_heads} head_dim={c.head_dim} vocab={c.vocab_size}',

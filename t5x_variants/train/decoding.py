@@ -4,7 +4,7 @@ Every method runs the decoder one token per step through the KV cache. The encod
 from token 0. A decoder-only model reads token 0 and then its prompt (right-padded with 0), as its
 training sequences are shifted right behind a 0, so a row with an n-token prompt emits its first
 token at step n: the prompts first fill the cache in one pass (T5X's prefill; a prefix LM's
-(``TransformerConfig.prefix_lm``) fully visible, as in training), and the steps start at the
+(``TransformerConfig.visible_prefix``) fully visible, as in training), and the steps start at the
 shortest prompt's last token. Rows advance in lockstep (the cache has one position counter): a
 longer prompt is fed on, forced, while its prefilled keys and values stay as they are, and each
 row ignores the steps outside its own window.
@@ -171,7 +171,7 @@ def decode(model, config, params, *, encoder_input_tokens=None, prompt_tokens=No
   if config.architecture == 'decoder_only':  # the prompts fill the cache in one pass
     rows = jnp.repeat(lengths, beams)
     visible = None
-    if config.prefix_lm:  # the prompt fully visible, as in training
+    if config.visible_prefix:  # the prompt fully visible, as in training
       visible = (jnp.arange(prompt_len)[None] < rows[:, None]).astype(jnp.int32)
     cache = run({**variables, 'cache': cache}, jnp.repeat(prompt, beams, 0), decode=True,
                 decoder_causal_attention=visible, prefill_lengths=rows, mutable=['cache'])[1]['cache']

@@ -129,7 +129,7 @@ class Predictor:
       weights = np.stack([(len(p) <= positions) & (positions < len(r))
                           for p, r in zip(prompts, rows)])
       batch = {'decoder_target_tokens': sequences, 'decoder_loss_weights': weights.astype(np.int32)}
-      if self.config.prefix_lm:
+      if self.config.visible_prefix:
         batch['decoder_causal_attention'] = np.stack(
             [positions <= len(p) for p in prompts]).astype(np.int32)
     else:
