@@ -140,7 +140,7 @@ def _finetune_on_local_sst2(pretrained, tmp_path):
           '--gin.train.eval_period=0', '--gin.Checkpointer.period=30',
           '--gin.learning_rate_schedule.base=0.01', "--gin.make_optimizer.frozen=['token_embedder']", env=env)
   first = records(run_dir, 'train')[0]
-  assert first['step'] == 10  # a fresh step count: parameters only came from the checkpoint
+  assert first['step'] == 10  # the fine-tuning steps count from 0
   command('t5xv-eval', f'--gin_file={run_dir}/config.gin', '--gin_file=gin/runs/eval.gin',
           f"--gin.CHECKPOINT_PATH='{run_dir}'", env=env)
   metrics = json.loads(open(os.path.join(run_dir, 'eval_results.json')).read())['validation']['30']['glue_sst2_local']

@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 from conftest import needs_data_layer, tiny
-from t5x_variants.train import checkpoints, trainer
+from t5x_variants import path_keys
+from t5x_variants.train import checkpoints, optimizer, trainer
 from train_helpers import StepBatches, records_of as records, run_train, saved_state, train_losses
 
 SCRIPT = os.path.join(os.path.dirname(__file__), 'trainer_subprocess.py')
@@ -227,6 +228,70 @@ def test_a_checkpoint_of_other_optimizer_settings_is_an_error_not_a_restart(refe
                            r'nothing, this run'):
     run_train(model_dir, 6)
   assert sorted(p.name for p in model_dir.glob('checkpoint_*')) == ['checkpoint_2', 'checkpoint_4']
+
+
+def _batches_after(step):
+  """StepBatches from step ``step`` + 1 on (a fine-tuning run's data, here the pretraining's)."""
+  def batches():
+    data = StepBatches()
+    data.position = step
+    return data
+  return batches
+
+
+def test_fine_tuning_with_init_optimizer_goes_on_with_the_pretrained_optimizer_state(
+    reference, tmp_path):
+  """``train.init_optimizer`` (T5X's fine-tuning): from checkpoint 2 of the reference run, 2
+  steps on its batches 3 and 4 log its losses of steps 3 and 4 (Adafactor's statistics and their
+  step count go on; the constant schedule is the same at any count), at steps 1 and 2; its
+  parameters only (a fresh Adafactor) give other losses. With the embeddings frozen it reads the
+  rest of the statistics."""
+  ref_dir, ref, _ = reference
+  init = str(ref_dir / 'checkpoint_2')
+  run_train(tmp_path / 'ft', 2, batches=_batches_after(2), init_checkpoint=init, init_optimizer=True)
+  np.testing.assert_allclose([train_losses(tmp_path / 'ft')[s] for s in (1, 2)], [ref[3], ref[4]],
+                             rtol=1e-6)
+  want, got = saved_state(ref_dir / 'checkpoint_4'), saved_state(tmp_path / 'ft' / 'checkpoint_2')
+  jax.tree_util.tree_map(functools.partial(np.testing.assert_allclose, rtol=1e-6, atol=1e-7),
+                         got['params'], want['params'])
+  run_train(tmp_path / 'fresh', 2, batches=_batches_after(2), init_checkpoint=init)
+  assert not np.allclose(train_losses(tmp_path / 'fresh')[2], ref[4], rtol=1e-4)
+  assert _counts(got) == {2, 4}  # the schedule's count from 0, Adafactor's from the pretraining's 2
+  gin.bind_parameter('make_optimizer.frozen', ['token_embedder'])
+  run_train(tmp_path / 'frozen', 1, batches=_batches_after(2), init_checkpoint=init, init_optimizer=True)
+  frozen = saved_state(tmp_path / 'frozen' / 'checkpoint_1')
+  assert _counts(frozen) == {1, 3}
+  np.testing.assert_array_equal(frozen['params']['token_embedder']['embedding'],
+                                saved_state(init)['params']['token_embedder']['embedding'])
+
+
+def _counts(state):
+  """The distinct step counts in a saved optimizer state (optax's 'count' fields)."""
+  return {int(np.max(x)) for p, x in jax.tree_util.tree_leaves_with_path(state['opt_state'])
+          if path_keys(p)[-1] == 'count'}
+
+
+def test_init_optimizer_from_parameters_only_starts_fresh_from_another_optimizer_is_an_error(
+    reference, tmp_path, caplog):
+  """A checkpoint of parameters only (t5xv-import's) starts a fresh optimizer state, saying so;
+  one of another optimizer (Adam's moments where this run keeps Adafactor's) is one error naming
+  a statistic and the setting that starts from its parameters alone."""
+  ref_dir, ref, _ = reference
+  params_only = tmp_path / 'imported'
+  ckpt = checkpoints.Checkpointer(str(params_only), async_save=False)
+  ckpt.save(0, {'params': saved_state(ref_dir / 'checkpoint_2')['params']}, force=True)
+  ckpt.close()
+  with caplog.at_level('INFO'):
+    run_train(tmp_path / 'ft', 1, batches=_batches_after(2), init_checkpoint=str(params_only),
+              init_optimizer=True)
+  assert 'holds parameters only: the optimizer state starts fresh' in caplog.text
+  gin.bind_parameter('make_optimizer.optimizer', optimizer.adam)
+  run_train(tmp_path / 'adam', 1)
+  gin.bind_parameter('make_optimizer.optimizer', optimizer.adafactor)
+  with pytest.raises(checkpoints.CheckpointError, match=r'holds no opt_state/.* of shape .* \(saved: nothing\): .*'
+                     r'--gin.train.init_optimizer=False'):
+    run_train(tmp_path / 'ft2', 1, init_checkpoint=str(tmp_path / 'adam'), init_optimizer=True)
+  assert not list((tmp_path / 'ft2').glob('checkpoint_*'))
 
 
 def test_readable_parameters_with_an_unreadable_optimizer_state_are_damaged_not_another_run(

@@ -17,6 +17,7 @@ import gin
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
+import optax
 import orbax.checkpoint as ocp
 from etils import epath
 
@@ -437,3 +438,43 @@ def restore_params(path: str, abstract_params, fresh: Sequence[str] = ()):
       raise CheckpointError(f'cannot read the parameters of {path}: {e}. Is it a checkpoint of '
                             f'the same model configuration?') from e
   return restored['params']
+
+
+def restore_state(path: str, abstract_state):
+  """A checkpoint's parameters and optimizer state, laid out as ``abstract_state`` says (fine-
+  tuning as T5 and T5X start it: Adafactor's statistics and their step count go on from the
+  pretrained run); None if the checkpoint holds parameters only (t5xv-import's). Every statistic
+  this run's optimizer keeps must be saved with its shape (a path this run freezes keeps none, so a
+  checkpoint with more reads); else a CheckpointError names the first one missing. The
+  learning-rate schedules' counts are set to the state's step, 0: the schedule counts the
+  fine-tuning steps, as ``TRAIN_STEPS`` does."""
+  path = checkpoint_path(path)
+  try:
+    tree = _saved_tree(path)
+  except Exception as e:
+    raise CheckpointError(f'cannot read the state of {path}: {error_reason(e)}') from e
+  if 'opt_state' not in tree:
+    return None
+  saved = _shapes(tree)
+  target = ocp.tree.serialize_tree(abstract_state, keep_empty_nodes=True)
+  for k, x in ocp.tree.to_flat_dict(target).items():
+    name = '/'.join(map(str, k))
+    if hasattr(x, 'shape') and saved.get(name) != tuple(x.shape):
+      raise CheckpointError(
+          f'{path} holds no {name} of shape {tuple(x.shape)} (saved: {saved.get(name, "nothing")}): '
+          'it is of another model or optimizer. Start from its parameters alone with '
+          '--gin.train.init_optimizer=False')
+  restore_args = jax.tree_util.tree_map(
+      lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding, global_shape=x.shape, dtype=x.dtype), target)
+  with ocp.PyTreeCheckpointer() as ckptr:
+    try:
+      restored = ckptr.restore(path / 'state', args=ocp.args.PyTreeRestore(
+          item=target, restore_args=restore_args, partial_restore=True))
+    except Exception as e:
+      raise CheckpointError(f'cannot read the state of {path} ({error_reason(e)}): is it damaged?') from e
+  state = ocp.tree.deserialize_tree(restored, abstract_state, keep_empty_nodes=True)
+  state = state.replace(step=state.step * 0)
+  is_schedule = lambda x: isinstance(x, optax.ScaleByScheduleState)
+  return state.replace(opt_state=jax.tree_util.tree_map(
+      lambda s: s._replace(count=s.count * 0) if is_schedule(s) else s,
+      state.opt_state, is_leaf=is_schedule))

@@ -5,10 +5,10 @@ array over the mesh -> the jitted, sharded train step -> metrics; on their perio
 (``metrics.jsonl``, TensorBoard, console; ``meter.py``), checkpoint, teacher-forced eval; and a
 preemption check (``preemption.py``). At start it resumes from the newest readable checkpoint in
 ``model_dir`` (state and data position, onto whatever mesh this run has), or starts from
-``init_checkpoint``'s parameters (fine-tuning: fresh optimizer state), or from scratch. SIGTERM /
-SIGINT save a checkpoint and return; a non-finite loss is skipped or stops the run, as
-``on_nonfinite`` says, and ``max_skipped_in_a_row`` skipped steps in a row, or a run that applied
-no update at all, stop it with an error (``NonFiniteGuard``).
+``init_checkpoint``'s parameters (fine-tuning; with ``init_optimizer`` its optimizer state too),
+or from scratch. SIGTERM / SIGINT save a checkpoint and return; a non-finite loss is skipped or
+stops the run, as ``on_nonfinite`` says, and ``max_skipped_in_a_row`` skipped steps in a row, or
+a run that applied no update at all, stop it with an error (``NonFiniteGuard``).
 
 The loop dispatches step N+1 before it reads step N's metrics (the step runs asynchronously), so
 an accelerator is never idle while the host logs or fetches the next batch; the non-finite skip
@@ -116,13 +116,21 @@ class ShardedModel:
     return cls(config, mesh, model, layout, schedule, rng, inputs)
 
   def restore_or_init(self, ckpt: checkpoints.Checkpointer, data, model_dir: str,
-                      init_checkpoint: Optional[str]):
+                      init_checkpoint: Optional[str], init_optimizer: bool):
     """(state, step): the newest readable checkpoint's (and ``data``'s position), else step 0
-    with ``init_checkpoint``'s parameters and a fresh optimizer state, else a fresh state."""
+    from ``init_checkpoint``: its parameters, and with ``init_optimizer`` its optimizer state
+    where it has one (``checkpoints.restore_state``), else a fresh optimizer state; else a fresh
+    state."""
     restored = ckpt.restore_latest(self.layout.abstract, data)
     if restored:
       log.info('resumed from step %d in %s', restored[1], model_dir)
       return restored
+    if init_checkpoint and init_optimizer:
+      state = checkpoints.restore_state(init_checkpoint, self.layout.abstract)
+      if state is not None:
+        log.info('starting from the parameters and optimizer state of %s', init_checkpoint)
+        return state, 0
+      log.info('%s holds parameters only: the optimizer state starts fresh', init_checkpoint)
     params = (checkpoints.restore_params(init_checkpoint, self.layout.abstract.params,
                                          fresh=fresh_head_params(self.config))
               if init_checkpoint else None)
@@ -346,8 +354,8 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
           loss_normalizing_factor='num_tokens', on_nonfinite: str = 'skip',
           max_skipped_in_a_row: int = 20,
           log_period: int = 100, eval_period: int = 1000, eval_batches: Optional[int] = None,
-          eval_at_start: bool = False, init_checkpoint: Optional[str] = None, seed: int = 0,
-          diagnostics_period: int = 0):
+          eval_at_start: bool = False, init_checkpoint: Optional[str] = None,
+          init_optimizer: bool = False, seed: int = 0, diagnostics_period: int = 0):
   """Trains to ``total_steps``; returns the last logged train metrics (with 'step').
 
   ``train_data()``: this host's iterator of numpy batches (with ``save``/``restore`` to make the
@@ -358,6 +366,9 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
   when the config has any dropout. The optimizer and schedule are the gin-bound
   ``make_optimizer`` and ``learning_rate_schedule``. ``diagnostics_period`` > 0 logs the
   per-layer diagnostics of ``train/diagnostics.py`` at step 0 and every that many steps.
+  ``init_checkpoint``: a run with no checkpoint of its own starts from that one's parameters
+  (fine-tuning), and with ``init_optimizer`` from its optimizer state too, as T5X does (a
+  checkpoint of parameters only still starts a fresh one); its steps count from 0.
   ``eval_at_start``: a fresh run also evaluates its initial parameters, at step 0 (the initial
   loss of a learning-rate sensitivity, ``sweeps/stability.py``). Whatever it is, a run resumed at
   an eval step whose eval was lost to a stop evaluates that step first.
@@ -368,7 +379,7 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
   sharded = ShardedModel.build(config, mesh or partitioning.MeshConfig(), seed)
   data = train_data()  # first: missing data is one error before the run directory exists
   ckpt = checkpoints.Checkpointer(model_dir)
-  state, start = sharded.restore_or_init(ckpt, data, model_dir, init_checkpoint)
+  state, start = sharded.restore_or_init(ckpt, data, model_dir, init_checkpoint, init_optimizer)
   _write_run_files(model_dir, config, files or {})  # after restoring: a refused resume keeps them
   loss = dict(label_smoothing=label_smoothing, z_loss=z_loss,
               loss_normalizing_factor=loss_normalizing_factor)
