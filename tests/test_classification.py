@@ -17,7 +17,7 @@ import pytest
 from t5x_variants.data import metrics
 from t5x_variants.models import build_model, init_inputs
 from t5x_variants.models import flops, losses
-from t5x_variants.train import checkpoints, evaluation, partitioning
+from t5x_variants.train import checkpoints, evaluation, partitioning, pretrained
 from conftest import NO_DATA_LAYER, init_params, jit_apply, tiny, tokens
 from train_helpers import save_fresh_state
 from test_glue import glue_dir  # noqa: F401  (the local GLUE files fixture)
@@ -190,15 +190,15 @@ def test_finetuning_from_an_mlm_checkpoint(tmp_path, caplog):
   assert ('initialised fresh: classifier/kernel, pooler/kernel; not used (dropped): logits_dense/kernel, '
           'mlm_norm/scale, mlm_transform/kernel') in caplog.text
   abstract = _abstract(CLS)
-  step0 = _flat(checkpoints.restore_params(str(tmp_path / 'ft' / 'checkpoint_0'), abstract))
+  step0 = _flat(pretrained.restore_params(str(tmp_path / 'ft' / 'checkpoint_0'), abstract))
   fresh = _flat(nn.unbox(build_model(CLS).init(jax.random.PRNGKey(0), *init_inputs(CLS))['params']))
-  pretrained = _flat(mlm)
+  mlm_params = _flat(mlm)
   assert set(step0) == set(fresh) and not any(k.startswith('mlm') for k in step0)
   for k, v in step0.items():
     if k.startswith(('pooler', 'classifier')):
       np.testing.assert_allclose(v, fresh[k], rtol=1e-6, atol=1e-7, err_msg=k)  # a seed-0 init
     else:
-      np.testing.assert_array_equal(v, pretrained[k], err_msg=k)
+      np.testing.assert_array_equal(v, mlm_params[k], err_msg=k)
       if k.endswith(('kernel', 'embedding')):  # the checkpoint's, not a fresh initialisation
         assert not np.array_equal(v, fresh[k]), k
   # Resumed from checkpoint_0: ten steps on the toy batch, then an eval with the task's metrics.
@@ -217,9 +217,9 @@ def test_a_checkpoint_of_another_model_is_refused(tmp_path):
   save_fresh_state(dataclasses.replace(MLM, d_ff=48), tmp_path, seed=0)
   abstract = _abstract(CLS)
   with pytest.raises(checkpoints.CheckpointError, match='another model .*encoder/.*saved .*48'):
-    checkpoints.restore_params(str(tmp_path), abstract, fresh=('pooler', 'classifier'))
+    pretrained.restore_params(str(tmp_path), abstract, fresh=('pooler', 'classifier'))
   with pytest.raises(checkpoints.CheckpointError, match='another model .*classifier/kernel'):
-    checkpoints.restore_params(str(tmp_path), abstract)  # nothing may be fresh: Predictor.load
+    pretrained.restore_params(str(tmp_path), abstract)  # nothing may be fresh: Predictor.load
 
 
 # --- evaluation with GLUE metrics ------------------------------------------------------------

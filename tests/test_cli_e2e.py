@@ -327,7 +327,7 @@ def test_eval_all_skips_a_checkpoint_removed_after_listing(vanished, tmp_path, m
   evaluated. A checkpoint that is still there but cannot be read stops the evaluation as before."""
   from conftest import tiny  # pylint: disable=g-import-not-at-top
   from t5x_variants.cli import common  # pylint: disable=g-import-not-at-top
-  from t5x_variants.train import checkpoints  # pylint: disable=g-import-not-at-top
+  from t5x_variants.train import checkpoints, pretrained  # pylint: disable=g-import-not-at-top
   from test_schedules_and_checkpoints import state  # pylint: disable=g-import-not-at-top
   common.import_data_layer()
   run = tmp_path / 'run'
@@ -341,7 +341,7 @@ def test_eval_all_skips_a_checkpoint_removed_after_listing(vanished, tmp_path, m
       del config, kwargs
 
     def load(self, path):
-      self.params = checkpoints.restore_params(path, state(0).params)
+      self.params = pretrained.restore_params(path, state(0).params)
       return self
 
   listing = checkpoints.list_checkpoints

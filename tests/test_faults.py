@@ -21,7 +21,7 @@ import pytest
 from conftest import needs_data_layer, tiny
 from t5x_variants.cli import eval as eval_cli
 from t5x_variants.sweeps.runs import read_run
-from t5x_variants.train import checkpoints
+from t5x_variants.train import checkpoints, pretrained
 from train_helpers import StepBatches, eval_batches, run_train, saved_state, train_losses
 from test_trainer import finish, subprocess_train, wait_for_steps  # noqa: F401 (a fixture)
 
@@ -228,7 +228,7 @@ def test_eval_all_beside_a_training_run_never_reads_a_half_written_checkpoint(
       del config, kwargs
 
     def load(self, path):
-      self.params = checkpoints.restore_params(path, abstract)
+      self.params = pretrained.restore_params(path, abstract)
       return self
 
   monkeypatch.setattr(eval_cli, 'Predictor', Params)

@@ -18,7 +18,7 @@ from conftest import jit_apply, needs_data_layer, tiny
 from t5x_variants.cli import hf as hf_cli
 from t5x_variants.models import build_model, hf_t5
 from t5x_variants.models.config import TransformerConfig
-from t5x_variants.train import checkpoints
+from t5x_variants.train import checkpoints, pretrained
 from t5x_variants.train.decoding import decode
 
 D_KV = 16  # sqrt(16) = 4: the attention scale multiplies and divides exactly
@@ -60,7 +60,7 @@ def hf_logits(model, inputs=INPUTS, decoder=DECODER):
 
 def our_logits(run_dir, inputs=INPUTS, decoder=DECODER):
   config = run_config(run_dir)
-  params = checkpoints.read_on_host(str(run_dir))
+  params = pretrained.read_on_host(str(run_dir))
   return np.asarray(jit_apply(build_model(config))({'params': params}, jnp.asarray(inputs),
                                                    jnp.asarray(decoder))), config, params
 
@@ -94,7 +94,7 @@ def test_import_then_export_give_transformers_logits(ffn, tied, tmp_path):
   exported = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path / 'out').eval()
   assert_logits_close(hf_logits(exported), ours)
   hf_cli.import_checkpoint(str(tmp_path / 'out'), str(tmp_path / 'again'))
-  again = checkpoints.read_on_host(str(tmp_path / 'again'))
+  again = pretrained.read_on_host(str(tmp_path / 'again'))
   jax.tree_util.tree_map(np.testing.assert_array_equal, again, params)
   assert {x.dtype for x in jax.tree_util.tree_leaves(again)} == {np.dtype(np.float32)}  # not float64
   if ffn == 'relu':  # into a directory that is not empty: one error each, nothing there touched
@@ -189,7 +189,7 @@ def test_greedy_decoding_of_an_import_equals_generate(tmp_path):
   # As many decoder as encoder layers: transformers' generate sizes its cache by num_layers.
   model, hf_dir = hf_model(tmp_path, 'geglu', tied=False, seed=1, num_decoder_layers=2)
   hf_cli.import_checkpoint(str(hf_dir), str(tmp_path / 'run'))
-  config, params = run_config(tmp_path / 'run'), checkpoints.read_on_host(str(tmp_path / 'run'))
+  config, params = run_config(tmp_path / 'run'), pretrained.read_on_host(str(tmp_path / 'run'))
   ours, _ = jax.jit(lambda p, x: decode(build_model(config), config, p, encoder_input_tokens=x,
                                         max_decode_length=8))(params, jnp.asarray(INPUTS))
   with torch.no_grad():
@@ -260,7 +260,7 @@ def test_export_of_another_model_or_a_damaged_checkpoint_is_one_error(tmp_path):
   for f in (tmp_path / 'run').glob('checkpoint_1/state/ocdbt.process_0/d/*'):
     f.write_bytes(f.read_bytes()[:len(f.read_bytes()) // 2])
   with pytest.raises(checkpoints.CheckpointError, match=r'cannot read params of .*checkpoint_1 \('):
-    checkpoints.read_on_host(str(tmp_path / 'run'))
+    pretrained.read_on_host(str(tmp_path / 'run'))
   assert not (tmp_path / 'out').exists()
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import ON_GPU
-from t5x_variants.train import checkpoints, optimizer
+from t5x_variants.train import checkpoints, optimizer, pretrained
 
 STEPS = np.arange(0, 1201, dtype=np.int32)
 
@@ -291,7 +291,7 @@ def test_listing_skips_unreadable_unfinished_and_stray_entries(tmp_path):
   reopened = checkpoints.Checkpointer(str(tmp_path), period=2)
   assert reopened.steps() == [2, 4, 6]
   reopened.close()
-  params = checkpoints.restore_params(str(tmp_path), state(0).params)
+  params = pretrained.restore_params(str(tmp_path), state(0).params)
   jax.tree_util.tree_map(np.testing.assert_array_equal, params, state(6).params)
 
 

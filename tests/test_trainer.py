@@ -21,7 +21,7 @@ import pytest
 
 from conftest import needs_data_layer, tiny
 from t5x_variants import path_keys
-from t5x_variants.train import checkpoints, optimizer, trainer
+from t5x_variants.train import checkpoints, optimizer, pretrained, trainer
 from train_helpers import StepBatches, records_of as records, run_train, saved_state, train_losses
 
 SCRIPT = os.path.join(os.path.dirname(__file__), 'trainer_subprocess.py')
@@ -109,7 +109,7 @@ def test_a_checkpoint_of_8_devices_resumes_on_one(reference, tmp_path, subproces
   one_device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   abstract = jax.tree_util.tree_map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one_device), ref_params)
-  params = checkpoints.restore_params(tmp_path, abstract)
+  params = pretrained.restore_params(tmp_path, abstract)
   jax.tree_util.tree_map(functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-6),
                          jax.tree_util.tree_map(np.asarray, params), ref_params)
   run_train(tmp_path, 4)

@@ -6,7 +6,7 @@ import time
 import numpy as np
 
 from t5x_variants.models import build_model, init_inputs
-from t5x_variants.train import checkpoints, optimizer, partitioning, train_step
+from t5x_variants.train import checkpoints, optimizer, partitioning, pretrained, train_step
 from conftest import tiny
 
 
@@ -162,7 +162,7 @@ def save_fresh_state(config, model_dir, seed, step=1):
 
 def saved_state(checkpoint):
   """The TrainState tree of a checkpoint, as numpy."""
-  return checkpoints.read_on_host(str(checkpoint), part=None)
+  return pretrained.read_on_host(str(checkpoint), part=None)
 
 
 def records_of(model_dir, kind='train'):

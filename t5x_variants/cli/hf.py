@@ -30,7 +30,7 @@ from t5x_variants.layers.ffn import FFN_VARIANTS
 from t5x_variants.models import hf_t5
 from t5x_variants.models.config import TransformerConfig
 from t5x_variants.models.summary import abstract_params, model_info, param_rows
-from t5x_variants.train import checkpoints, storage
+from t5x_variants.train import checkpoints, pretrained, storage
 
 VOCAB = 'vocab.model'  # the run's vocabulary (common.use_run_vocabulary)
 SPIECE = 'spiece.model'  # transformers' T5 tokenizer file
@@ -170,7 +170,7 @@ def export_checkpoint(checkpoint_path: str, output_dir: str, params_only: bool =
                      'parameters as params.safetensors with config.gin instead')
   out = storage.path(output_dir)
   _refuse_filled(out, 'export into a new directory')
-  params = checkpoints.read_on_host(str(path))
+  params = pretrained.read_on_host(str(path))
   bad = _shape_mismatch(params, config, 'checkpoint', "run's config.gin")
   if bad:
     raise ValueError(f'{path} is not the model of {run / "config.gin"}: {bad}')

@@ -17,11 +17,9 @@ import gin
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
-import optax
 import orbax.checkpoint as ocp
 from etils import epath
 
-from t5x_variants import path_keys
 from t5x_variants.train import optimizer, storage
 
 PREFIX = 'checkpoint'
@@ -90,7 +88,7 @@ def _resumable(iterator) -> bool:
   return hasattr(iterator, 'save') and hasattr(iterator, 'restore')
 
 
-def _abstract(tree):
+def abstract_arrays(tree):
   """ShapeDtypeStructs with the shardings of arrays or abstract arrays: every restore names its
   target shardings, so a checkpoint restores safely onto another mesh or topology."""
   def leaf(x):
@@ -201,7 +199,7 @@ class Checkpointer:
             f'it, or its data file is damaged. {retry}') from e
       except Exception as e:  # orbax raises many types for a damaged directory
         reason = error_reason(e)
-        if _outside_cause(e):
+        if outside_cause(e):
           raise _outside_error(path, reason) from e
         mismatch = _saved_mismatch(path, abstract_state, 'opt_state')
         if mismatch:
@@ -239,13 +237,13 @@ class Checkpointer:
   def restore(self, step: int, abstract_state, data_iterator=None):
     """The state of checkpoint ``step``, and the data position into ``data_iterator``; a data
     position that any process failed to read raises DataPositionError on every process."""
-    items = {'state': ocp.args.StandardRestore(_abstract(abstract_state))}
+    items = {'state': ocp.args.StandardRestore(abstract_arrays(abstract_state))}
     if _resumable(data_iterator):
       items['data'] = DataIteratorRestore(data_iterator)
     restored = self.manager.restore(step, args=ocp.args.Composite(**items))
     failed = restored['data'] if 'data' in items else None
     # 0: read; 1: not readable by this run; 2: a cause outside the checkpoint. The worst wins.
-    worst = _worst_over_processes(0 if failed is None else 2 if _outside_cause(failed) else 1)
+    worst = _worst_over_processes(0 if failed is None else 2 if outside_cause(failed) else 1)
     if worst:
       raise DataPositionError(error_reason(failed) if failed else 'another process could not '
                               'read its own; its error says why', outside=worst == 2) from failed
@@ -291,7 +289,7 @@ def _saved_mismatch(path: epath.Path, abstract_state, part: str) -> Optional[str
     saved = _saved_shapes(path, part)
   except Exception:  # pylint: disable=broad-except  (no readable metadata: damaged)
     return None
-  wanted = _shapes(getattr(abstract_state, part))
+  wanted = array_shapes(getattr(abstract_state, part))
   for key in sorted(saved.keys() | wanted.keys()):
     if saved.get(key) != wanted.get(key):
       return (f'{part}/{key}: saved {saved.get(key, "nothing")}, '
@@ -312,7 +310,7 @@ def checkpoint_path(path: str) -> epath.Path:
   return ocp.step.build_step_path(path, _NAME_FORMAT, latest[0])
 
 
-def _outside_cause(e: Exception) -> bool:
+def outside_cause(e: Exception) -> bool:
   """Whether a read failed for a cause outside the checkpoint (memory, the network, permissions)."""
   return isinstance(e, (MemoryError, ConnectionError, TimeoutError, PermissionError)) or bool(
       _NOT_DAMAGE.search(str(e)))
@@ -326,7 +324,7 @@ def error_reason(e: Exception, limit: int = 300) -> str:
   return reason if len(reason) <= limit else reason[:limit - 3] + '...'
 
 
-def _saved_tree(path: epath.Path):
+def saved_tree(path: epath.Path):
   """The metadata tree of the state saved in checkpoint ``path`` (orbax's)."""
   handler = ocp.PyTreeCheckpointHandler()
   try:
@@ -339,142 +337,18 @@ def _saved_parts(path: epath.Path) -> Optional[set]:
   """The top-level names of the state saved in checkpoint ``path``; None if its metadata does not
   read (a damaged checkpoint)."""
   try:
-    return set(_saved_tree(path))
+    return set(saved_tree(path))
   except Exception:  # pylint: disable=broad-except  (no readable metadata: damaged)
     return None
 
 
 def _saved_shapes(path: epath.Path, part: str = 'params'):
   """{'a/b/c': shape} of ``part`` of the state saved in checkpoint ``path`` (orbax's metadata)."""
-  return _shapes(_saved_tree(path)[part])
+  return array_shapes(saved_tree(path)[part])
 
 
-def _shapes(tree):
+def array_shapes(tree):
   """{'a/b/c': shape} of ``tree``'s arrays, named as orbax saves them (a list item by its index,
   an optimizer state's fields by name, empty nodes left out)."""
   flat = ocp.tree.to_flat_dict(ocp.tree.serialize_tree(tree, keep_empty_nodes=True))
   return {'/'.join(map(str, k)): tuple(x.shape) for k, x in flat.items() if hasattr(x, 'shape')}
-
-
-def _subtree(tree, keep):
-  """``tree`` (nested dicts) with only the leaves whose 'a/b/c' name is in ``keep``."""
-  out = {}
-  for p, x in jax.tree_util.tree_leaves_with_path(tree):
-    keys = path_keys(p)
-    if '/'.join(keys) in keep:
-      node = out
-      for k in keys[:-1]:
-        node = node.setdefault(k, {})
-      node[keys[-1]] = x
-  return out
-
-
-def read_on_host(path: str, part: Optional[str] = 'params'):
-  """A checkpoint's ``part`` of its saved state (None: all of it) as numpy arrays on this host,
-  whatever mesh wrote it (the shapes from its metadata; read onto one local device, so no mesh is
-  needed)."""
-  path = checkpoint_path(path)
-  one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-  handler = ocp.PyTreeCheckpointHandler()
-  try:
-    saved = handler.metadata(path / 'state').tree
-    saved = {part: saved[part]} if part else saved
-  except Exception as e:
-    raise CheckpointError(f'cannot read {part or "the state"} of {path}: {e}') from e
-  finally:
-    handler.close()
-  target = jax.tree_util.tree_map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one), saved)
-  args = jax.tree_util.tree_map(
-      lambda m: ocp.ArrayRestoreArgs(sharding=one, global_shape=m.shape, dtype=m.dtype), target)
-  try:
-    with ocp.PyTreeCheckpointer() as ckptr:
-      restored = ckptr.restore(path / 'state', args=ocp.args.PyTreeRestore(
-          item=target, restore_args=args, partial_restore=True))
-  except Exception as e:  # orbax raises many types for a damaged directory
-    why = ('fix that cause (memory, the network, the bucket or its permissions) and rerun'
-           if _outside_cause(e) else 'is it damaged? Another checkpoint of the run may read')
-    raise CheckpointError(f'cannot read {part or "the state"} of {path} ({error_reason(e)}): {why}') from e
-  restored = jax.tree_util.tree_map(np.asarray, restored)
-  return restored[part] if part else restored
-
-
-def restore_params(path: str, abstract_params, fresh: Sequence[str] = ()):
-  """Only the parameters of a checkpoint (fine-tuning: the optimizer state starts fresh), laid out
-  as ``abstract_params`` says.
-
-  ``fresh``: top-level names (a fine-tuning head, e.g. 'pooler', 'classifier') whose parameters
-  the checkpoint may lack or hold with other shapes; they are left out of the result, for the
-  caller to initialise. Any other parameter the checkpoint lacks, or holds with another shape, is
-  a CheckpointError naming it (another model configuration). Saved parameters the model does not
-  have (an MLM head when fine-tuning a classifier) are not read. What was initialised fresh and
-  what was dropped is logged."""
-  path = checkpoint_path(path)
-  try:
-    saved = _saved_shapes(path)
-  except Exception as e:
-    raise CheckpointError(f'cannot read the parameters of {path}: {e}') from e
-  wanted = _shapes(abstract_params)
-  new = sorted(k for k in wanted if saved.get(k) != wanted[k])
-  refused = [k for k in new if k.split('/')[0] not in fresh]
-  if refused:
-    k = refused[0]
-    raise CheckpointError(f'{path} holds another model ({k}: saved {saved.get(k)}, this model '
-                          f'{wanted[k]}; {len(refused)} parameter(s) differ). Is it a checkpoint of '
-                          'the same model configuration?')
-  dropped = sorted(saved.keys() - wanted.keys())
-  if new or dropped:
-    log.info('restored %d of %d parameters from %s; initialised fresh: %s; not used (dropped): %s',
-             len(wanted) - len(new), len(wanted), path, ', '.join(new) or 'none',
-             ', '.join(dropped) or 'none')
-  target = {'params': _abstract(_subtree(abstract_params, wanted.keys() - set(new)))}
-  restore_args = jax.tree_util.tree_map(
-      lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding, global_shape=x.shape, dtype=x.dtype),
-      target)
-  with ocp.PyTreeCheckpointer() as ckptr:
-    try:
-      restored = ckptr.restore(path / 'state', args=ocp.args.PyTreeRestore(
-          item=target, restore_args=restore_args, partial_restore=True))
-    except Exception as e:
-      raise CheckpointError(f'cannot read the parameters of {path}: {e}. Is it a checkpoint of '
-                            f'the same model configuration?') from e
-  return restored['params']
-
-
-def restore_state(path: str, abstract_state):
-  """A checkpoint's parameters and optimizer state, laid out as ``abstract_state`` says (fine-
-  tuning as T5 and T5X start it: Adafactor's statistics and their step count go on from the
-  pretrained run); None if the checkpoint holds parameters only (t5xv-import's). Every statistic
-  this run's optimizer keeps must be saved with its shape (a path this run freezes keeps none, so a
-  checkpoint with more reads); else a CheckpointError names the first one missing. The
-  learning-rate schedules' counts are set to the state's step, 0: the schedule counts the
-  fine-tuning steps, as ``TRAIN_STEPS`` does."""
-  path = checkpoint_path(path)
-  try:
-    tree = _saved_tree(path)
-  except Exception as e:
-    raise CheckpointError(f'cannot read the state of {path}: {error_reason(e)}') from e
-  if 'opt_state' not in tree:
-    return None
-  saved = _shapes(tree)
-  target = ocp.tree.serialize_tree(abstract_state, keep_empty_nodes=True)
-  for k, x in ocp.tree.to_flat_dict(target).items():
-    name = '/'.join(map(str, k))
-    if hasattr(x, 'shape') and saved.get(name) != tuple(x.shape):
-      raise CheckpointError(
-          f'{path} holds no {name} of shape {tuple(x.shape)} (saved: {saved.get(name, "nothing")}): '
-          'it is of another model or optimizer. Start from its parameters alone with '
-          '--gin.train.init_optimizer=False')
-  restore_args = jax.tree_util.tree_map(
-      lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding, global_shape=x.shape, dtype=x.dtype), target)
-  with ocp.PyTreeCheckpointer() as ckptr:
-    try:
-      restored = ckptr.restore(path / 'state', args=ocp.args.PyTreeRestore(
-          item=target, restore_args=restore_args, partial_restore=True))
-    except Exception as e:
-      raise CheckpointError(f'cannot read the state of {path} ({error_reason(e)}): is it damaged?') from e
-  state = ocp.tree.deserialize_tree(restored, abstract_state, keep_empty_nodes=True)
-  state = state.replace(step=state.step * 0)
-  is_schedule = lambda x: isinstance(x, optax.ScaleByScheduleState)
-  return state.replace(opt_state=jax.tree_util.tree_map(
-      lambda s: s._replace(count=s.count * 0) if is_schedule(s) else s,
-      state.opt_state, is_leaf=is_schedule))

@@ -19,7 +19,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from t5x_variants.features import EOS_ID, PAD_ID
 from t5x_variants.models import build_model, init_inputs, losses
 from t5x_variants.models.config import TransformerConfig
-from t5x_variants.train import checkpoints, decoding, evaluation, partitioning, train_step
+from t5x_variants.train import (checkpoints, decoding, evaluation, partitioning, pretrained,
+                                train_step)
 
 
 @gin.configurable
@@ -81,7 +82,7 @@ class Predictor:
   def load(self, checkpoint_path: str):
     """A ``checkpoint_<step>`` directory, or a run directory (its newest checkpoint)."""
     path = checkpoints.checkpoint_path(checkpoint_path)
-    self.params = checkpoints.restore_params(str(path), self.abstract_params)
+    self.params = pretrained.restore_params(str(path), self.abstract_params)
     self.step = int(re.search(r'(\d+)$', path.name).group(1))
     return self
 

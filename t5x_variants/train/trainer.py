@@ -31,7 +31,7 @@ from t5x_variants.models import build_model, fresh_head_params, init_inputs
 from t5x_variants.models.config import TransformerConfig
 from t5x_variants.models.summary import model_info
 from t5x_variants.train import (checkpoints, diagnostics, evaluation, optimizer, partitioning,
-                                preemption, storage, train_step)
+                                preemption, pretrained, storage, train_step)
 from t5x_variants.train.meter import TrainMeter, host_tokens
 from t5x_variants.train.metrics import MetricsLogger
 
@@ -119,19 +119,19 @@ class ShardedModel:
                       init_checkpoint: Optional[str], init_optimizer: bool):
     """(state, step): the newest readable checkpoint's (and ``data``'s position), else step 0
     from ``init_checkpoint``: its parameters, and with ``init_optimizer`` its optimizer state
-    where it has one (``checkpoints.restore_state``), else a fresh optimizer state; else a fresh
+    where it has one (``pretrained.restore_state``), else a fresh optimizer state; else a fresh
     state."""
     restored = ckpt.restore_latest(self.layout.abstract, data)
     if restored:
       log.info('resumed from step %d in %s', restored[1], model_dir)
       return restored
     if init_checkpoint and init_optimizer:
-      state = checkpoints.restore_state(init_checkpoint, self.layout.abstract)
+      state = pretrained.restore_state(init_checkpoint, self.layout.abstract)
       if state is not None:
         log.info('starting from the parameters and optimizer state of %s', init_checkpoint)
         return state, 0
       log.info('%s holds parameters only: the optimizer state starts fresh', init_checkpoint)
-    params = (checkpoints.restore_params(init_checkpoint, self.layout.abstract.params,
+    params = (pretrained.restore_params(init_checkpoint, self.layout.abstract.params,
                                          fresh=fresh_head_params(self.config))
               if init_checkpoint else None)
     return train_step.create_state(self.layout, self.model, self.rng, self.inputs, params), 0

@@ -1,0 +1,135 @@
+"""Reading a checkpoint into another run or tool (T5X's restore from INITIAL_CHECKPOINT_PATH):
+its arrays on this host (export, tests), its parameters laid out for a model (evaluation,
+inference, fine-tuning), or its parameters and optimizer state (fine-tuning that goes on with the
+pretrained run's Adafactor statistics). A run's own checkpoints are ``checkpoints.py``'s.
+"""
+import logging
+from typing import Optional, Sequence
+
+import jax
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+
+from t5x_variants import path_keys
+from t5x_variants.train.checkpoints import (CheckpointError, abstract_arrays, array_shapes,
+                                            checkpoint_path, error_reason, outside_cause,
+                                            saved_tree)
+
+log = logging.getLogger(__name__)
+
+
+def _read(path, target):
+  """``target``'s arrays (ShapeDtypeStructs with their shardings, named as saved) from checkpoint
+  ``path``; saved arrays it does not name are not read."""
+  restore_args = jax.tree_util.tree_map(
+      lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding, global_shape=x.shape, dtype=x.dtype), target)
+  with ocp.PyTreeCheckpointer() as ckptr:
+    return ckptr.restore(path / 'state', args=ocp.args.PyTreeRestore(
+        item=target, restore_args=restore_args, partial_restore=True))
+
+
+def _subtree(tree, keep):
+  """``tree`` (nested dicts) with only the leaves whose 'a/b/c' name is in ``keep``."""
+  out = {}
+  for p, x in jax.tree_util.tree_leaves_with_path(tree):
+    keys = path_keys(p)
+    if '/'.join(keys) in keep:
+      node = out
+      for k in keys[:-1]:
+        node = node.setdefault(k, {})
+      node[keys[-1]] = x
+  return out
+
+
+def read_on_host(path: str, part: Optional[str] = 'params'):
+  """A checkpoint's ``part`` of its saved state (None: all of it) as numpy arrays on this host,
+  whatever mesh wrote it (the shapes from its metadata; read onto one local device, so no mesh is
+  needed)."""
+  path = checkpoint_path(path)
+  one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  try:
+    saved = saved_tree(path)
+    saved = {part: saved[part]} if part else saved
+  except Exception as e:
+    raise CheckpointError(f'cannot read {part or "the state"} of {path}: {e}') from e
+  try:
+    restored = _read(path, jax.tree_util.tree_map(
+        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one), saved))
+  except Exception as e:  # orbax raises many types for a damaged directory
+    why = ('fix that cause (memory, the network, the bucket or its permissions) and rerun'
+           if outside_cause(e) else 'is it damaged? Another checkpoint of the run may read')
+    raise CheckpointError(f'cannot read {part or "the state"} of {path} ({error_reason(e)}): {why}') from e
+  restored = jax.tree_util.tree_map(np.asarray, restored)
+  return restored[part] if part else restored
+
+
+def restore_params(path: str, abstract_params, fresh: Sequence[str] = ()):
+  """Only the parameters of a checkpoint (evaluation; fine-tuning with a fresh optimizer state),
+  laid out as ``abstract_params`` says.
+
+  ``fresh``: top-level names (a fine-tuning head, e.g. 'pooler', 'classifier') whose parameters
+  the checkpoint may lack or hold with other shapes; they are left out of the result, for the
+  caller to initialise. Any other parameter the checkpoint lacks, or holds with another shape, is
+  a CheckpointError naming it (another model configuration). Saved parameters the model does not
+  have (an MLM head when fine-tuning a classifier) are not read. What was initialised fresh and
+  what was dropped is logged."""
+  path = checkpoint_path(path)
+  try:
+    saved = array_shapes(saved_tree(path)['params'])
+  except Exception as e:
+    raise CheckpointError(f'cannot read the parameters of {path}: {e}') from e
+  wanted = array_shapes(abstract_params)
+  new = sorted(k for k in wanted if saved.get(k) != wanted[k])
+  refused = [k for k in new if k.split('/')[0] not in fresh]
+  if refused:
+    k = refused[0]
+    raise CheckpointError(f'{path} holds another model ({k}: saved {saved.get(k)}, this model '
+                          f'{wanted[k]}; {len(refused)} parameter(s) differ). Is it a checkpoint of '
+                          'the same model configuration?')
+  dropped = sorted(saved.keys() - wanted.keys())
+  if new or dropped:
+    log.info('restored %d of %d parameters from %s; initialised fresh: %s; not used (dropped): %s',
+             len(wanted) - len(new), len(wanted), path, ', '.join(new) or 'none',
+             ', '.join(dropped) or 'none')
+  try:
+    restored = _read(path, {'params': abstract_arrays(_subtree(abstract_params, wanted.keys() - set(new)))})
+  except Exception as e:
+    raise CheckpointError(f'cannot read the parameters of {path}: {e}. Is it a checkpoint of '
+                          f'the same model configuration?') from e
+  return restored['params']
+
+
+def restore_state(path: str, abstract_state):
+  """A checkpoint's parameters and optimizer state, laid out as ``abstract_state`` says (fine-
+  tuning as T5 and T5X start it: Adafactor's statistics and their step count go on from the
+  pretrained run); None if the checkpoint holds parameters only (t5xv-import's). Every statistic
+  this run's optimizer keeps must be saved with its shape (a path this run freezes keeps none, so a
+  checkpoint with more reads); else a CheckpointError names the first one missing. The state's
+  step and the learning-rate schedules' counts are set to 0: the schedule counts the fine-tuning
+  steps, as ``TRAIN_STEPS`` does."""
+  path = checkpoint_path(path)
+  try:
+    tree = saved_tree(path)
+  except Exception as e:
+    raise CheckpointError(f'cannot read the state of {path}: {error_reason(e)}') from e
+  if 'opt_state' not in tree:
+    return None
+  saved = array_shapes(tree)
+  target = ocp.tree.serialize_tree(abstract_state, keep_empty_nodes=True)
+  for k, x in ocp.tree.to_flat_dict(target).items():
+    name = '/'.join(map(str, k))
+    if hasattr(x, 'shape') and saved.get(name) != tuple(x.shape):
+      raise CheckpointError(
+          f'{path} holds no {name} of shape {tuple(x.shape)} (saved: {saved.get(name, "nothing")}): '
+          'it is of another model or optimizer. Start from its parameters alone with '
+          '--gin.train.init_optimizer=False')
+  try:
+    restored = _read(path, target)
+  except Exception as e:
+    raise CheckpointError(f'cannot read the state of {path} ({error_reason(e)}): is it damaged?') from e
+  state = ocp.tree.deserialize_tree(restored, abstract_state, keep_empty_nodes=True)
+  is_schedule = lambda x: isinstance(x, optax.ScaleByScheduleState)
+  return state.replace(step=state.step * 0, opt_state=jax.tree_util.tree_map(
+      lambda s: s._replace(count=s.count * 0) if is_schedule(s) else s,
+      state.opt_state, is_leaf=is_schedule))
