@@ -106,8 +106,7 @@ def test_packed_segments_equal_separate_sequences(variant):
 
 def test_a_prefix_lm_sees_its_whole_prefix_and_no_later_target():
   """T5's prefix LM (Raffel et al. 2020, Fig. 3): query i sees key j when j <= i or both are in
-  the prefix. A prefix token changes the outputs before it; a target token never does; with no
-  prefix the model is the causal LM (same parameters)."""
+  the prefix. A prefix token changes the outputs before it; a target token never does."""
   c = tiny(architecture='decoder_only', prefix_lm=True, decoder_max_length=L)
   dec = tokens(2, L)
   prefix = jnp.asarray([[1] * 4 + [0] * 4, [1] * 2 + [0] * 6])
@@ -121,8 +120,23 @@ def test_a_prefix_lm_sees_its_whole_prefix_and_no_later_target():
   np.testing.assert_allclose(a[1, :3], c_[1, :3], rtol=1e-6, atol=1e-6)  # row 1's targets: not
   d = apply({'params': params}, dec.at[:, 5].set(7), None, None, prefix)
   np.testing.assert_allclose(a[:, :5], d[:, :5], rtol=1e-6, atol=1e-6)
-  np.testing.assert_allclose(apply({'params': params}, dec, None, None, jnp.zeros_like(prefix)),
-                             apply({'params': params}, dec), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize('bidirectional', [True, False])
+def test_a_prefix_lm_tells_the_order_of_later_prefix_tokens_apart(bidirectional):
+  """Mesh TensorFlow's relative buckets for a prefix LM (the T5 paper's code): bidirectional, so
+  swapping two prefix tokens after a query changes its output. A causal LM of the same rows
+  (T5's 'language model') never sees them; one-directional buckets would see them unordered."""
+  c = tiny(architecture='decoder_only', prefix_lm=True, decoder_max_length=L, num_decoder_layers=1,
+           inputs_bidirectional_attention=bidirectional)  # one layer: only the bias orders keys
+  dec = tokens(1, L)
+  prefix = jnp.asarray([[1] * 4 + [0] * 4])
+  model, params = init_params(c, dec)
+  apply = jit_apply(model)
+  a = apply({'params': params}, dec, None, None, prefix)
+  b = apply({'params': params}, dec.at[:, 2].set(dec[0, 3]).at[:, 3].set(dec[0, 2]), None, None, prefix)
+  assert bool(dec[0, 2] != dec[0, 3])
+  assert np.allclose(a[0, :2], b[0, :2], rtol=1e-6, atol=1e-6) != bidirectional
 
 
 def test_a_language_model_of_inputs_then_targets_reads_its_inputs_causally():

@@ -88,7 +88,9 @@ class TransformerConfig:
       a row is the inputs then the targets, the mask fully visible over the inputs (and the
       position that reads their last token) and causal after them, the loss on the targets only
       (seqio's PrefixLMFeatureConverter); it trains and is prompted on tasks with inputs. Its
-      relative position buckets stay one-directional, as T5X's decoder-only model has them.
+      relative position buckets are bidirectional, as in Mesh TensorFlow, the paper's code (its
+      Unitransformer's ``fully_autoregressive``; T5X's decoder-only network keeps them
+      one-directional, which gives every future key in the prefix the bucket of distance 0).
     inputs_bidirectional_attention: with ``prefix_lm``, whether the inputs are fully visible (the
       prefix LM) or read causally like the targets: T5's "language model" on the inputs then the
       targets (Table 2), the same rows and loss (T5X's DecoderOnlyModel argument of this name).
