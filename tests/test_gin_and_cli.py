@@ -8,7 +8,7 @@ import pytest
 
 from conftest import count, needs_data_layer, parse_recipe
 from t5x_variants.cli import common as gin_utils, info
-from t5x_variants.models.summary import abstract_params, param_rows
+from t5x_variants.models.summary import abstract_params, model_info, param_rows
 
 GIN_DIR = os.path.join(gin_utils.PACKAGE_DIR, 'gin')
 ALL_GIN = sorted(os.path.relpath(p, os.path.dirname(GIN_DIR))
@@ -80,6 +80,16 @@ def test_the_language_model_file_reads_the_prefix_lms_rows_causally():
   assert (c.architecture, c.data_architecture, c.task_features, c.visible_prefix) == (
       'decoder_only', 'prefix_lm', ('inputs', 'targets'), False)
   assert c.stack_length('decoder', {'inputs': 512, 'targets': 114}) == 626
+  assert 'architecture: decoder_only (inputs then targets, causal)' in model_info(c)
+
+
+@pytest.mark.parametrize('run_file, continues', [('finetune.gin', True),
+                                                  ('finetune_classification.gin', False)])
+def test_text_to_text_fine_tuning_goes_on_with_the_optimizer_state_bert_starts_afresh(
+    run_file, continues):
+  parse_recipe(['gin/models/t5_tiny.gin', f'gin/runs/{run_file}'],
+               ['INITIAL_CHECKPOINT_PATH = "/tmp/x"', 'MODEL_DIR = "/tmp/y"'])
+  assert gin.query_parameter('train.init_optimizer') is continues
 
 
 def test_base_geglu_uses_d_ff_2048_and_relu_3072():
@@ -121,8 +131,8 @@ def test_t5xv_info_prints_table_constants_and_total(capsys):
     (['--gin.TransformerConfig.prefix_lm=True'], "prefix_lm is a decoder-only model's mask; architecture "
                                                  "is 'encoder_decoder' (gin/architectures/prefix_lm.gin sets both)"),
     (['--gin.TransformerConfig.inputs_bidirectional_attention=False'],
-     'inputs_bidirectional_attention=False is for a model reading inputs then targets (prefix_lm=True; '
-     'gin/architectures/language_model.gin sets both)'),
+     'inputs_bidirectional_attention=False is for a model reading inputs then targets '
+     '(prefix_lm=True; gin/architectures/language_model.gin sets both)'),
     # With a run file: the trainer's configurables are checked; only the data layer's are skipped.
     (['--gin_file=gin/runs/pretrain.gin', '--gin.train.z_los=1'], "doesn't have a parameter named 'z_los'"),
     (['--gin_file=gin/runs/pretrain.gin', '--gin.Transformer.d_model=8'], "No configurable matching 'Transformer'"),

@@ -122,21 +122,24 @@ def test_a_prefix_lm_sees_its_whole_prefix_and_no_later_target():
   np.testing.assert_allclose(a[:, :5], d[:, :5], rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize('bidirectional', [True, False])
-def test_a_prefix_lm_tells_the_order_of_later_prefix_tokens_apart(bidirectional):
+@pytest.mark.parametrize('bidirectional, buckets, ordered', [
+    (True, None, True), (False, None, False), (True, False, False)])
+def test_a_prefix_lm_tells_the_order_of_later_prefix_tokens_apart(bidirectional, buckets, ordered):
   """Mesh TensorFlow's relative buckets for a prefix LM (the T5 paper's code): bidirectional, so
   swapping two prefix tokens after a query changes its output. A causal LM of the same rows
-  (T5's 'language model') never sees them; one-directional buckets would see them unordered."""
+  (T5's 'language model') never sees them; T5X's one-directional buckets see them unordered."""
   c = tiny(architecture='decoder_only', prefix_lm=True, decoder_max_length=L, num_decoder_layers=1,
-           inputs_bidirectional_attention=bidirectional)  # one layer: only the bias orders keys
+           inputs_bidirectional_attention=bidirectional,  # one layer: only the bias orders keys
+           relative_attention_bidirectional=buckets)
   dec = tokens(1, L)
   prefix = jnp.asarray([[1] * 4 + [0] * 4])
   model, params = init_params(c, dec)
   apply = jit_apply(model)
   a = apply({'params': params}, dec, None, None, prefix)
-  b = apply({'params': params}, dec.at[:, 2].set(dec[0, 3]).at[:, 3].set(dec[0, 2]), None, None, prefix)
+  swapped = dec.at[:, 2].set(dec[0, 3]).at[:, 3].set(dec[0, 2])
+  b = apply({'params': params}, swapped, None, None, prefix)
   assert bool(dec[0, 2] != dec[0, 3])
-  assert np.allclose(a[0, :2], b[0, :2], rtol=1e-6, atol=1e-6) != bidirectional
+  assert np.allclose(a[0, :2], b[0, :2], rtol=1e-6, atol=1e-6) != ordered
 
 
 def test_a_language_model_of_inputs_then_targets_reads_its_inputs_causally():

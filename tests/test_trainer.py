@@ -275,7 +275,8 @@ def test_init_optimizer_from_parameters_only_starts_fresh_from_another_optimizer
     reference, tmp_path, caplog):
   """A checkpoint of parameters only (t5xv-import's) starts a fresh optimizer state, saying so;
   one of another optimizer (Adam's moments where this run keeps Adafactor's) is one error naming
-  a statistic and the setting that starts from its parameters alone."""
+  a statistic and the setting that starts from its parameters alone; gradient clipping in one
+  run only is named as such; another model is named as one."""
   ref_dir, ref, _ = reference
   params_only = tmp_path / 'imported'
   ckpt = checkpoints.Checkpointer(str(params_only), async_save=False)
@@ -292,6 +293,13 @@ def test_init_optimizer_from_parameters_only_starts_fresh_from_another_optimizer
                      r'--gin.train.init_optimizer=False'):
     run_train(tmp_path / 'ft2', 1, init_checkpoint=str(tmp_path / 'adam'), init_optimizer=True)
   assert not list((tmp_path / 'ft2').glob('checkpoint_*'))
+  gin.bind_parameter('make_optimizer.global_norm_clip', 1.0)  # statistics one level down
+  with pytest.raises(checkpoints.CheckpointError, match=r'make_optimizer.global_norm_clip is set in '
+                     r'one of the two runs only.*init_optimizer=False'):
+    run_train(tmp_path / 'ft3', 1, init_checkpoint=str(ref_dir / 'checkpoint_2'), init_optimizer=True)
+  with pytest.raises(checkpoints.CheckpointError, match=r'holds another model \(.*mlp/wi/kernel'):
+    run_train(tmp_path / 'ft4', 1, init_checkpoint=str(ref_dir / 'checkpoint_2'), init_optimizer=True,
+              config=tiny(num_encoder_layers=1, num_decoder_layers=1, d_ff=128))
 
 
 def test_readable_parameters_with_an_unreadable_optimizer_state_are_damaged_not_another_run(

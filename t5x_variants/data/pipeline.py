@@ -123,8 +123,9 @@ def get_dataset(name: str, task_feature_lengths: Mapping[str, int], architecture
     if architecture == 'decoder_only' and 'inputs' in task.output_features:
       raise ValueError(f'{name} has inputs, which a decoder-only language model would never read '
                        '(it trains on targets alone): make it a prefix LM '
-                       '(gin/architectures/prefix_lm.gin) or a causal LM of its inputs then targets '
-                       '(gin/architectures/language_model.gin), train an encoder-decoder on it, or '
+                       '(gin/architectures/prefix_lm.gin) or a causal LM of its inputs then '
+                       'targets (gin/architectures/language_model.gin), train an encoder-decoder on '
+                       'it, or '
                        'train the language model on a task of targets only (e.g. c4_lm, embedded_lm)')
     if architecture == 'prefix_lm' and 'inputs' not in task.output_features:
       raise ValueError(f'{name} has targets only; a prefix LM reads inputs, then targets: train it '

@@ -88,12 +88,15 @@ class TransformerConfig:
       a row is the inputs then the targets, the mask fully visible over the inputs (and the
       position that reads their last token) and causal after them, the loss on the targets only
       (seqio's PrefixLMFeatureConverter); it trains and is prompted on tasks with inputs. Its
-      relative position buckets are bidirectional, as in Mesh TensorFlow, the paper's code (its
-      Unitransformer's ``fully_autoregressive``; T5X's decoder-only network keeps them
-      one-directional, which gives every future key in the prefix the bucket of distance 0).
+      relative position buckets are bidirectional (``relative_attention_bidirectional``).
     inputs_bidirectional_attention: with ``prefix_lm``, whether the inputs are fully visible (the
       prefix LM) or read causally like the targets: T5's "language model" on the inputs then the
       targets (Table 2), the same rows and loss (T5X's DecoderOnlyModel argument of this name).
+    relative_attention_bidirectional: None (default) for Mesh TensorFlow's rule, the T5 paper's
+      code: bidirectional buckets unless the stack is causal throughout (its Unitransformer's
+      ``fully_autoregressive``), so a prefix LM's; False keeps them one-directional in a
+      causal stack, as T5X's decoder-only network (every key after its query in a prefix then
+      falls in the bucket of distance 0; this project's prefix LM before eaee1f9).
   """
   architecture: str = 'encoder_decoder'
   vocab_size: int = 32128
@@ -142,6 +145,7 @@ class TransformerConfig:
   dtype: str = 'float32'
   prefix_lm: bool = False
   inputs_bidirectional_attention: bool = True
+  relative_attention_bidirectional: Optional[bool] = None
 
   def remat_policy(self, platform: str) -> str:
     """The remat that runs on ``platform`` ('cpu', 'gpu', 'tpu'). 'auto': 'full' on a GPU with
@@ -230,6 +234,14 @@ class TransformerConfig:
   def visible_prefix(self) -> bool:
     """Whether a decoder-only row's inputs are fully visible (T5's prefix LM)."""
     return self.prefix_lm and self.inputs_bidirectional_attention
+
+  def bidirectional_buckets(self, causal: bool) -> bool:
+    """Whether a stack's relative position buckets tell later keys apart (``causal``: the
+    decoder's mask): ``relative_attention_bidirectional``, or by default unless the stack is
+    causal throughout (Mesh TensorFlow's ``not fully_autoregressive``)."""
+    if self.relative_attention_bidirectional is not None and causal:
+      return self.relative_attention_bidirectional
+    return not causal or self.visible_prefix
 
   def stack_features(self, stack: str) -> Tuple[str, ...]:
     """The task features one row of ``stack`` holds: the encoder's 'inputs', the decoder's

@@ -96,11 +96,9 @@ class Stack(nn.Module):
       # T5-small batch of 8 x 512 on CPU).
       index = jnp.arange(x.shape[1], dtype=jnp.int32)[None]
       bias_q, bias_k = (q_positions, k_positions) if decode_position is not None else (index, index)
-      # Bidirectional buckets unless the stack is causal throughout: a prefix LM's future keys in
-      # its prefix are told apart, as Mesh TensorFlow (the T5 paper's code) has them.
       bias = RelativePositionBias(c.num_heads, c.relative_attention_num_buckets,
                                   c.relative_attention_max_distance,
-                                  bidirectional=not self.causal or c.visible_prefix,
+                                  bidirectional=c.bidirectional_buckets(self.causal),
                                   init_std=1.0 if c.init_scheme == 'torchscale' else None,
                                   name='relpos_bias')(bias_q, bias_k)
     x = nn.Dropout(c.dropout_rate, c.dropout_broadcast_dims)(x, deterministic=deterministic)

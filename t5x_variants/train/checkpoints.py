@@ -203,12 +203,8 @@ class Checkpointer:
           raise _outside_error(path, reason) from e
         mismatch = _saved_mismatch(path, abstract_state, 'opt_state')
         if mismatch:
-          if any(f'/{name}/kernel' in mismatch for name in optimizer.PROJECTIONS):  # Adafactor's layout
-            retry += (' (an Adafactor state of the other attention layout: '
-                      '--gin.adafactor.combine_heads=False reads those saved before 49e9cc9, True '
-                      'those after)')
           raise CheckpointError(f'{path} holds the optimizer state of other optimizer settings '
-                                f'({mismatch}). {retry}') from e
+                                f'({mismatch}). {retry}{optimizer_hint(mismatch)}') from e
         if _resumable(data_iterator) and self._state_reads(step, abstract_state):
           raise CheckpointError(
               f'{path} has a readable state but its data position cannot be restored by this run '
@@ -248,6 +244,18 @@ class Checkpointer:
       raise DataPositionError(error_reason(failed) if failed else 'another process could not '
                               'read its own; its error says why', outside=worst == 2) from failed
     return restored['state']
+
+
+def optimizer_hint(entry: str) -> str:
+  """The setting that may make a saved optimizer state of other settings read, for the name of
+  its first entry that differs ('opt_state/...'); '' if none is known."""
+  if any(f'/{name}/kernel' in entry for name in optimizer.PROJECTIONS):  # Adafactor's layout
+    return (' (an Adafactor state of the other attention layout: '
+            '--gin.adafactor.combine_heads=False reads those saved before 49e9cc9, True those after)')
+  if entry.startswith('opt_state/1/'):  # optax.chain(clip, ...): the statistics one level down
+    return (' (make_optimizer.global_norm_clip is set in one of the two runs only: set it as the '
+            'checkpoint\'s run had)')
+  return ''
 
 
 def _outside_error(path, reason: str) -> CheckpointError:

@@ -13,8 +13,8 @@ import orbax.checkpoint as ocp
 
 from t5x_variants import path_keys
 from t5x_variants.train.checkpoints import (CheckpointError, abstract_arrays, array_shapes,
-                                            checkpoint_path, error_reason, outside_cause,
-                                            saved_tree)
+                                            checkpoint_path, error_reason, optimizer_hint,
+                                            outside_cause, saved_tree)
 
 log = logging.getLogger(__name__)
 
@@ -23,10 +23,30 @@ def _read(path, target):
   """``target``'s arrays (ShapeDtypeStructs with their shardings, named as saved) from checkpoint
   ``path``; saved arrays it does not name are not read."""
   restore_args = jax.tree_util.tree_map(
-      lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding, global_shape=x.shape, dtype=x.dtype), target)
+      lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding, global_shape=x.shape, dtype=x.dtype),
+      target)
   with ocp.PyTreeCheckpointer() as ckptr:
     return ckptr.restore(path / 'state', args=ocp.args.PyTreeRestore(
         item=target, restore_args=restore_args, partial_restore=True))
+
+
+def _read_error(path, what: str, e: Exception) -> CheckpointError:
+  why = ('fix that cause (memory, the network, the bucket or its permissions) and rerun'
+         if outside_cause(e) else 'is it damaged? Another checkpoint of the run may read')
+  return CheckpointError(f'cannot read {what} of {path} ({error_reason(e)}): {why}')
+
+
+def _new_params(path, saved, wanted, fresh: Sequence[str] = ()):
+  """The names of ``wanted``'s parameters ({name: shape}) that ``saved`` lacks or holds with
+  another shape; a CheckpointError if one is not under a ``fresh`` top-level name."""
+  new = sorted(k for k in wanted if saved.get(k) != wanted[k])
+  refused = [k for k in new if k.split('/')[0] not in fresh]
+  if refused:
+    k = refused[0]
+    raise CheckpointError(f'{path} holds another model ({k}: saved {saved.get(k)}, this model '
+                          f'{wanted[k]}; {len(refused)} parameter(s) differ). Is it a checkpoint '
+                          'of the same model configuration?')
+  return new
 
 
 def _subtree(tree, keep):
@@ -57,9 +77,7 @@ def read_on_host(path: str, part: Optional[str] = 'params'):
     restored = _read(path, jax.tree_util.tree_map(
         lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one), saved))
   except Exception as e:  # orbax raises many types for a damaged directory
-    why = ('fix that cause (memory, the network, the bucket or its permissions) and rerun'
-           if outside_cause(e) else 'is it damaged? Another checkpoint of the run may read')
-    raise CheckpointError(f'cannot read {part or "the state"} of {path} ({error_reason(e)}): {why}') from e
+    raise _read_error(path, part or 'the state', e) from e
   restored = jax.tree_util.tree_map(np.asarray, restored)
   return restored[part] if part else restored
 
@@ -80,23 +98,17 @@ def restore_params(path: str, abstract_params, fresh: Sequence[str] = ()):
   except Exception as e:
     raise CheckpointError(f'cannot read the parameters of {path}: {e}') from e
   wanted = array_shapes(abstract_params)
-  new = sorted(k for k in wanted if saved.get(k) != wanted[k])
-  refused = [k for k in new if k.split('/')[0] not in fresh]
-  if refused:
-    k = refused[0]
-    raise CheckpointError(f'{path} holds another model ({k}: saved {saved.get(k)}, this model '
-                          f'{wanted[k]}; {len(refused)} parameter(s) differ). Is it a checkpoint of '
-                          'the same model configuration?')
+  new = _new_params(path, saved, wanted, fresh)
   dropped = sorted(saved.keys() - wanted.keys())
   if new or dropped:
     log.info('restored %d of %d parameters from %s; initialised fresh: %s; not used (dropped): %s',
              len(wanted) - len(new), len(wanted), path, ', '.join(new) or 'none',
              ', '.join(dropped) or 'none')
   try:
-    restored = _read(path, {'params': abstract_arrays(_subtree(abstract_params, wanted.keys() - set(new)))})
+    kept = _subtree(abstract_params, wanted.keys() - set(new))
+    restored = _read(path, {'params': abstract_arrays(kept)})
   except Exception as e:
-    raise CheckpointError(f'cannot read the parameters of {path}: {e}. Is it a checkpoint of '
-                          f'the same model configuration?') from e
+    raise _read_error(path, 'the parameters', e) from e
   return restored['params']
 
 
@@ -115,19 +127,25 @@ def restore_state(path: str, abstract_state):
     raise CheckpointError(f'cannot read the state of {path}: {error_reason(e)}') from e
   if 'opt_state' not in tree:
     return None
+  _new_params(path, array_shapes(tree['params']), array_shapes(abstract_state.params))
   saved = array_shapes(tree)
   target = ocp.tree.serialize_tree(abstract_state, keep_empty_nodes=True)
-  for k, x in ocp.tree.to_flat_dict(target).items():
-    name = '/'.join(map(str, k))
-    if hasattr(x, 'shape') and saved.get(name) != tuple(x.shape):
+  wanted = {'/'.join(map(str, k)): tuple(x.shape)
+            for k, x in ocp.tree.to_flat_dict(target).items() if hasattr(x, 'shape')}
+  for name, shape in wanted.items():
+    if saved.get(name) != shape:
       raise CheckpointError(
-          f'{path} holds no {name} of shape {tuple(x.shape)} (saved: {saved.get(name, "nothing")}): '
-          'it is of another model or optimizer. Start from its parameters alone with '
+          f'{path} holds no {name} of shape {shape} (saved: {saved.get(name, "nothing")}): its '
+          'run trained with other optimizer settings (another optimizer, or paths frozen there '
+          f'that this run trains){optimizer_hint(name)}. Start from its parameters alone with '
           '--gin.train.init_optimizer=False')
   try:
     restored = _read(path, target)
   except Exception as e:
-    raise CheckpointError(f'cannot read the state of {path} ({error_reason(e)}): is it damaged?') from e
+    raise _read_error(path, 'the state', e) from e
+  unread = sorted(saved.keys() - wanted.keys())
+  log.info('%s: parameters and optimizer state restored (the optimizer\'s counts go on; the '
+           'schedule counts from 0); saved but not used: %s', path, ', '.join(unread) or 'none')
   state = ocp.tree.deserialize_tree(restored, abstract_state, keep_empty_nodes=True)
   is_schedule = lambda x: isinstance(x, optax.ScaleByScheduleState)
   return state.replace(step=state.step * 0, opt_state=jax.tree_util.tree_map(

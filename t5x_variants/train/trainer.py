@@ -128,7 +128,6 @@ class ShardedModel:
     if init_checkpoint and init_optimizer:
       state = pretrained.restore_state(init_checkpoint, self.layout.abstract)
       if state is not None:
-        log.info('starting from the parameters and optimizer state of %s', init_checkpoint)
         return state, 0
       log.info('%s holds parameters only: the optimizer state starts fresh', init_checkpoint)
     params = (pretrained.restore_params(init_checkpoint, self.layout.abstract.params,
