@@ -1,4 +1,5 @@
-"""Decoder-only causal language model (GPT-style) on the same stack, or T5's prefix LM."""
+"""Decoder-only causal language model (GPT-style) on the same stack, T5's prefix LM, or T5's causal
+LM of the prefix LM's rows (its inputs then targets, ``inputs_bidirectional_attention`` False)."""
 from t5x_variants.layers.attention import causal_mask, pair_mask, segment_mask
 from t5x_variants.layers.fused_attention import Segments
 from t5x_variants.models.base import LanguageModel, default_positions, token_index
