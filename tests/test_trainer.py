@@ -98,7 +98,7 @@ def test_a_relative_run_directory_saves_and_resumes(reference, tmp_path, monkeyp
 def test_a_checkpoint_of_8_devices_resumes_on_one(reference, tmp_path, subprocess_train):
   """2 steps on 8 host devices (data=4 x model=2, fsdp) in a subprocess, resumed here on one
   device: the parameters read back equal the single-device run's, and steps 3-4 continue its
-  losses."""
+  losses, as do those of a fine-tuning run started from its state (``init_optimizer``)."""
   ref_dir, ref, _ = reference
   finish(subprocess_train('mesh', tmp_path, 2))
   sharding = json.loads((tmp_path / 'checkpoint_2' / 'state' / '_sharding').read_text())
@@ -115,6 +115,11 @@ def test_a_checkpoint_of_8_devices_resumes_on_one(reference, tmp_path, subproces
   run_train(tmp_path, 4)
   losses = train_losses(tmp_path)
   np.testing.assert_allclose([losses[s] for s in range(1, 5)], [ref[s] for s in range(1, 5)],
+                             rtol=1e-5)
+  # fine-tuning from it with its optimizer state, onto one device: the reference's steps 3 and 4
+  run_train(tmp_path / 'ft', 2, batches=_batches_after(2),
+            init_checkpoint=str(tmp_path / 'checkpoint_2'), init_optimizer=True)
+  np.testing.assert_allclose([train_losses(tmp_path / 'ft')[s] for s in (1, 2)], [ref[3], ref[4]],
                              rtol=1e-5)
 
 
@@ -248,7 +253,8 @@ def test_fine_tuning_with_init_optimizer_goes_on_with_the_pretrained_optimizer_s
   rest of the statistics."""
   ref_dir, ref, _ = reference
   init = str(ref_dir / 'checkpoint_2')
-  run_train(tmp_path / 'ft', 2, batches=_batches_after(2), init_checkpoint=init, init_optimizer=True)
+  run_train(tmp_path / 'ft', 2, batches=_batches_after(2), init_checkpoint=init,
+            init_optimizer=True)
   np.testing.assert_allclose([train_losses(tmp_path / 'ft')[s] for s in (1, 2)], [ref[3], ref[4]],
                              rtol=1e-6)
   want, got = saved_state(ref_dir / 'checkpoint_4'), saved_state(tmp_path / 'ft' / 'checkpoint_2')
@@ -258,7 +264,8 @@ def test_fine_tuning_with_init_optimizer_goes_on_with_the_pretrained_optimizer_s
   assert not np.allclose(train_losses(tmp_path / 'fresh')[2], ref[4], rtol=1e-4)
   assert _counts(got) == {2, 4}  # the schedule's count from 0, Adafactor's from the pretraining's 2
   gin.bind_parameter('make_optimizer.frozen', ['token_embedder'])
-  run_train(tmp_path / 'frozen', 1, batches=_batches_after(2), init_checkpoint=init, init_optimizer=True)
+  run_train(tmp_path / 'frozen', 1, batches=_batches_after(2), init_checkpoint=init,
+            init_optimizer=True)
   frozen = saved_state(tmp_path / 'frozen' / 'checkpoint_1')
   assert _counts(frozen) == {1, 3}
   np.testing.assert_array_equal(frozen['params']['token_embedder']['embedding'],
@@ -289,16 +296,19 @@ def test_init_optimizer_from_parameters_only_starts_fresh_from_another_optimizer
   gin.bind_parameter('make_optimizer.optimizer', optimizer.adam)
   run_train(tmp_path / 'adam', 1)
   gin.bind_parameter('make_optimizer.optimizer', optimizer.adafactor)
-  with pytest.raises(checkpoints.CheckpointError, match=r'holds no opt_state/.* of shape .* \(saved: nothing\): .*'
-                     r'--gin.train.init_optimizer=False'):
+  with pytest.raises(checkpoints.CheckpointError,
+                     match=r'holds no opt_state/.* of shape .* \(saved: nothing\): .*'
+                           r'--gin.train.init_optimizer=False'):
     run_train(tmp_path / 'ft2', 1, init_checkpoint=str(tmp_path / 'adam'), init_optimizer=True)
   assert not list((tmp_path / 'ft2').glob('checkpoint_*'))
   gin.bind_parameter('make_optimizer.global_norm_clip', 1.0)  # statistics one level down
-  with pytest.raises(checkpoints.CheckpointError, match=r'make_optimizer.global_norm_clip is set in '
-                     r'one of the two runs only.*init_optimizer=False'):
-    run_train(tmp_path / 'ft3', 1, init_checkpoint=str(ref_dir / 'checkpoint_2'), init_optimizer=True)
+  init = str(ref_dir / 'checkpoint_2')
+  with pytest.raises(checkpoints.CheckpointError,
+                     match=r'make_optimizer.global_norm_clip is set in one of the two runs only'
+                           r'.*init_optimizer=False'):
+    run_train(tmp_path / 'ft3', 1, init_checkpoint=init, init_optimizer=True)
   with pytest.raises(checkpoints.CheckpointError, match=r'holds another model \(.*mlp/wi/kernel'):
-    run_train(tmp_path / 'ft4', 1, init_checkpoint=str(ref_dir / 'checkpoint_2'), init_optimizer=True,
+    run_train(tmp_path / 'ft4', 1, init_checkpoint=init, init_optimizer=True,
               config=tiny(num_encoder_layers=1, num_decoder_layers=1, d_ff=128))
 
 
