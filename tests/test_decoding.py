@@ -29,9 +29,11 @@ class Setup:
 
   def __init__(self, arch, scan_layers=True, vocab=50):
     self.prefix_lm = arch == 'prefix_lm'
-    self.config = tiny(architecture='decoder_only' if self.prefix_lm else arch, scan_layers=scan_layers,
-                       vocab_size=vocab, prefix_lm=self.prefix_lm)
-    if arch == 'encoder_decoder':
+    shared = arch == 'encoder_decoder_shared'  # T5's shared-parameter encoder-decoder
+    self.config = tiny(architecture={'prefix_lm': 'decoder_only', 'encoder_decoder_shared':
+                                     'encoder_decoder'}.get(arch, arch), scan_layers=scan_layers,
+                       vocab_size=vocab, prefix_lm=self.prefix_lm, shared_encoder_decoder=shared)
+    if self.config.architecture == 'encoder_decoder':
       enc = tokens(4, 6, vocab=vocab, seed=1).at[1, 4:].set(0)
       self.inputs = dict(encoder_input_tokens=enc)
       self.model, params = init_params(self.config, enc, tokens(4, 4, vocab=vocab))
@@ -90,6 +92,19 @@ def test_greedy_is_the_argmax_of_a_full_forward_pass_on_its_own_output(arch):
   np.testing.assert_array_equal(out, np.where(valid, log_probs.argmax(-1), 0))
   np.testing.assert_allclose(scores, (token_log_probs(log_probs, out) * valid).sum(1), rtol=1e-5,
                              atol=1e-5)
+
+
+def test_a_shared_encoder_decoder_decodes_as_its_full_forward_pass():
+  """Greedy decoding and beam search of T5's shared-parameter encoder-decoder (the encoder run on
+  the decoder's stack, with no cache) score as one teacher-forced pass."""
+  s = setup('encoder_decoder_shared')
+  for method in ('greedy', 'beam'):
+    out, scores = s.decode(max_decode_length=M, method=method, num_beams=2, length_penalty=0.0)
+    log_probs, valid = s.teacher_forced(out), upto_eos(out)
+    if method == 'greedy':
+      np.testing.assert_array_equal(out, np.where(valid, log_probs.argmax(-1), 0))
+    np.testing.assert_allclose(scores, (token_log_probs(log_probs, out) * valid).sum(1),
+                               rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize('arch', ARCHS)

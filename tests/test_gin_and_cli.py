@@ -83,6 +83,13 @@ def test_the_language_model_file_reads_the_prefix_lms_rows_causally():
   assert 'architecture: decoder_only (inputs then targets, causal)' in model_info(c)
 
 
+def test_the_shared_encoder_decoder_file_runs_the_encoder_on_the_decoders_stack():
+  gin_utils.parse_gin(['gin/models/t5_tiny.gin', 'gin/architectures/encoder_decoder_shared.gin'], [])
+  c = gin_utils.build_config()
+  assert (c.architecture, c.shared_encoder_decoder, c.stacks) == (
+      'encoder_decoder', True, ('encoder', 'decoder'))
+
+
 @pytest.mark.parametrize('run_file, continues', [('finetune.gin', True),
                                                   ('finetune_classification.gin', False)])
 def test_text_to_text_fine_tuning_goes_on_with_the_optimizer_state_bert_starts_afresh(
@@ -130,6 +137,9 @@ def test_t5xv_info_prints_table_constants_and_total(capsys):
     (['--gin.TransformerConfig.num_encoder_layers=2.5'], 'num_encoder_layers must be a non-negative integer'),
     (['--gin.TransformerConfig.prefix_lm=True'], "prefix_lm is a decoder-only model's mask; architecture "
                                                  "is 'encoder_decoder' (gin/architectures/prefix_lm.gin sets both)"),
+    (['--gin.TransformerConfig.shared_encoder_decoder=True',
+      '--gin.TransformerConfig.num_decoder_layers=3'],
+     'it needs architecture encoder_decoder and num_encoder_layers == num_decoder_layers'),
     (['--gin.TransformerConfig.inputs_bidirectional_attention=False'],
      'inputs_bidirectional_attention=False is for a model reading inputs then targets '
      '(prefix_lm=True; gin/architectures/language_model.gin sets both)'),

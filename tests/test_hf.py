@@ -212,6 +212,7 @@ REFUSED = {
     'tanh': (dict(ffn=('tanh',)), "ffn ('tanh',)"),
     'unscaled_tied': (dict(tie_embeddings=True, scale_tied_logits=False),
                       'tie_embeddings without scale_tied_logits'),
+    'shared': (dict(shared_encoder_decoder=True), 'shared_encoder_decoder'),
 }
 
 

@@ -142,6 +142,27 @@ def test_a_prefix_lm_tells_the_order_of_later_prefix_tokens_apart(bidirectional,
   assert np.allclose(a[0, :2], b[0, :2], rtol=1e-6, atol=1e-6) != ordered
 
 
+@pytest.mark.parametrize('scan_layers', [True, False])
+def test_a_shared_encoder_decoder_is_one_whose_encoder_holds_the_decoders_weights(scan_layers):
+  """T5's shared-parameter encoder-decoder (Table 2): its logits are those of the plain model whose
+  encoder holds copies of the decoder's self-attention, FFN, norms, relative bias and final
+  norm; its parameters are the plain model's less the encoder's."""
+  enc, dec = tokens(2, 6).at[1, 4:].set(0), tokens(2, 4, seed=1)
+  model, params = init_params(tiny(shared_encoder_decoder=True, scan_layers=scan_layers), enc, dec)
+  plain_model, plain = init_params(tiny(scan_layers=scan_layers), enc, dec)
+  assert count(params) == count(plain) - count(plain['encoder'])
+  d = params['decoder']
+  own = lambda layer: {k: v for k, v in layer.items()
+                       if 'cross_attention' not in k and k != 'encoder_decoder_attention'}
+  encoder = {**{k: own(v) for k, v in d.items() if k.startswith('layers')},
+             'relpos_bias': d['relpos_bias'], 'encoder_norm': d['decoder_norm']}
+  shape = lambda t: jax.tree_util.tree_map(jnp.shape, t)
+  assert shape(encoder) == shape(plain['encoder'])
+  np.testing.assert_allclose(jit_apply(model)({'params': params}, enc, dec),
+                             jit_apply(plain_model)({'params': {**params, 'encoder': encoder}}, enc, dec),
+                             rtol=1e-6, atol=1e-6)
+
+
 def test_a_language_model_of_inputs_then_targets_reads_its_inputs_causally():
   """T5's 'language model' row (Table 2): the prefix LM's rows, fully causal. The prefix feature
   changes nothing (an input token never reaches the outputs before it) and the outputs are the

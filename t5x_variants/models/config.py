@@ -92,6 +92,11 @@ class TransformerConfig:
     inputs_bidirectional_attention: with ``prefix_lm``, whether the inputs are fully visible (the
       prefix LM) or read causally like the targets: T5's "language model" on the inputs then the
       targets (Table 2), the same rows and loss (T5X's DecoderOnlyModel argument of this name).
+    shared_encoder_decoder: T5's "encoder-decoder, shared" (Raffel et al. 2020, Table 2): the
+      encoder runs on the decoder's parameters (its self-attention, FFN, norms, relative bias and
+      final norm; the cross-attention is the decoder's alone), as the paper's code names the
+      encoder's variables as the decoder's (Mesh TF ``bi_v1_shared``): half the layer parameters,
+      the same cost. Needs as many encoder as decoder layers.
     relative_attention_bidirectional: None (default) for Mesh TensorFlow's rule, the T5 paper's
       code: bidirectional buckets unless the stack is causal throughout (its Unitransformer's
       ``fully_autoregressive``), so a prefix LM's; False keeps them one-directional in a
@@ -146,6 +151,7 @@ class TransformerConfig:
   prefix_lm: bool = False
   inputs_bidirectional_attention: bool = True
   relative_attention_bidirectional: Optional[bool] = None
+  shared_encoder_decoder: bool = False
 
   def remat_policy(self, platform: str) -> str:
     """The remat that runs on ``platform`` ('cpu', 'gpu', 'tpu'). 'auto': 'full' on a GPU with
@@ -172,6 +178,16 @@ class TransformerConfig:
     if self.prefix_lm and self.architecture != 'decoder_only':
       raise ValueError(f"prefix_lm is a decoder-only model's mask; architecture is {self.architecture!r}"
                        " (gin/architectures/prefix_lm.gin sets both)")
+    if self.shared_encoder_decoder and (self.architecture != 'encoder_decoder' or
+                                        self.num_encoder_layers != self.num_decoder_layers):
+      raise ValueError('shared_encoder_decoder runs the encoder on the decoder\'s layers: it needs '
+                       'architecture encoder_decoder and num_encoder_layers == num_decoder_layers, '
+                       f'not {self.architecture} with {self.num_encoder_layers} and '
+                       f'{self.num_decoder_layers}')
+    sized = self.position_embedding == 'learned' or self.attention_components != ('dot_product',)
+    if self.shared_encoder_decoder and sized and self.encoder_max_length != self.decoder_max_length:
+      raise ValueError('shared_encoder_decoder with learned positions or a synthesizer (parameters '
+                       'sized by the sequence length) needs encoder_max_length == decoder_max_length')
     if not self.inputs_bidirectional_attention and not self.prefix_lm:
       raise ValueError('inputs_bidirectional_attention=False is for a model reading inputs then '
                        'targets (prefix_lm=True; gin/architectures/language_model.gin sets both)')

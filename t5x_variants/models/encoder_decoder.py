@@ -1,4 +1,5 @@
-"""Encoder-decoder Transformer (T5, Raffel et al. 2020) with a shared token embedding."""
+"""Encoder-decoder Transformer (T5, Raffel et al. 2020) with a shared token embedding; with
+``shared_encoder_decoder`` the encoder runs on the decoder's stack (T5's Table 2 'shared' row)."""
 import jax.numpy as jnp
 
 from t5x_variants.layers.attention import causal_mask, pair_mask, segment_mask
@@ -12,8 +13,9 @@ class EncoderDecoder(LanguageModel):
 
   def setup(self):
     super().setup()
-    self.encoder = Stack(self.config, 'encoder')
     self.decoder = Stack(self.config, 'decoder', causal=True, cross_attention=True)
+    if not self.config.shared_encoder_decoder:
+      self.encoder = Stack(self.config, 'encoder')
 
   def encode(self, encoder_input_tokens, encoder_segment_ids=None, encoder_positions=None,
              enable_dropout: bool = False):
@@ -23,9 +25,12 @@ class EncoderDecoder(LanguageModel):
       mask = mask & segment_mask(encoder_segment_ids, encoder_segment_ids)
     n = prefix_lengths(valid, encoder_segment_ids)
     lengths = (n, n) if encoder_segment_ids is None else Segments(n, n)
-    return self.encoder(self.token_embedder(encoder_input_tokens),
-                        default_positions(encoder_input_tokens, encoder_positions), mask,
-                        deterministic=not enable_dropout, self_lengths=lengths)
+    x = self.token_embedder(encoder_input_tokens)
+    positions = default_positions(encoder_input_tokens, encoder_positions)
+    if self.config.shared_encoder_decoder:
+      return self.decoder(x, positions, mask, deterministic=not enable_dropout, self_lengths=lengths,
+                          as_encoder=True)
+    return self.encoder(x, positions, mask, deterministic=not enable_dropout, self_lengths=lengths)
 
   def decode(self, encoded, encoder_input_tokens, decoder_input_tokens, encoder_segment_ids=None,
              decoder_segment_ids=None, decoder_positions=None, enable_dropout: bool = False,

@@ -75,11 +75,14 @@ class Stack(nn.Module):
   @nn.compact
   def __call__(self, x, positions, self_mask, encoded=None, cross_mask=None,
                deterministic: bool = True, decode: bool = False, self_lengths=None,
-               cross_lengths=None, prefilled=None):
+               cross_lengths=None, prefilled=None, as_encoder: bool = False):
     """``self_lengths`` / ``cross_lengths``: the masks as (query, key) lengths for a fused
     attention kernel (layers/attention.py), None where they are not a prefix; ``prefilled``:
-    the prompt lengths when prompts fill the cache (``_decode_positions``)."""
+    the prompt lengths when prompts fill the cache (``_decode_positions``); ``as_encoder``: the
+    decoder's parameters run as the encoder (``TransformerConfig.shared_encoder_decoder``)."""
     c = self.config
+    stack, causal, cross = (('encoder', False, False) if as_encoder else
+                            (self.stack, self.causal, self.cross_attention))
     q_positions = k_positions = positions
     decode_position = None
     if decode:
@@ -87,7 +90,7 @@ class Stack(nn.Module):
           x, positions, self_mask, self_lengths, prefilled)
     bias = None
     if c.position_embedding in ('sinusoidal', 'learned'):
-      x = x + AbsolutePositionEmbedding(c.position_embedding, c.d_model, c.max_length(self.stack),
+      x = x + AbsolutePositionEmbedding(c.position_embedding, c.d_model, c.max_length(stack),
                                         name='position_embedding')(q_positions).astype(x.dtype)
     if c.relative_bias:
       # From token indices, not (packed) positions: within a segment both give the same distance,
@@ -98,7 +101,7 @@ class Stack(nn.Module):
       bias_q, bias_k = (q_positions, k_positions) if decode_position is not None else (index, index)
       bias = RelativePositionBias(c.num_heads, c.relative_attention_num_buckets,
                                   c.relative_attention_max_distance,
-                                  bidirectional=c.bidirectional_buckets(self.causal),
+                                  bidirectional=c.bidirectional_buckets(causal),
                                   init_std=1.0 if c.init_scheme == 'torchscale' else None,
                                   name='relpos_bias')(bias_q, bias_k)
     x = nn.Dropout(c.dropout_rate, c.dropout_broadcast_dims)(x, deterministic=deterministic)
@@ -107,20 +110,21 @@ class Stack(nn.Module):
     remat = c.remat_policy(fused_attention.platform())
     if remat != 'none':
       layer = nn.remat(layer, policy=REMAT_POLICIES[remat], prevent_cse=not c.scan_layers)
-    kwargs = dict(config=c, stack=self.stack, cross_attention=self.cross_attention,
-                  causal=self.causal, deterministic=deterministic, decode=decode)
+    kwargs = dict(config=c, stack=stack, cross_attention=cross, causal=causal,
+                  deterministic=deterministic, decode=decode)
     args = (q_positions, k_positions, self_mask, bias, encoded, cross_mask, decode_position,
             self_lengths, cross_lengths)
     if c.scan_layers:
       layer = nn.scan(layer, variable_axes={'params': 0, 'cache': 0, 'intermediates': 0},
                       split_rngs={'params': True, 'dropout': True}, in_axes=(nn.broadcast,) * len(args),
-                      length=c.num_layers(self.stack), metadata_params={nn.PARTITION_NAME: 'layers'})
+                      length=c.num_layers(stack), metadata_params={nn.PARTITION_NAME: 'layers'})
       x, _ = layer(**kwargs, name='layers')(x, *args)
     else:
-      for i in range(c.num_layers(self.stack)):
+      for i in range(c.num_layers(stack)):
         x, _ = layer(**kwargs, name=f'layers_{i}')(x, *args)
 
     if has_final_norm(c.placement):
+      # Named by the parameters' stack: an encoder run on the decoder's shares its final norm.
       x = Norm(c.norm, c.norm_epsilon, c.compute_dtype, name=f'{self.stack}_norm')(x)
       x = nn.Dropout(c.dropout_rate, c.dropout_broadcast_dims)(x, deterministic=deterministic)
     self.sow('intermediates', 'output', x)  # when 'intermediates' is mutable (train/diagnostics.py)
