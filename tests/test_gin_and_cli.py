@@ -88,6 +88,7 @@ def test_the_shared_encoder_decoder_file_runs_the_encoder_on_the_decoders_stack(
   c = gin_utils.build_config()
   assert (c.architecture, c.shared_encoder_decoder, c.stacks) == (
       'encoder_decoder', True, ('encoder', 'decoder'))
+  assert "architecture: encoder_decoder (the encoder on the decoder's parameters)" in model_info(c)
 
 
 @pytest.mark.parametrize('run_file, continues', [('finetune.gin', True),

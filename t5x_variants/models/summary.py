@@ -34,7 +34,8 @@ def variant_summary(config: TransformerConfig) -> List[str]:
   c = config
   gain_name = {'deepnorm': 'beta', 'subln': 'gamma'}.get(c.placement, 'gain')
   rows = (' (prefix LM: inputs fully visible)' if c.visible_prefix else
-          ' (inputs then targets, causal)' if c.prefix_lm else '')
+          ' (inputs then targets, causal)' if c.prefix_lm else
+          ' (the encoder on the decoder\'s parameters)' if c.shared_encoder_decoder else '')
   lines = [f'architecture: {c.architecture}{rows}',
            f'layers: encoder={c.num_encoder_layers if "encoder" in c.stacks else 0} '
            f'decoder={c.num_decoder_layers if "decoder" in c.stacks else 0}',
