@@ -94,10 +94,11 @@ def test_greedy_is_the_argmax_of_a_full_forward_pass_on_its_own_output(arch):
                              atol=1e-5)
 
 
-def test_a_shared_encoder_decoder_decodes_as_its_full_forward_pass():
+@pytest.mark.parametrize('scan_layers', [True, False])
+def test_a_shared_encoder_decoder_decodes_as_its_full_forward_pass(scan_layers):
   """Greedy decoding and beam search of T5's shared-parameter encoder-decoder (the encoder run on
   the decoder's stack, with no cache) score as one teacher-forced pass."""
-  s = setup('encoder_decoder_shared')
+  s = setup('encoder_decoder_shared', scan_layers)
   for method in ('greedy', 'beam'):
     out, scores = s.decode(max_decode_length=M, method=method, num_beams=2, length_penalty=0.0)
     log_probs, valid = s.teacher_forced(out), upto_eos(out)

@@ -141,6 +141,10 @@ def test_t5xv_info_prints_table_constants_and_total(capsys):
     (['--gin.TransformerConfig.shared_encoder_decoder=True',
       '--gin.TransformerConfig.num_decoder_layers=3'],
      'it needs architecture encoder_decoder and num_encoder_layers == num_decoder_layers'),
+    (['--gin.TransformerConfig.shared_encoder_decoder=True',
+      "--gin.TransformerConfig.placement='deepnorm'"],
+     "one set of weights cannot take the encoder's and the decoder's residual constants "
+     "(placement 'deepnorm')"),
     (['--gin.TransformerConfig.inputs_bidirectional_attention=False'],
      'inputs_bidirectional_attention=False is for a model reading inputs then targets '
      '(prefix_lm=True; gin/architectures/language_model.gin sets both)'),

@@ -142,14 +142,19 @@ def test_a_prefix_lm_tells_the_order_of_later_prefix_tokens_apart(bidirectional,
   assert np.allclose(a[0, :2], b[0, :2], rtol=1e-6, atol=1e-6) != ordered
 
 
-@pytest.mark.parametrize('scan_layers', [True, False])
-def test_a_shared_encoder_decoder_is_one_whose_encoder_holds_the_decoders_weights(scan_layers):
+@pytest.mark.parametrize('scan_layers, kernel', [(True, 'xla'), (False, 'xla'), (True, 'cudnn')])
+def test_a_shared_encoder_decoder_is_one_whose_encoder_holds_the_decoders_weights(
+    scan_layers, kernel, monkeypatch):
   """T5's shared-parameter encoder-decoder (Table 2): its logits are those of the plain model whose
   encoder holds copies of the decoder's self-attention, FFN, norms, relative bias and final
-  norm; its parameters are the plain model's less the encoder's."""
+  norm; its parameters are the plain model's less the encoder's. 'cudnn' (served by JAX's XLA
+  implementation of the fused call) takes causality from the kernel's flag, not the mask."""
+  monkeypatch.setattr(fused_attention, 'IMPLEMENTATIONS',
+                      {**fused_attention.IMPLEMENTATIONS, 'cudnn': 'xla'})
   enc, dec = tokens(2, 6).at[1, 4:].set(0), tokens(2, 4, seed=1)
-  model, params = init_params(tiny(shared_encoder_decoder=True, scan_layers=scan_layers), enc, dec)
-  plain_model, plain = init_params(tiny(scan_layers=scan_layers), enc, dec)
+  kw = dict(scan_layers=scan_layers, attention_kernel=kernel)
+  model, params = init_params(tiny(shared_encoder_decoder=True, **kw), enc, dec)
+  plain_model, plain = init_params(tiny(**kw), enc, dec)
   assert count(params) == count(plain) - count(plain['encoder'])
   d = params['decoder']
   own = lambda layer: {k: v for k, v in layer.items()
@@ -158,9 +163,9 @@ def test_a_shared_encoder_decoder_is_one_whose_encoder_holds_the_decoders_weight
              'relpos_bias': d['relpos_bias'], 'encoder_norm': d['decoder_norm']}
   shape = lambda t: jax.tree_util.tree_map(jnp.shape, t)
   assert shape(encoder) == shape(plain['encoder'])
+  copied = {**params, 'encoder': encoder}
   np.testing.assert_allclose(jit_apply(model)({'params': params}, enc, dec),
-                             jit_apply(plain_model)({'params': {**params, 'encoder': encoder}}, enc, dec),
-                             rtol=1e-6, atol=1e-6)
+                             jit_apply(plain_model)({'params': copied}, enc, dec), rtol=1e-6, atol=1e-6)
 
 
 def test_a_language_model_of_inputs_then_targets_reads_its_inputs_causally():

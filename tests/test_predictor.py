@@ -85,11 +85,12 @@ def test_infer_and_eval_prompt_a_decoder_only_model_on_a_language_modelling_task
 
 
 @pytest.mark.parametrize('prefix_lm, bidirectional', [(False, True), (True, True), (True, False)])
-def test_a_prefix_lm_is_prompted_with_its_inputs_eos_a_language_model_without(prefix_lm, bidirectional):
+def test_a_prefix_lm_is_prompted_with_its_inputs_eos_a_language_model_without(
+    prefix_lm, bidirectional):
   """A prefix LM's training rows hold the inputs with their EOS (seqio's PrefixLMFeatureConverter);
   a language model continues the text itself, so its prompt leaves the EOS out; one trained on
-  the prefix LM's rows with causal inputs (T5's 'language model') read them with it too. A last batch is
-  filled with a real prompt, not an empty one (which would start decoding at step 0)."""
+  the prefix LM's rows with causal inputs (T5's 'language model') reads them with it too. A last
+  batch is filled with a real prompt, not an empty one (which would start decoding at step 0)."""
   from types import SimpleNamespace  # pylint: disable=g-import-not-at-top
   from t5x_variants.train.predictor import decode_examples  # pylint: disable=g-import-not-at-top
   seen = []

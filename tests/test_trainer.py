@@ -307,6 +307,12 @@ def test_init_optimizer_from_parameters_only_starts_fresh_from_another_optimizer
                      match=r'make_optimizer.global_norm_clip is set in one of the two runs only'
                            r'.*init_optimizer=False'):
     run_train(tmp_path / 'ft3', 1, init_checkpoint=init, init_optimizer=True)
+  shared = tiny(num_encoder_layers=1, num_decoder_layers=1, shared_encoder_decoder=True)
+  for init_optimizer in (False, True):  # a trained encoder is never dropped silently
+    with pytest.raises(checkpoints.CheckpointError, match=r'holds encoder parameters this model has '
+                       r'none of .*shared_encoder_decoder'):
+      run_train(tmp_path / 'ft5', 1, init_checkpoint=init, init_optimizer=init_optimizer,
+                config=shared)
   with pytest.raises(checkpoints.CheckpointError, match=r'holds another model \(.*mlp/wi/kernel'):
     run_train(tmp_path / 'ft4', 1, init_checkpoint=init, init_optimizer=True,
               config=tiny(num_encoder_layers=1, num_decoder_layers=1, d_ff=128))

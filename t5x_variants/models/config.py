@@ -95,8 +95,9 @@ class TransformerConfig:
     shared_encoder_decoder: T5's "encoder-decoder, shared" (Raffel et al. 2020, Table 2): the
       encoder runs on the decoder's parameters (its self-attention, FFN, norms, relative bias and
       final norm; the cross-attention is the decoder's alone), as the paper's code names the
-      encoder's variables as the decoder's (Mesh TF ``bi_v1_shared``): half the layer parameters,
-      the same cost. Needs as many encoder as decoder layers.
+      encoder's variables as the decoder's (Mesh TF ``bi_v1_shared``): the decoder's parameters
+      alone, the same cost. Needs as many encoder as decoder layers, and Pre-LN or Post-LN
+      without per-stack residual constants.
     relative_attention_bidirectional: None (default) for Mesh TensorFlow's rule, the T5 paper's
       code: bidirectional buckets unless the stack is causal throughout (its Unitransformer's
       ``fully_autoregressive``), so a prefix LM's; False keeps them one-directional in a
@@ -184,6 +185,13 @@ class TransformerConfig:
                        'architecture encoder_decoder and num_encoder_layers == num_decoder_layers, '
                        f'not {self.architecture} with {self.num_encoder_layers} and '
                        f'{self.num_decoder_layers}')
+    per_stack = [n for n in ('encoder_alpha', 'encoder_gain', 'decoder_alpha', 'decoder_gain')
+                 if getattr(self, n) is not None]
+    if self.shared_encoder_decoder and (self.placement in ('deepnorm', 'subln') or per_stack):
+      raise ValueError('shared_encoder_decoder: one set of weights cannot take the encoder\'s and '
+                       'the decoder\'s residual constants (placement '
+                       f'{self.placement!r}{", " + ", ".join(per_stack) if per_stack else ""}); '
+                       'use placement pre or post without per-stack alpha / gain')
     sized = self.position_embedding == 'learned' or self.attention_components != ('dot_product',)
     if self.shared_encoder_decoder and sized and self.encoder_max_length != self.decoder_max_length:
       raise ValueError('shared_encoder_decoder with learned positions or a synthesizer (parameters '

@@ -90,9 +90,6 @@ class Diagnostics:
   ``param_shardings`` say, the batch over 'data' as training batches."""
 
   def __init__(self, model_dir: str, model, config, param_shardings, mesh, **loss_kwargs):
-    if config.shared_encoder_decoder:
-      raise ValueError('per-layer diagnostics read each stack\'s own parameters; a shared '
-                       'encoder-decoder has one stack: set train.diagnostics_period = 0')
     self.path = storage.path(model_dir) / FILE
     self.config, self.mesh, self.batch = config, mesh, None
     data = partitioning.batch_sharding(mesh)

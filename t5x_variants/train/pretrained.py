@@ -38,8 +38,15 @@ def _read_error(path, what: str, e: Exception) -> CheckpointError:
 
 def _new_params(path, saved, wanted, fresh: Sequence[str] = ()):
   """The names of ``wanted``'s parameters ({name: shape}) that ``saved`` lacks or holds with
-  another shape; a CheckpointError if one is not under a ``fresh`` top-level name."""
+  another shape; a CheckpointError if one is not under a ``fresh`` top-level name, or if
+  ``saved`` has a stack ``wanted`` lacks."""
   new = sorted(k for k in wanted if saved.get(k) != wanted[k])
+  stacks = sorted({k.split('/')[0] for k in saved.keys() - wanted.keys()} & {'encoder', 'decoder'})
+  if stacks:  # e.g. a trained encoder that a shared encoder-decoder would silently drop
+    raise CheckpointError(f'{path} holds {" and ".join(stacks)} parameters this model has none of '
+                          '(a model whose encoder runs on the decoder\'s parameters, '
+                          'shared_encoder_decoder, reading a separate encoder\'s?). Is it a '
+                          'checkpoint of the same model configuration?')
   refused = [k for k in new if k.split('/')[0] not in fresh]
   if refused:
     k = refused[0]

@@ -374,6 +374,9 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
   Raises NonFiniteLossError at the first non-finite step (``on_nonfinite='stop'``), after
   ``max_skipped_in_a_row`` skipped ones in a row, or at the end if no step's update was applied.
   """
+  if diagnostics_period and config.shared_encoder_decoder:
+    raise ValueError('per-layer diagnostics read each stack\'s own parameters; a shared '
+                     'encoder-decoder has one stack: set train.diagnostics_period = 0')
   guard = NonFiniteGuard(on_nonfinite, max_skipped_in_a_row)
   sharded = ShardedModel.build(config, mesh or partitioning.MeshConfig(), seed)
   data = train_data()  # first: missing data is one error before the run directory exists
