@@ -212,7 +212,6 @@ REFUSED = {
     'tanh': (dict(ffn=('tanh',)), "ffn ('tanh',)"),
     'unscaled_tied': (dict(tie_embeddings=True, scale_tied_logits=False),
                       'tie_embeddings without scale_tied_logits'),
-    'shared': (dict(shared_encoder_decoder=True), 'shared_encoder_decoder'),
 }
 
 
@@ -222,6 +221,23 @@ def test_each_inexpressible_variant_is_refused_by_name(axis):
   why = hf_t5.inexpressible(tiny(**overrides))
   assert why and why.startswith(message), why
   assert hf_t5.inexpressible(tiny()) is None
+
+
+def test_a_shared_encoder_decoder_exports_as_the_plain_t5_it_computes(tmp_path):
+  """T5's shared-parameter encoder-decoder goes to transformers with the decoder's weights copied
+  into the encoder: its logits there are ours."""
+  from train_helpers import save_fresh_state  # pylint: disable=g-import-not-at-top
+  config = tiny(shared_encoder_decoder=True, vocab_size=64)  # INPUTS' and DECODER's ids
+  params = save_fresh_state(config, tmp_path / 'run', seed=0)
+  (tmp_path / 'run' / 'config.gin').write_text(''.join(
+      f'TransformerConfig.{k} = {v!r}\n' for k, v in config.__dict__.items()
+      if k in ('vocab_size', 'd_model', 'num_heads', 'head_dim', 'd_ff', 'num_encoder_layers',
+               'num_decoder_layers', 'encoder_max_length', 'decoder_max_length',
+               'shared_encoder_decoder')))
+  hf_cli.export_checkpoint(str(tmp_path / 'run'), str(tmp_path / 'out'))
+  exported = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path / 'out').eval()
+  ours = jit_apply(build_model(config))({'params': params}, jnp.asarray(INPUTS), jnp.asarray(DECODER))
+  assert_logits_close(hf_logits(exported), np.asarray(ours))
 
 
 def test_export_refuses_in_one_line_or_writes_our_parameters(tmp_path):

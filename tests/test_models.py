@@ -11,6 +11,7 @@ from conftest import count, init_params, jit_apply, tiny, tokens
 from t5x_variants.layers import fused_attention
 from t5x_variants.layers.synthesizer import SYNTHESIZERS
 from t5x_variants.models import build_model
+from t5x_variants.models.encoder_decoder import unshared_params
 from t5x_variants.models.config import REMAT
 
 VARIANTS = ['dot_product', *SYNTHESIZERS, ('random', 'dense', 'dot_product')]
@@ -156,14 +157,9 @@ def test_a_shared_encoder_decoder_is_one_whose_encoder_holds_the_decoders_weight
   model, params = init_params(tiny(shared_encoder_decoder=True, **kw), enc, dec)
   plain_model, plain = init_params(tiny(**kw), enc, dec)
   assert count(params) == count(plain) - count(plain['encoder'])
-  d = params['decoder']
-  own = lambda layer: {k: v for k, v in layer.items()
-                       if 'cross_attention' not in k and k != 'encoder_decoder_attention'}
-  encoder = {**{k: own(v) for k, v in d.items() if k.startswith('layers')},
-             'relpos_bias': d['relpos_bias'], 'encoder_norm': d['decoder_norm']}
+  copied = unshared_params(params)
   shape = lambda t: jax.tree_util.tree_map(jnp.shape, t)
-  assert shape(encoder) == shape(plain['encoder'])
-  copied = {**params, 'encoder': encoder}
+  assert shape(copied['encoder']) == shape(plain['encoder'])
   np.testing.assert_allclose(jit_apply(model)({'params': params}, enc, dec),
                              jit_apply(plain_model)({'params': copied}, enc, dec), rtol=1e-6, atol=1e-6)
 

@@ -28,6 +28,7 @@ import numpy as np
 from t5x_variants.cli import common
 from t5x_variants.layers.ffn import FFN_VARIANTS
 from t5x_variants.models import hf_t5
+from t5x_variants.models.encoder_decoder import unshared_params
 from t5x_variants.models.config import TransformerConfig
 from t5x_variants.models.summary import abstract_params, model_info, param_rows
 from t5x_variants.train import checkpoints, pretrained, storage
@@ -176,6 +177,9 @@ def export_checkpoint(checkpoint_path: str, output_dir: str, params_only: bool =
     raise ValueError(f'{path} is not the model of {run / "config.gin"}: {bad}')
   from safetensors import numpy as st_numpy  # pylint: disable=g-import-not-at-top
   out.mkdir(parents=True, exist_ok=True)
+  if config.shared_encoder_decoder and not why:  # transformers' T5 holds the copies the model shares
+    params = unshared_params(params)
+    config = dataclasses.replace(config, shared_encoder_decoder=False)
   if why:
     flat = {k: np.ascontiguousarray(v) for k, v in flax.traverse_util.flatten_dict(params, sep='/').items()}
     (out / 'params.safetensors').write_bytes(st_numpy.save(flat))

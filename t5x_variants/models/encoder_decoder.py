@@ -59,3 +59,14 @@ class EncoderDecoder(LanguageModel):
     encoded = self.encode(encoder_input_tokens, encoder_segment_ids, encoder_positions, enable_dropout)
     return self.decode(encoded, encoder_input_tokens, decoder_input_tokens, encoder_segment_ids,
                        decoder_segment_ids, decoder_positions, enable_dropout, decode)
+
+
+def unshared_params(params):
+  """A shared encoder-decoder's parameters (``shared_encoder_decoder``) as the plain model's that
+  computes the same: an encoder holding copies of the decoder's self-attention, FFN, their norms,
+  relative bias (or positions) and final norm, without its cross-attention."""
+  own = lambda layer: {k: v for k, v in layer.items()
+                       if 'cross_attention' not in k and k != 'encoder_decoder_attention'}
+  encoder = {('encoder_norm' if k == 'decoder_norm' else k): own(v) if k.startswith('layers') else v
+             for k, v in params['decoder'].items()}
+  return {**params, 'encoder': encoder}

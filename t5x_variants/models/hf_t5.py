@@ -68,8 +68,6 @@ def inexpressible(config: TransformerConfig) -> Optional[str]:
       (config.position_embedding == 'relative',
        f'position embedding {config.position_embedding!r}: transformers T5 has relative position bias'),
       (not config.use_bias, 'use_bias: transformers T5 has no biases'),
-      (not config.shared_encoder_decoder,
-       'shared_encoder_decoder: transformers T5 keeps an encoder and a decoder of their own'),
       (not config.scale_embeddings, 'scale_embeddings: transformers T5 does not scale its embeddings'),
       (not config.tie_embeddings or config.scale_tied_logits, 'tie_embeddings without '
        'scale_tied_logits: transformers T5 scales a tied output layer by d_model^-0.5'),
