@@ -38,8 +38,7 @@ def variant_summary(config: TransformerConfig) -> List[str]:
           ' (the encoder on the decoder\'s parameters)' if c.shared_encoder_decoder else '')
   lines = [f'architecture: {c.architecture}{rows}',
            f'layers: encoder={c.num_encoder_layers if "encoder" in c.stacks else 0} '
-           f'decoder={c.num_decoder_layers if "decoder" in c.stacks else 0}'
-           f'{" (shared)" * c.shared_encoder_decoder}',
+           f'decoder={c.num_decoder_layers if "decoder" in c.stacks else 0}',
            f'd_model={c.d_model} heads={c.num_heads} head_dim={c.head_dim} vocab={c.vocab_size}',
            f'norm placement: {c.placement} (norm: {c.norm}, init: {c.init_scheme})']
   for stack, (alpha, gain) in c.residual_constants().items():
