@@ -1,5 +1,6 @@
 """Data pipeline: the embedded corpus, tasks end to end, packing, host sharding, exact resume,
 t5xv-data, and the errors for bad input."""
+import dataclasses
 import subprocess
 import sys
 
@@ -12,6 +13,7 @@ seqio = pytest.importorskip('seqio', reason=NO_DATA_LAYER)
 
 from t5x_variants.data import corpus, pipeline, span_corruption, tasks  # noqa: E402
 from t5x_variants.cli.data import main as data_main  # noqa: E402
+from t5x_variants.data.config import DatasetConfig  # noqa: E402
 
 SC_LENGTHS = {'inputs': 64, 'targets': span_corruption.input_and_target_lengths(64)[1]}
 
@@ -71,6 +73,7 @@ def batches(context):
   out = []
   for name, lengths, architecture in (
       ('embedded_span_corruption', {'inputs': 64, 'targets': 16}, 'encoder_decoder'),
+      ('embedded_prefix_lm', {'inputs': 32, 'targets': 31}, 'prefix_lm'),
       ('embedded_lm', {'targets': 32}, 'decoder_only'),
       ('embedded_mlm', {'inputs': 32, 'targets': 32}, 'encoder_only')):
     it = pipeline.batches(name, lengths, architecture, 4, seed=1)
@@ -89,9 +92,9 @@ print('equal', len(reference))
 def test_preprocessors_traced_without_autograph_give_the_batches_autograph_gives():
   """tasks.without_autograph (the pipeline's default) against autograph everywhere, in a fresh
   process (TensorFlow remembers which functions it let through unconverted): the packed batches
-  of the three objectives and the (unpacked) eval batches are identical."""
+  of the four objectives and the (unpacked) eval batches are identical."""
   out = subprocess.run([sys.executable, '-c', AUTOGRAPH_OR_NOT], capture_output=True, text=True)
-  assert out.returncode == 0 and out.stdout.strip().endswith('equal 7'), out.stderr[-3000:]
+  assert out.returncode == 0 and out.stdout.strip().endswith('equal 9'), out.stderr[-3000:]
 
 
 def test_packed_encoder_decoder_batches_keep_segments_apart(short_pairs_task):
@@ -167,6 +170,45 @@ def test_prefix_lm_rows_are_the_inputs_then_the_targets_with_the_loss_on_the_tar
     pipeline.get_dataset('embedded_lm', {'targets': 64}, 'prefix_lm')
 
 
+def test_prefix_lm_objective_cuts_each_chunk_once_at_a_uniform_point():
+  """T5's LM objective: an example's inputs then targets are the LM task's chunk of the same
+  stream (no token lost, added or moved), each with EOS, cut after n tokens, n uniform over
+  [1, L - 1] for chunks of L = inputs_length - 1."""
+  chunk_length, n_examples = 15, 600
+  examples = tasks.task_examples(tasks.get_task_or_mixture('embedded_prefix_lm'), 'validation',
+                                 {'inputs': chunk_length + 1, 'targets': chunk_length},
+                                 max_examples=n_examples)
+  chunks = tasks.task_examples(tasks.get_task_or_mixture('embedded_lm'), 'validation',
+                               {'targets': chunk_length + 1}, max_examples=n_examples)
+  assert len(examples) == n_examples
+  cuts = []
+  for example, chunk in zip(examples, chunks, strict=True):
+    assert example['inputs'][-1] == 1 and example['targets'][-1] == 1
+    np.testing.assert_array_equal(np.concatenate([example['inputs'][:-1], example['targets'][:-1]]),
+                                  chunk['targets'][:-1])
+    cuts.append(len(example['inputs']) - 1)
+  counts = np.bincount(cuts, minlength=chunk_length)
+  expected = n_examples / (chunk_length - 1)  # 42.9 a cut; the bounds are 4.5 standard deviations
+  assert counts[0] == 0 and len(counts) == chunk_length
+  assert (counts[1:] > expected / 3).all() and (counts[1:] < 3 * expected).all(), counts
+
+
+def test_a_prefix_lm_row_carries_its_loss_on_the_inputs_too_when_asked():
+  """``DatasetConfig.loss_on_targets_only=False`` (T5's language model on the LM objective): the
+  loss weights cover the whole row; refused for a model whose rows hold no inputs."""
+  lengths = {'inputs': 32, 'targets': 31}
+  config = DatasetConfig(mixture_or_task_name='embedded_prefix_lm', task_feature_lengths=lengths,
+                         batch_size=4)
+  targets_only = next(pipeline.config_batches(config, 'prefix_lm'))
+  whole = next(pipeline.config_batches(dataclasses.replace(config, loss_on_targets_only=False),
+                                       'prefix_lm'))
+  np.testing.assert_array_equal(whole['decoder_target_tokens'], targets_only['decoder_target_tokens'])
+  np.testing.assert_array_equal(whole['decoder_loss_weights'], whole['decoder_target_tokens'] > 0)
+  assert 0 < targets_only['decoder_loss_weights'].sum() < whole['decoder_loss_weights'].sum()
+  with pytest.raises(ValueError, match='but encoder_decoder rows hold no inputs'):
+    pipeline.get_dataset('embedded_prefix_lm', lengths, 'encoder_decoder', loss_on_targets_only=False)
+
+
 def test_a_decoder_only_model_on_a_task_with_inputs_is_refused_not_fed_targets_alone():
   """LMFeatureConverter reads targets only: the inputs (a GLUE sentence, a corrupted span) would
   be dropped without a word, the model trained on labels or sentinels alone."""
@@ -192,6 +234,8 @@ def test_t5xv_data_prints_examples_and_statistics(capsys):
     (['--task=embedded_span_corruption', '--inputs_length=2'], 'too short for span corruption'),
     (['--task=embedded_span_corruption', '--targets_length=100'], 'makes targets of 114 tokens, but'),
     (['--task=embedded_lm', '--targets_length=1'], 'leaves no room'),
+    (['--task=embedded_prefix_lm', '--targets_length=100'], 'makes targets of up to 511 tokens'),
+    (['--task=embedded_prefix_lm', '--inputs_length=2'], 'leaves no room to split a chunk'),
     (['--task=embedded_lm', '--gin.vocabulary.kind="file"', '--gin.vocabulary.path="/no/such.model"'],
      "existing SentencePiece .model file, got '/no/such.model'"),
     (['--task=c4_span_corruption'], 'not prepared'),

@@ -186,6 +186,7 @@ SMALL_RUNS = [
     ('gin/experiments/synthesizer/span_corruption_small.gin', 'gin/variants/attention/synth_random_plus_v.gin'),
     ('gin/experiments/synthesizer/lm_small.gin', 'gin/variants/attention/synth_fixed_random.gin'),
     ('gin/experiments/vanilla/span_corruption_small.gin', 'gin/variants/norm/post_ln.gin'),
+    ('gin/experiments/t5/lm_objective_small.gin', 'gin/architectures/prefix_lm.gin'),
 ]
 
 

@@ -19,3 +19,6 @@ class DatasetConfig:
   seed: int = 0
   pack: bool = True
   num_epochs: Optional[int] = None  # None: repeat forever
+  # A prefix LM's loss on its targets only (T5X's default); False: on the inputs too, i.e. on the
+  # whole row (T5's language model trained on the LM objective predicts its entire span).
+  loss_on_targets_only: bool = True

@@ -3,7 +3,7 @@
 Feature conversion follows the architecture: encoder-decoder (seqio.EncDecFeatureConverter),
 decoder-only (seqio.LMFeatureConverter), T5's prefix LM (seqio.PrefixLMFeatureConverter: the
 inputs then the targets in one row, ``decoder_causal_attention`` marking the fully visible part,
-the loss on the targets) or encoder-only MLM (``MLMFeatureConverter``: the loss
+the loss on the targets, or on the whole row with ``DatasetConfig.loss_on_targets_only=False``) or encoder-only MLM (``MLMFeatureConverter``: the loss
 sits on every position BERT selected, also the 10% replaced at random and the 10% kept); a
 classification task (data/classification.py, encoder-only only) has its own
 ``ClassificationFeatureConverter``. With ``pack=True`` several examples share a row, told apart by
@@ -96,19 +96,25 @@ class ClassificationFeatureConverter(seqio.FeatureConverter):
             'classification_weights': 1}
 
 
-def feature_converter(architecture: str, pack: bool) -> seqio.FeatureConverter:
-  """``architecture``: one of features.DATA_ARCHITECTURES (TransformerConfig.data_architecture)."""
+def feature_converter(architecture: str, pack: bool,
+                      loss_on_targets_only: bool = True) -> seqio.FeatureConverter:
+  """``architecture``: one of features.DATA_ARCHITECTURES (TransformerConfig.data_architecture);
+  ``loss_on_targets_only=False``: a prefix LM's loss on its inputs too (``DatasetConfig``)."""
   if architecture not in DATA_ARCHITECTURES:
     raise ValueError(f'unknown architecture {architecture!r}; valid: {", ".join(DATA_ARCHITECTURES)}')
+  if architecture == 'prefix_lm':
+    return seqio.PrefixLMFeatureConverter(pack=pack, loss_on_targets_only=loss_on_targets_only)
+  if not loss_on_targets_only:
+    raise ValueError(f"loss_on_targets_only=False puts a prefix LM's loss on its inputs too, but "
+                     f"{architecture} rows hold no inputs; leave it True (the default)")
   return {'encoder_decoder': seqio.EncDecFeatureConverter, 'decoder_only': seqio.LMFeatureConverter,
-          'prefix_lm': seqio.PrefixLMFeatureConverter,
           'encoder_only': MLMFeatureConverter}[architecture](pack=pack)
 
 
 def get_dataset(name: str, task_feature_lengths: Mapping[str, int], architecture: str,
                 split: str = 'train', shuffle: bool = True, seed: Optional[int] = 0,
                 num_epochs: Optional[int] = None, pack: bool = True, shard_index: int = 0,
-                num_shards: int = 1) -> tf.data.Dataset:
+                num_shards: int = 1, loss_on_targets_only: bool = True) -> tf.data.Dataset:
   """Model-ready examples of this shard (host) of a task or mixture, deterministic given seed.
   A classification task is never packed and uses only the 'inputs' length."""
   task = tasks.get_task_or_mixture(name)
@@ -133,7 +139,7 @@ def get_dataset(name: str, task_feature_lengths: Mapping[str, int], architecture
                        'decoder-only model (gin/architectures/decoder_only.gin) on this one')
     if architecture == 'encoder_only':  # the MLM weights are as long as the inputs
       task_feature_lengths = dict(task_feature_lengths, mlm_weights=task_feature_lengths['inputs'])
-    converter = feature_converter(architecture, pack)
+    converter = feature_converter(architecture, pack, loss_on_targets_only)
   with tasks.explain_missing_data(task), tasks.without_autograph():
     return seqio.get_dataset(task, task_feature_lengths, converter,
                              dataset_split=split, shuffle=shuffle, num_epochs=num_epochs,
@@ -180,10 +186,10 @@ class BatchIterator(Iterator[Dict[str, np.ndarray]]):
 def batches(name: str, task_feature_lengths: Mapping[str, int], architecture: str,
             global_batch_size: int, split: str = 'train', shuffle: bool = True, seed: int = 0,
             num_epochs: Optional[int] = None, pack: bool = True, host_index: int = 0,
-            num_hosts: int = 1) -> BatchIterator:
+            num_hosts: int = 1, loss_on_targets_only: bool = True) -> BatchIterator:
   """The iterator a trainer consumes: this host's batches of ``name``."""
   ds = get_dataset(name, task_feature_lengths, architecture, split, shuffle, seed, num_epochs, pack,
-                   host_index, num_hosts)
+                   host_index, num_hosts, loss_on_targets_only)
   return BatchIterator(ds, global_batch_size, num_hosts)
 
 
@@ -195,4 +201,4 @@ def config_batches(config: DatasetConfig, architecture: str, host_index: int = 0
                      'MIXTURE_OR_TASK_NAME and TASK_FEATURE_LENGTHS)')
   return batches(config.mixture_or_task_name, config.task_feature_lengths, architecture,
                  config.batch_size, config.split, config.shuffle, config.seed, config.num_epochs,
-                 config.pack, host_index, num_hosts)
+                 config.pack, host_index, num_hosts, config.loss_on_targets_only)

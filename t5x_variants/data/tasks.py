@@ -1,7 +1,9 @@
-"""Registered seqio tasks: {c4, local, embedded} x {span_corruption, lm, mlm}, GLUE/SuperGLUE, SQuAD.
+"""Registered seqio tasks: {c4, local, embedded} x {span_corruption, prefix_lm, lm, mlm},
+GLUE/SuperGLUE, SQuAD.
 
-Names: ``c4_span_corruption`` (T5 pretraining), ``c4_lm`` (decoder-only), ``c4_mlm``
-(encoder-only), the same three for ``local_`` (files bound by ``local_corpus_files.pattern``) and
+Names: ``c4_span_corruption`` (T5 pretraining), ``c4_prefix_lm`` (T5's LM objective for
+text-to-text models), ``c4_lm`` (decoder-only), ``c4_mlm`` (encoder-only), the same four for
+``local_`` (files bound by ``local_corpus_files.pattern``) and
 ``embedded_`` (the embedded default corpus), plus the tasks and mixtures of data/glue.py,
 data/classification.py and data/squad.py. ``register_tasks()`` registers them all once, with the
 gin-bound vocabulary.
@@ -22,7 +24,7 @@ from t5x_variants.data import corpus, mlm, span_corruption, vocab
 
 C4_TFDS_NAME = 'c4/en:3.1.0'
 SOURCES = ('c4', 'local', 'embedded')
-OBJECTIVES = ('span_corruption', 'lm', 'mlm')
+OBJECTIVES = ('span_corruption', 'prefix_lm', 'lm', 'mlm')
 
 
 class DataNotFoundError(FileNotFoundError):
@@ -57,9 +59,36 @@ def lm(dataset, sequence_length):
   return span_corruption.split_tokens(dataset, sequence_length['targets'] - 1)
 
 
+def prefix_lm(dataset, sequence_length):
+  """T5's LM objective for a model with inputs (Raffel et al. 2020, Sec. 3.2.3): a chunk of the
+  document token stream cut at a random point, the inputs its first n tokens, the targets the rest.
+
+  Chunks of L = inputs_length - 1 tokens (room for EOS), n uniform in [1, L - 1] (T5's
+  ``random_prefix_noise_mask`` at noise density 0.5), so the targets take at most L - 1 tokens
+  and EOS. T5 cuts each document on its own (short documents make short rows); here, as for span
+  corruption, the documents are joined first, so every example holds L tokens.
+  """
+  length = sequence_length['inputs'] - 1
+  if length < 2:
+    raise ValueError(f"inputs length {sequence_length['inputs']} leaves no room to split a chunk "
+                     'into inputs and targets (it needs 3: two tokens and EOS)')
+  if sequence_length.get('targets', length) < length:
+    raise ValueError(f"the prefix LM objective of {sequence_length['inputs']} inputs makes targets of "
+                     f"up to {length} tokens (EOS included), but the targets length is "
+                     f"{sequence_length['targets']}; set it to {length} or more")
+
+  @seqio.map_over_dataset(num_seeds=1)
+  def split(features, seed):
+    tokens = features['targets']
+    n = tf.random.stateless_uniform([], seed, minval=1, maxval=length, dtype=tf.int32)
+    return {'inputs': tokens[:n], 'targets': tokens[n:]}
+
+  return split(span_corruption.split_tokens(dataset, length))
+
+
 def _task(name: str, source: str, objective: str, vocabulary: seqio.Vocabulary) -> seqio.Task:
   """text -> 'targets' tokens -> the objective -> EOS appended (after trimming to length)."""
-  objective_fn = {'span_corruption': span_corruption.span_corruption,
+  objective_fn = {'span_corruption': span_corruption.span_corruption, 'prefix_lm': prefix_lm,
                   'lm': lm, 'mlm': mlm.mlm}[objective]
   keys = ('targets',) if objective == 'lm' else ('inputs', 'targets')
   return seqio.Task(
