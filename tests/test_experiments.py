@@ -203,6 +203,32 @@ def test_small_recipes_train(recipe, variant, tmp_path):
   assert (tmp_path / 'checkpoint_3').exists()
 
 
+@needs_data_layer
+def test_the_language_model_on_the_lm_objective_learns_the_whole_row_and_is_scored_on_the_targets(tmp_path):
+  """T5's language model on the LM objective (``train/DatasetConfig.loss_on_targets_only=False``,
+  EXPERIMENTS §6): the training loss covers the inputs too, the held-out loss the targets alone,
+  as for the models it is compared with; the eval scope's binding moves the held-out loss."""
+  from t5x_variants.cli import train
+  from t5x_variants.sweeps.runs import read_records
+
+  def metrics(name, *bindings):
+    gin.clear_config()
+    assert train.main(['--gin_file=gin/experiments/t5/lm_objective_small.gin',
+                       '--gin_file=gin/architectures/language_model.gin',
+                       f'--gin.MODEL_DIR="{tmp_path / name}"', '--gin.TRAIN_STEPS=1',
+                       '--gin.BATCH_SIZE=4', '--gin.train.log_period=1', '--gin.train.eval_period=1',
+                       '--gin.train.eval_batches=1', *bindings]) == 0
+    rows = read_records(str(tmp_path / name))
+    return [next(r['num_tokens'] for r in rows if r['kind'] == kind) for kind in ('train', 'eval')]
+
+  targets_train, targets_eval = metrics('targets')
+  whole_train, whole_eval = metrics('whole', '--gin.train/DatasetConfig.loss_on_targets_only=False')
+  assert whole_eval == targets_eval
+  assert whole_train == 4 * 129 > targets_train  # every row: a 127-token chunk and two EOS
+  _, scored_whole = metrics('scored_whole', '--gin.train_eval/DatasetConfig.loss_on_targets_only=False')
+  assert scored_whole == 4 * 129  # the eval scope's own binding
+
+
 # Full-scale recipes: run alone (after a pretraining recipe for fine-tuning files).
 FULL_SCALE = [p for p in experiment_files()
               if not p.endswith('_small.gin') and os.path.basename(p) not in OVERLAYS | {

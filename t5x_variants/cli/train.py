@@ -200,7 +200,8 @@ def _train_from_data_layer(args, config, train_cfg, eval_cfg):
       eval_metric_fns = classification.metric_fns(subtasks)
     eval_data = lambda: {n: pipeline.eval_batches(n, eval_cfg.task_feature_lengths,
                                                   config.data_architecture, eval_cfg.batch_size,
-                                                  eval_cfg.split) for n in names}
+                                                  eval_cfg.split, eval_cfg.loss_on_targets_only)
+                           for n in names}
   files = vocabulary_files(train_cfg.mixture_or_task_name)
   if args.write_batches:
     if eval_metric_fns or jax.process_count() > 1:

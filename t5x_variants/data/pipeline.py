@@ -148,12 +148,13 @@ def get_dataset(name: str, task_feature_lengths: Mapping[str, int], architecture
 
 
 def eval_batches(name: str, task_feature_lengths: Mapping[str, int], architecture: str,
-                 batch_size: int, split: str = 'validation') -> Iterator[Dict[str, np.ndarray]]:
+                 batch_size: int, split: str = 'validation',
+                 loss_on_targets_only: bool = True) -> Iterator[Dict[str, np.ndarray]]:
   """Every example of a split, unpacked and in order, in global batches that every process reads
   whole (no example dropped or seen twice). The last batch is padded with zero rows (zero loss
   weight) to ``batch_size``, so one compiled step serves them all."""
   ds = get_dataset(name, task_feature_lengths, architecture, split, shuffle=False, num_epochs=1,
-                   pack=False)
+                   pack=False, loss_on_targets_only=loss_on_targets_only)
   for batch in ds.batch(batch_size).as_numpy_iterator():
     n = len(next(iter(batch.values())))
     yield {k: np.concatenate([v, np.zeros((batch_size - n,) + v.shape[1:], v.dtype)])
