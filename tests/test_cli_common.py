@@ -1,5 +1,6 @@
 """What every command shares: the launcher's transparent huge pages (CPU hosts only), one-line
 usage errors, and quiet start-up."""
+import dataclasses
 import os
 import subprocess
 import sys
@@ -153,3 +154,20 @@ def test_a_run_bounded_by_epochs_over_several_processes_is_refused(monkeypatch):
     train.check_inputs(tiny(), DatasetConfig(num_epochs=3, batch_size=8), DatasetConfig())
   with pytest.raises(ValueError, match=r'seed = None with 2 processes: .*set a seed'):  # shares overlap
     train.check_inputs(tiny(), DatasetConfig(seed=None, batch_size=8), DatasetConfig())
+
+
+def test_a_loss_on_the_inputs_is_refused_before_the_run_for_a_model_without_a_prefix_lm_row():
+  """``loss_on_targets_only=False`` of either scope on an encoder-decoder: one error naming the
+  scope, before any data is built (the eval scope's would otherwise fail at the first eval)."""
+  from conftest import tiny  # pylint: disable=g-import-not-at-top
+  from t5x_variants.cli import train  # pylint: disable=g-import-not-at-top
+  from t5x_variants.data.config import DatasetConfig  # pylint: disable=g-import-not-at-top
+  from t5x_variants.train import trainer  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  whole_row = DatasetConfig(batch_size=8, loss_on_targets_only=False)
+  for train_cfg, eval_cfg, scope in ((whole_row, DatasetConfig(), 'train'),
+                                     (DatasetConfig(batch_size=8), whole_row, 'train_eval')):
+    with pytest.raises(ValueError, match=rf'^{scope}/DatasetConfig.loss_on_targets_only=False .*'
+                                         r'\(this model: encoder_decoder\)'):
+      train.check_inputs(tiny(), train_cfg, eval_cfg)
+  prefix_lm = dataclasses.replace(tiny(), architecture='decoder_only', prefix_lm=True)
+  train.check_inputs(prefix_lm, whole_row, whole_row)

@@ -205,7 +205,7 @@ def test_a_prefix_lm_row_carries_its_loss_on_the_inputs_too_when_asked():
   np.testing.assert_array_equal(whole['decoder_target_tokens'], targets_only['decoder_target_tokens'])
   np.testing.assert_array_equal(whole['decoder_loss_weights'], whole['decoder_target_tokens'] > 0)
   assert 0 < targets_only['decoder_loss_weights'].sum() < whole['decoder_loss_weights'].sum()
-  with pytest.raises(ValueError, match='but encoder_decoder rows hold no inputs'):
+  with pytest.raises(ValueError, match='only a prefix LM holds inputs and targets in one row .this model: encoder_decoder.'):
     pipeline.get_dataset('embedded_prefix_lm', lengths, 'encoder_decoder', loss_on_targets_only=False)
 
 

@@ -29,11 +29,14 @@ def _decode(vocabulary, ids) -> str:
 
 
 def default_lengths(name: str, inputs_length: int):
-  """Span corruption's targets follow from its inputs (T5: 512 -> 114); else equal lengths."""
+  """Span corruption's targets follow from its inputs (T5: 512 -> 114), the prefix LM
+  objective's are one shorter (512 -> 511); else equal lengths."""
   from t5x_variants.data import span_corruption  # pylint: disable=g-import-not-at-top
   if name.endswith('span_corruption'):
     return {'inputs': inputs_length,
             'targets': span_corruption.input_and_target_lengths(inputs_length)[1]}
+  if name.endswith('prefix_lm'):
+    return {'inputs': inputs_length, 'targets': inputs_length - 1}
   return {'inputs': inputs_length, 'targets': inputs_length}
 
 

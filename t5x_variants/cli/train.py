@@ -126,6 +126,7 @@ def check_inputs(config, train_cfg, eval_cfg):
   """Every number and path the training run reads, checked before any data is built or anything
   compiles; the first bad one is a ValueError of one line naming its binding (its macro if it has
   one) and its valid range (``ranges.RANGES``)."""
+  from t5x_variants.data.config import check_loss_on_targets_only  # pylint: disable=g-import-not-at-top
   from t5x_variants.train import partitioning  # pylint: disable=g-import-not-at-top
   bindings = gin.get_bindings('train')
   ranges.check_ranges('train', bindings)
@@ -133,6 +134,11 @@ def check_inputs(config, train_cfg, eval_cfg):
   ranges.check_ranges('DatasetConfig', vars(train_cfg), scope='train')
   if eval_cfg.mixture_or_task_name:
     ranges.check_ranges('DatasetConfig', vars(eval_cfg), scope='train_eval')
+  for scope, cfg in (('train', train_cfg), ('train_eval', eval_cfg)):
+    try:
+      check_loss_on_targets_only(cfg.loss_on_targets_only, config.data_architecture)
+    except ValueError as e:
+      raise ValueError(f'{scope}/DatasetConfig.{e}') from None
   if train_cfg.num_epochs is not None and jax.process_count() > 1:
     # Each host's share of the data ends after its own number of batches: the first host out
     # would stop while the others step on, alone in the step's collectives.

@@ -23,3 +23,11 @@ class DatasetConfig:
   # whole row (T5's language model trained on the LM objective predicts its entire span). Each
   # scope its own: a train/ binding leaves the held-out loss (train_eval/) on the targets.
   loss_on_targets_only: bool = True
+
+
+def check_loss_on_targets_only(loss_on_targets_only: bool, architecture: str):
+  """``loss_on_targets_only=False`` means something only for a prefix LM's rows."""
+  if not loss_on_targets_only and architecture != 'prefix_lm':
+    raise ValueError(f"loss_on_targets_only=False puts a prefix LM's loss on its inputs too, but "
+                     f'only a prefix LM holds inputs and targets in one row (this model: '
+                     f'{architecture}); leave it True (the default)')

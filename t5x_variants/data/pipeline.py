@@ -19,7 +19,7 @@ import seqio
 import tensorflow as tf
 
 from t5x_variants.data import classification, tasks
-from t5x_variants.data.config import DatasetConfig
+from t5x_variants.data.config import DatasetConfig, check_loss_on_targets_only
 from t5x_variants.features import DATA_ARCHITECTURES
 
 
@@ -102,11 +102,9 @@ def feature_converter(architecture: str, pack: bool,
   ``loss_on_targets_only=False``: a prefix LM's loss on its inputs too (``DatasetConfig``)."""
   if architecture not in DATA_ARCHITECTURES:
     raise ValueError(f'unknown architecture {architecture!r}; valid: {", ".join(DATA_ARCHITECTURES)}')
+  check_loss_on_targets_only(loss_on_targets_only, architecture)
   if architecture == 'prefix_lm':
     return seqio.PrefixLMFeatureConverter(pack=pack, loss_on_targets_only=loss_on_targets_only)
-  if not loss_on_targets_only:
-    raise ValueError(f"loss_on_targets_only=False puts a prefix LM's loss on its inputs too, but "
-                     f"{architecture} rows hold no inputs; leave it True (the default)")
   return {'encoder_decoder': seqio.EncDecFeatureConverter, 'decoder_only': seqio.LMFeatureConverter,
           'encoder_only': MLMFeatureConverter}[architecture](pack=pack)
 
