@@ -12,7 +12,7 @@ from conftest import NO_DATA_LAYER
 seqio = pytest.importorskip('seqio', reason=NO_DATA_LAYER)
 
 from t5x_variants.data import corpus, pipeline, span_corruption, tasks  # noqa: E402
-from t5x_variants.cli.data import main as data_main  # noqa: E402
+from t5x_variants.cli.data import default_lengths, main as data_main  # noqa: E402
 from t5x_variants.data.config import DatasetConfig  # noqa: E402
 
 SC_LENGTHS = {'inputs': 64, 'targets': span_corruption.input_and_target_lengths(64)[1]}
@@ -269,3 +269,5 @@ def test_span_corruption_targets_length_follows_the_inputs_length(capsys):
   out = capsys.readouterr().out
   assert 'mean_inputs_length: 1024' in out
   assert f'mean_targets_length: {span_corruption.input_and_target_lengths(1024)[1]}' in out
+  # The prefix LM objective's longest targets: a chunk of inputs - 1 tokens less one, and EOS.
+  assert default_lengths('c4_prefix_lm', 512) == {'inputs': 512, 'targets': 511}
