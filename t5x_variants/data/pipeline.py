@@ -3,8 +3,9 @@
 Feature conversion follows the architecture: encoder-decoder (seqio.EncDecFeatureConverter),
 decoder-only (seqio.LMFeatureConverter), T5's prefix LM (seqio.PrefixLMFeatureConverter: the
 inputs then the targets in one row, ``decoder_causal_attention`` marking the fully visible part,
-the loss on the targets, or on the whole row with ``DatasetConfig.loss_on_targets_only=False``) or encoder-only MLM (``MLMFeatureConverter``: the loss
-sits on every position BERT selected, also the 10% replaced at random and the 10% kept); a
+the loss on the targets, or on the whole row with ``DatasetConfig.loss_on_targets_only=False``)
+or encoder-only MLM (``MLMFeatureConverter``: the loss sits on every position BERT selected,
+also the 10% replaced at random and the 10% kept); a
 classification task (data/classification.py, encoder-only only) has its own
 ``ClassificationFeatureConverter``. With ``pack=True`` several examples share a row, told apart by
 ``*_segment_ids`` and ``*_positions`` (never for classification: the head reads a row's first token).
