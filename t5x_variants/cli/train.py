@@ -135,10 +135,8 @@ def check_inputs(config, train_cfg, eval_cfg):
   if eval_cfg.mixture_or_task_name:
     ranges.check_ranges('DatasetConfig', vars(eval_cfg), scope='train_eval')
   for scope, cfg in (('train', train_cfg), ('train_eval', eval_cfg)):
-    try:
-      check_loss_on_targets_only(cfg.loss_on_targets_only, config.data_architecture)
-    except ValueError as e:
-      raise ValueError(f'{scope}/DatasetConfig.{e}') from None
+    check_loss_on_targets_only(cfg.loss_on_targets_only, config.data_architecture,
+                               f'{scope}/DatasetConfig.loss_on_targets_only')
   if train_cfg.num_epochs is not None and jax.process_count() > 1:
     # Each host's share of the data ends after its own number of batches: the first host out
     # would stop while the others step on, alone in the step's collectives.

@@ -25,9 +25,11 @@ class DatasetConfig:
   loss_on_targets_only: bool = True
 
 
-def check_loss_on_targets_only(loss_on_targets_only: bool, architecture: str):
-  """``loss_on_targets_only=False`` means something only for a prefix LM's rows."""
+def check_loss_on_targets_only(loss_on_targets_only: bool, architecture: str,
+                               name: str = 'loss_on_targets_only'):
+  """``loss_on_targets_only=False`` means something only for a prefix LM's rows; ``name``: the
+  binding as the error calls it."""
   if not loss_on_targets_only and architecture != 'prefix_lm':
-    raise ValueError(f"loss_on_targets_only=False puts a prefix LM's loss on its inputs too, but "
+    raise ValueError(f"{name}=False puts a prefix LM's loss on its inputs too, but "
                      f'only a prefix LM holds inputs and targets in one row (this model: '
                      f'{architecture}); leave it True (the default)')
