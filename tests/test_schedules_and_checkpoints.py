@@ -9,6 +9,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 from conftest import ON_GPU
@@ -227,7 +228,7 @@ def test_a_read_failing_outside_the_checkpoint_moves_nothing_aside(tmp_path, mon
 
   def fails(*args, **kwargs):
     raise error
-  monkeypatch.setattr(checkpoints.Checkpointer, 'restore', fails)
+  monkeypatch.setattr(ocp.StandardCheckpointHandler, 'restore', fails)
   resumed = checkpoints.Checkpointer(str(tmp_path))
   with pytest.raises(checkpoints.CheckpointError, match='checkpoint_2 could not be read .*, for a '
                      'cause outside it: nothing was moved aside; fix the cause'):
@@ -311,7 +312,6 @@ def test_a_run_dir_without_checkpoints_is_a_clear_error(tmp_path, where):
 def test_a_restore_without_target_shardings_fails_the_tests(tmp_path):
   """orbax warns that such a restore is unsafe on another topology; here, and in the processes
   the tests start, that warning is an error (the trainer always names the shardings)."""
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   with ocp.PyTreeCheckpointer() as ckptr:
     ckptr.save(tmp_path / 'tree', {'x': jnp.arange(4.0)})
     with pytest.raises(UserWarning, match='Sharding info not provided'):

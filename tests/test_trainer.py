@@ -22,7 +22,8 @@ import pytest
 from conftest import needs_data_layer, tiny
 from t5x_variants import path_keys
 from t5x_variants.train import checkpoints, optimizer, pretrained, trainer
-from train_helpers import StepBatches, records_of as records, run_train, saved_state, train_losses
+from train_helpers import (StepBatches, records_of as records, run_train, saved_state, train_losses,
+                           unreadable_state)
 
 SCRIPT = os.path.join(os.path.dirname(__file__), 'trainer_subprocess.py')
 
@@ -326,14 +327,7 @@ def test_readable_parameters_with_an_unreadable_optimizer_state_are_damaged_not_
   ref_dir, ref, _ = reference
   model_dir = tmp_path / 'run'
   shutil.copytree(ref_dir, model_dir)
-  restore = checkpoints.Checkpointer.restore
-
-  def unreadable_at_4(self, step, *args, **kwargs):
-    if step == 4:
-      raise ValueError('Encountered error while reading array index (a truncated file)')
-    return restore(self, step, *args, **kwargs)
-
-  monkeypatch.setattr(checkpoints.Checkpointer, 'restore', unreadable_at_4)
+  unreadable_state(4, monkeypatch.setattr)
   assert run_train(model_dir, 4)['step'] == 4
   assert (model_dir / 'checkpoint_4.unreadable' / 'state').is_dir()
   assert [r['loss'] for r in records(model_dir)[4:]] == [ref[3], ref[4]]
@@ -387,9 +381,9 @@ def test_two_processes_train_like_one_and_stop_together(reference, tmp_path, sub
 @needs_data_layer
 @pytest.mark.slow
 def test_a_data_position_one_process_cannot_read_stops_every_process(tmp_path, subprocess_train):
-  """Each process reads its own data position inside orbax's restore, which ends at a barrier of
-  all processes. With process 1's file of the newest checkpoint damaged, both processes stop with
-  the data-position error, none left waiting at that barrier for the other, nothing moved aside."""
+  """Each process reads its own data position. With process 1's file of the newest checkpoint
+  damaged, both processes stop with the data-position error, none left waiting for the other,
+  nothing moved aside."""
   port = _free_port()
   procs = [subprocess_train('process', tmp_path, 1000, port, i) for i in range(2)]
   wait_for_steps(tmp_path, 2, procs)
@@ -402,6 +396,34 @@ def test_a_data_position_one_process_cannot_read_stops_every_process(tmp_path, s
     out = p.communicate(timeout=150)[0]
     assert p.returncode != 0 and 'data position cannot be restored by this run' in out, out[-3000:]
   assert sorted(p.name for p in tmp_path.glob('checkpoint_*')) == [f'checkpoint_{k}']
+
+
+@needs_data_layer
+@pytest.mark.slow
+def test_a_state_one_process_cannot_read_moves_it_aside_on_every_process(reference, tmp_path,
+                                                                           subprocess_train):
+  """Each process reads its own shards of the state. With process 1's read of checkpoint_3
+  failing as a damaged array file does, both processes name that checkpoint unreadable (process 0
+  pointing at process 1's log), move it aside once and resume from checkpoint_2 to the reference
+  losses; none is left waiting at a barrier for the other (orbax's restore ends at one)."""
+  _, ref, _ = reference
+  for steps in (2, 3):
+    port = _free_port()
+    for p in [subprocess_train('process', tmp_path, steps, port, i) for i in range(2)]:
+      finish(p)
+  port = _free_port()
+  procs = [subprocess_train('process', tmp_path, 4, port, 0),
+           subprocess_train('process', tmp_path, 4, port, 1, 3)]
+  outs = [p.communicate(timeout=150)[0] for p in procs]
+  assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+  unreadable = f'checkpoint {tmp_path / "checkpoint_3"} cannot be read'
+  assert f'{unreadable} (not readable on process 1: its log says why)' in outs[0], outs[0][-3000:]
+  assert f'{unreadable} (ValueError: DATA_LOSS' in outs[1], outs[1][-3000:]
+  assert sorted(p.name for p in tmp_path.glob('checkpoint_*')) == [
+      'checkpoint_2', 'checkpoint_3.unreadable', 'checkpoint_4']
+  losses = train_losses(tmp_path)
+  np.testing.assert_allclose([losses[s] for s in (1, 2, 3, 4)], [ref[s] for s in (1, 2, 3, 4)],
+                             rtol=1e-5)
 
 
 def test_a_run_writes_its_record(reference):

@@ -4,6 +4,7 @@ import os
 import time
 
 import numpy as np
+import orbax.checkpoint as ocp
 
 from t5x_variants.models import build_model, init_inputs
 from t5x_variants.train import checkpoints, optimizer, partitioning, pretrained, train_step
@@ -144,6 +145,19 @@ def kill_at(phase, at, model_dir):
     trainer.Evaluator.__call__ = call_and_kill
   else:
     raise ValueError(f'unknown phase {phase}')
+
+
+def unreadable_state(step: int, patch=setattr):
+  """Makes this process's read of checkpoint_``step``'s state fail as a damaged array file does
+  (tensorstore's DATA_LOSS), while other processes read their shards of it; ``patch``: setattr,
+  or a test's ``monkeypatch.setattr`` to undo it after the test."""
+  restore = ocp.StandardCheckpointHandler.restore
+
+  def fail_at_step(self, directory, *args, **kwargs):
+    if directory.parent.name == f'checkpoint_{step}':
+      raise ValueError(f'DATA_LOSS: reading {directory}: unexpected end of file (injected)')
+    return restore(self, directory, *args, **kwargs)
+  patch(ocp.StandardCheckpointHandler, 'restore', fail_at_step)
 
 
 def save_fresh_state(config, model_dir, seed, step=1):

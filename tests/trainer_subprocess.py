@@ -2,9 +2,10 @@
 
   python trainer_subprocess.py mesh MODEL_DIR STEPS      8 host devices, data=4 x model=2, fsdp
   python trainer_subprocess.py slow MODEL_DIR STEPS      0.1 s per batch, no periodic checkpoints
-  python trainer_subprocess.py process MODEL_DIR STEPS PORT INDEX
+  python trainer_subprocess.py process MODEL_DIR STEPS PORT INDEX [UNREADABLE]
       one of 2 processes joined by jax.distributed (2 CPU devices each, data=2 x model=2, fsdp),
-      each feeding its half of every global batch, 0.1 s per batch, no periodic checkpoints
+      each feeding its half of every global batch, 0.1 s per batch, no periodic checkpoints; with
+      UNREADABLE, this process cannot read the state of checkpoint_UNREADABLE (the others can)
 
   python trainer_subprocess.py kill MODEL_DIR STEPS PHASE AT
       1 device, checkpoints every 2 steps, an eval of 2 batches every 2 steps; SIGKILLs itself at
@@ -37,7 +38,8 @@ import jax  # noqa: E402
 
 from t5x_variants.cli import common  # noqa: E402
 from t5x_variants.train.partitioning import MeshConfig  # noqa: E402
-from train_helpers import StepBatches, eval_batches, kill_at, run_train  # noqa: E402
+from train_helpers import (StepBatches, eval_batches, kill_at, run_train,  # noqa: E402
+                           unreadable_state)
 
 if mode == 'mesh':
   gin.bind_parameter('MeshConfig.data', 4)  # as --gin.MeshConfig.data=4 ... on a command line
@@ -59,6 +61,8 @@ else:
   common.initialize_processes(argparse.Namespace(
       multiprocess_gpu=True, multiprocess_tpu=False, coordinator_address=f'127.0.0.1:{port}',
       process_count=2, process_index=index))
+  if len(sys.argv) > 6:
+    unreadable_state(int(sys.argv[6]))
   assert jax.process_count() == 2 and len(jax.devices()) == 4
   result = run_train(model_dir, steps, period=1000, mesh=MeshConfig(2, 2, fsdp=True),
                      batches=functools.partial(StepBatches, host=index, hosts=2, delay=0.1))

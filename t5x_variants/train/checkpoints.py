@@ -37,13 +37,14 @@ class CheckpointError(RuntimeError):
   """No usable checkpoint where one was asked for."""
 
 
-class DataPositionError(RuntimeError):
-  """A checkpoint's data position could not be restored on some process: raised on every one;
-  ``outside`` when a process's read failed for a cause outside the checkpoint."""
+class ReadError(RuntimeError):
+  """A part of a checkpoint (``part``: 'state', 'data') that some process could not read, raised
+  on every process (``read_on_every_process``); ``outside`` when a process's read failed for a
+  cause outside the checkpoint."""
 
-  def __init__(self, reason: str, outside: bool):
+  def __init__(self, part: str, reason: str, outside: bool):
     super().__init__(reason)
-    self.outside = outside
+    self.part, self.outside = part, outside
 
 
 def _host_file(directory) -> str:
@@ -60,16 +61,9 @@ class DataIteratorHandler(ocp.CheckpointHandler):
       args.iterator.save(prefix)
 
   def restore(self, directory: epath.Path, args: 'DataIteratorRestore'):
-    """Reads this host's data position into ``args.iterator``; returns None, or the error that
-    stopped it. Returned, not raised: orbax's restore ends at a barrier of every process, which a
-    process raising here would never reach while the others wait there for it; the processes
-    agree on the outcome after that barrier (``Checkpointer.restore``)."""
-    try:
-      with storage.staged_read(_host_file(directory)) as prefix:
-        args.iterator.restore(prefix)
-    except Exception as e:  # pylint: disable=broad-except  (the iterator's and the store's own)
-      return e
-    return None
+    """Reads this host's data position into ``args.iterator``."""
+    with storage.staged_read(_host_file(directory)) as prefix:
+      args.iterator.restore(prefix)
 
 
 @ocp.args.register_with_handler(DataIteratorHandler, for_save=True)
@@ -190,28 +184,20 @@ class Checkpointer:
                'train.init_checkpoint pointing at it.')
       try:
         return self.restore(step, abstract_state, data_iterator), step
-      except DataPositionError as e:  # on every process at once: nothing is moved aside
+      except ReadError as e:  # on every process at once
         if e.outside:
           raise _outside_error(path, str(e)) from e
-        raise CheckpointError(
-            f'{path} has a readable state but its data position cannot be restored by this run '
-            f'({e}): the number of processes or the data pipeline differ from the run that wrote '
-            f'it, or its data file is damaged. {retry}') from e
-      except Exception as e:  # orbax raises many types for a damaged directory
-        reason = error_reason(e)
-        if outside_cause(e):
-          raise _outside_error(path, reason) from e
+        if e.part == 'data':
+          raise CheckpointError(
+              f'{path} has a readable state but its data position cannot be restored by this run '
+              f'({e}): the number of processes or the data pipeline differ from the run that '
+              f'wrote it, or its data file is damaged. {retry}') from e
         mismatch = _saved_mismatch(path, abstract_state, 'opt_state')
         if mismatch:
           raise CheckpointError(f'{path} holds the optimizer state of other optimizer settings '
                                 f'({mismatch}). {retry}{optimizer_hint(mismatch)}') from e
-        if _resumable(data_iterator) and self._state_reads(step, abstract_state):
-          raise CheckpointError(
-              f'{path} has a readable state but its data position cannot be restored by this run '
-              f'({reason}): the number of processes or the data pipeline differ from the run that '
-              f'wrote it. {retry}') from e
         logging.error('checkpoint %s cannot be read (%s); falling back to the previous one', path,
-                      reason)
+                      e)
         multihost_utils.sync_global_devices(f'unreadable {step}')
         if jax.process_index() == 0:
           path.rename(str(path) + '.unreadable')
@@ -222,28 +208,20 @@ class Checkpointer:
                             '*.unreadable. Rerun to start from scratch, or restore them.')
     return None
 
-  def _state_reads(self, step: int, abstract_state) -> bool:
-    """Whether the state of checkpoint ``step`` restores without its data position."""
-    try:
-      self.restore(step, abstract_state)
-    except Exception:  # pylint: disable=broad-except  (damaged: any of orbax's errors)
-      return False
-    return True
-
   def restore(self, step: int, abstract_state, data_iterator=None):
-    """The state of checkpoint ``step``, and the data position into ``data_iterator``; a data
-    position that any process failed to read raises DataPositionError on every process."""
-    items = {'state': ocp.args.StandardRestore(abstract_arrays(abstract_state))}
+    """The state of checkpoint ``step``, then its data position into ``data_iterator``; a part
+    that any process could not read raises ReadError on every process."""
+    path = ocp.step.build_step_path(self.model_dir, _NAME_FORMAT, step)
+    handler = ocp.StandardCheckpointHandler()
+    try:
+      state = read_on_every_process('state', lambda: handler.restore(
+          path / 'state', args=ocp.args.StandardRestore(abstract_arrays(abstract_state))))
+    finally:
+      handler.close()
     if _resumable(data_iterator):
-      items['data'] = DataIteratorRestore(data_iterator)
-    restored = self.manager.restore(step, args=ocp.args.Composite(**items))
-    failed = restored['data'] if 'data' in items else None
-    # 0: read; 1: not readable by this run; 2: a cause outside the checkpoint. The worst wins.
-    worst = _worst_over_processes(0 if failed is None else 2 if outside_cause(failed) else 1)
-    if worst:
-      raise DataPositionError(error_reason(failed) if failed else 'another process could not '
-                              'read its own; its error says why', outside=worst == 2) from failed
-    return restored['state']
+      read_on_every_process('data', lambda: DataIteratorHandler().restore(
+          path / 'data', args=DataIteratorRestore(data_iterator)))
+    return state
 
 
 def optimizer_hint(entry: str) -> str:
@@ -264,11 +242,24 @@ def _outside_error(path, reason: str) -> CheckpointError:
                          'permissions) and rerun')
 
 
-def _worst_over_processes(outcome: int) -> int:
-  """The largest ``outcome`` of all processes; every process calls this at the same point."""
-  if jax.process_count() == 1:
-    return outcome
-  return int(np.max(multihost_utils.process_allgather(np.asarray(outcome, np.int32))))
+def read_on_every_process(part: str, read):
+  """``read()``, called by every process at the same point, each reading its own shards or file
+  of ``part``; if it raised on any process, a ReadError on every one (this process's error, else
+  naming the processes whose logs hold theirs). Orbax's own restore ends at a barrier of every
+  process, which a process that raised never reaches: the others would wait there for it."""
+  try:
+    value, error = read(), None
+  except Exception as e:  # pylint: disable=broad-except  (orbax, tensorstore, the iterator)
+    value, error = None, e
+  # 0: read; 1: not readable (damaged, or not by this run); 2: a cause outside the checkpoint.
+  outcome = 0 if error is None else 2 if outside_cause(error) else 1
+  outcomes = ([outcome] if jax.process_count() == 1 else
+              multihost_utils.process_allgather(np.asarray(outcome, np.int32)).tolist())
+  if max(outcomes):
+    failed = ', '.join(str(i) for i, o in enumerate(outcomes) if o)
+    reason = error_reason(error) if error else f'not readable on process {failed}: its log says why'
+    raise ReadError(part, reason, outside=max(outcomes) == 2) from error
+  return value
 
 
 def list_checkpoints(run_dir: str):
@@ -320,13 +311,17 @@ def checkpoint_path(path: str) -> epath.Path:
 
 def outside_cause(e: Exception) -> bool:
   """Whether a read failed for a cause outside the checkpoint (memory, the network, permissions)."""
+  if isinstance(e, ReadError):
+    return e.outside
   return isinstance(e, (MemoryError, ConnectionError, TimeoutError, PermissionError)) or bool(
       _NOT_DAMAGE.search(str(e)))
 
 
 def error_reason(e: Exception, limit: int = 300) -> str:
   """'<type>: <first line>' of an exception, at most ``limit`` characters (tensorstore's messages
-  carry whole object reprs)."""
+  carry whole object reprs); a ReadError's own message, which is one already."""
+  if isinstance(e, ReadError):
+    return str(e)
   first = str(e).splitlines()[0] if str(e) else ''
   reason = f'{type(e).__name__}: {first}' if first else type(e).__name__
   return reason if len(reason) <= limit else reason[:limit - 3] + '...'

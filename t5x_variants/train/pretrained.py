@@ -14,7 +14,7 @@ import orbax.checkpoint as ocp
 from t5x_variants import path_keys
 from t5x_variants.train.checkpoints import (CheckpointError, abstract_arrays, array_shapes,
                                             checkpoint_path, error_reason, optimizer_hint,
-                                            outside_cause, saved_tree)
+                                            outside_cause, read_on_every_process, saved_tree)
 
 log = logging.getLogger(__name__)
 
@@ -25,9 +25,13 @@ def _read(path, target):
   restore_args = jax.tree_util.tree_map(
       lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding, global_shape=x.shape, dtype=x.dtype),
       target)
-  with ocp.PyTreeCheckpointer() as ckptr:
-    return ckptr.restore(path / 'state', args=ocp.args.PyTreeRestore(
-        item=target, restore_args=restore_args, partial_restore=True))
+  handler = ocp.PyTreeCheckpointHandler()
+  try:
+    return read_on_every_process('state', lambda: handler.restore(
+        path / 'state', args=ocp.args.PyTreeRestore(item=target, restore_args=restore_args,
+                                                    partial_restore=True)))
+  finally:
+    handler.close()
 
 
 def _read_error(path, what: str, e: Exception) -> CheckpointError:
