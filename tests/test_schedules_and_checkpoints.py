@@ -237,6 +237,41 @@ def test_a_read_failing_outside_the_checkpoint_moves_nothing_aside(tmp_path, mon
   assert names(sorted(tmp_path.iterdir())) == ['checkpoint_1', 'checkpoint_2']
 
 
+def test_damaged_checkpoints_are_moved_aside_only_once_an_older_one_reads(tmp_path, monkeypatch):
+  """checkpoint_2 and _3 unreadable: restoring reads checkpoint_1 and then moves both aside. With
+  checkpoint_1 unreadable too, nothing reads: one error naming the newest's reason, and nothing
+  is moved (a failure of every read may be the installation's, not the files')."""
+  ckpt = checkpoints.Checkpointer(str(tmp_path), period=1, keep=None, async_save=False)
+  for step in (1, 2, 3):
+    ckpt.save(step, state(step))
+  ckpt.close()
+  restore, unreadable = ocp.StandardCheckpointHandler.restore, set()
+
+  def damaged(self, directory, *args, **kwargs):
+    if directory.parent.name in unreadable:
+      raise ValueError(f'DATA_LOSS: {directory.parent.name} is truncated')
+    return restore(self, directory, *args, **kwargs)
+  monkeypatch.setattr(ocp.StandardCheckpointHandler, 'restore', damaged)
+
+  unreadable.update(['checkpoint_1', 'checkpoint_2', 'checkpoint_3'])
+  resumed = checkpoints.Checkpointer(str(tmp_path))
+  with pytest.raises(checkpoints.CheckpointError, match=(
+      r'no checkpoint in .* can be read \(the newest, checkpoint_3: ValueError: DATA_LOSS: '
+      r'checkpoint_3 is truncated\); none was moved aside')):
+    resumed.restore_latest(state(0))
+  resumed.close()
+  assert names(sorted(tmp_path.iterdir())) == ['checkpoint_1', 'checkpoint_2', 'checkpoint_3']
+
+  unreadable.remove('checkpoint_1')
+  resumed = checkpoints.Checkpointer(str(tmp_path))
+  restored, step = resumed.restore_latest(state(0))
+  resumed.close()
+  assert step == 1
+  jax.tree_util.tree_map(np.testing.assert_array_equal, restored, state(1))
+  assert names(sorted(tmp_path.iterdir())) == [
+      'checkpoint_1', 'checkpoint_2.unreadable', 'checkpoint_3.unreadable']
+
+
 class Position:
   """A data iterator's position: ``restore`` raises ``error`` when given one."""
 

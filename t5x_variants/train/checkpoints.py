@@ -164,9 +164,10 @@ class Checkpointer:
     with a data position this run cannot take (another number of processes or data pipeline), a
     checkpoint of parameters only (t5xv-import's). A read that fails for a cause outside the
     checkpoint (memory, the network, the bucket's permissions) raises CheckpointError too, moving
-    nothing. Any other that cannot be read is damaged: it is renamed ``<name>.unreadable`` and the
-    one before is tried."""
-    steps = self.steps()
+    nothing. Any other that cannot be read is taken as damaged and the one before is tried; once
+    one reads, the damaged ones are renamed ``<name>.unreadable``. If none reads, nothing is moved
+    (a read that fails on every checkpoint may be this installation's, not the files')."""
+    steps, damaged = self.steps(), []
     for step in reversed(steps):
       path = ocp.step.build_step_path(self.model_dir, _NAME_FORMAT, step)
       mismatch = _saved_mismatch(path, abstract_state, 'params')
@@ -183,7 +184,7 @@ class Checkpointer:
       retry = ('Resume with those settings, or start a new model_dir with '
                'train.init_checkpoint pointing at it.')
       try:
-        return self.restore(step, abstract_state, data_iterator), step
+        state = self.restore(step, abstract_state, data_iterator)
       except ReadError as e:  # on every process at once
         if e.outside:
           raise _outside_error(path, str(e)) from e
@@ -198,15 +199,30 @@ class Checkpointer:
                                 f'({mismatch}). {retry}{optimizer_hint(mismatch)}') from e
         logging.error('checkpoint %s cannot be read (%s); falling back to the previous one', path,
                       e)
-        multihost_utils.sync_global_devices(f'unreadable {step}')
-        if jax.process_index() == 0:
-          path.rename(str(path) + '.unreadable')
-        multihost_utils.sync_global_devices(f'moved {step}')
-        self.manager.reload()
-    if steps:
-      raise CheckpointError(f'no checkpoint in {self.model_dir} can be read; all were renamed '
-                            '*.unreadable. Rerun to start from scratch, or restore them.')
+        damaged.append((path, e))
+        continue
+      self._move_aside([p for p, _ in damaged])
+      return state, step
+    if damaged:
+      path, e = damaged[0]
+      raise CheckpointError(
+          f'no checkpoint in {self.model_dir} can be read (the newest, {path.name}: {e}); none '
+          'was moved aside. If every one fails alike, suspect this installation (its orbax or '
+          'tensorstore) before the files; if they are damaged, rename them (or use a new '
+          'model_dir) to start from scratch.')
     return None
+
+  def _move_aside(self, paths):
+    """Renames damaged checkpoints ``<name>.unreadable`` (kept, never read again), once, for
+    every process."""
+    if not paths:
+      return
+    multihost_utils.sync_global_devices('unreadable')
+    if jax.process_index() == 0:
+      for path in paths:
+        path.rename(str(path) + '.unreadable')
+    multihost_utils.sync_global_devices('moved aside')
+    self.manager.reload()
 
   def restore(self, step: int, abstract_state, data_iterator=None):
     """The state of checkpoint ``step``, then its data position into ``data_iterator``; a part
