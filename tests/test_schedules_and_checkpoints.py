@@ -238,9 +238,10 @@ def test_a_read_failing_outside_the_checkpoint_moves_nothing_aside(tmp_path, mon
 
 
 def test_damaged_checkpoints_are_moved_aside_only_once_an_older_one_reads(tmp_path, monkeypatch):
-  """checkpoint_2 and _3 unreadable: restoring reads checkpoint_1 and then moves both aside. With
-  checkpoint_1 unreadable too, nothing reads: one error naming the newest's reason, and nothing
-  is moved (a failure of every read may be the installation's, not the files')."""
+  """checkpoint_2 and _3 unreadable: restoring reads checkpoint_1 and then moves both aside (the
+  name of an earlier step 3 moved aside kept). With checkpoint_1 unreadable too, nothing reads:
+  one error naming the newest's reason, and nothing is moved (a failure of every read may be the
+  installation's, not the files')."""
   ckpt = checkpoints.Checkpointer(str(tmp_path), period=1, keep=None, async_save=False)
   for step in (1, 2, 3):
     ckpt.save(step, state(step))
@@ -263,13 +264,16 @@ def test_damaged_checkpoints_are_moved_aside_only_once_an_older_one_reads(tmp_pa
   assert names(sorted(tmp_path.iterdir())) == ['checkpoint_1', 'checkpoint_2', 'checkpoint_3']
 
   unreadable.remove('checkpoint_1')
+  (tmp_path / 'checkpoint_3.unreadable').mkdir()  # moved aside by an earlier fallback
   resumed = checkpoints.Checkpointer(str(tmp_path))
   restored, step = resumed.restore_latest(state(0))
   resumed.close()
   assert step == 1
   jax.tree_util.tree_map(np.testing.assert_array_equal, restored, state(1))
   assert names(sorted(tmp_path.iterdir())) == [
-      'checkpoint_1', 'checkpoint_2.unreadable', 'checkpoint_3.unreadable']
+      'checkpoint_1', 'checkpoint_2.unreadable', 'checkpoint_3.unreadable',
+      'checkpoint_3.unreadable.1']
+  assert (tmp_path / 'checkpoint_3.unreadable.1' / 'state').is_dir()
 
 
 class Position:
@@ -289,6 +293,34 @@ class Position:
       self.position = int(f.read())
 
 
+def test_a_read_that_failed_on_another_process_raises_on_this_one_too(monkeypatch):
+  """Every process learns the outcome of all (an allgather, faked here for 2 processes): a read
+  that succeeded here raises when process 1's failed, naming it; the worst outcome decides
+  whether the cause is outside the checkpoint. Process 0's answers are taken by all."""
+  other = {}
+  monkeypatch.setattr(jax, 'process_count', lambda: 2)
+  monkeypatch.setattr(checkpoints.multihost_utils, 'process_allgather',
+                      lambda x: np.asarray([int(x), other['outcome']]))
+  other['outcome'] = 0
+  assert checkpoints.read_on_every_process('state', lambda: 'read') == 'read'
+  other['outcome'] = 1
+  with pytest.raises(checkpoints.ReadError,
+                     match=r'^not readable on process 1: its log says why$') as raised:
+    checkpoints.read_on_every_process('state', lambda: 'read')
+  assert raised.value.part == 'state' and not raised.value.outside
+
+  def damaged():
+    raise ValueError('DATA_LOSS: truncated')
+  other['outcome'] = 2
+  with pytest.raises(checkpoints.ReadError, match=r'^ValueError: DATA_LOSS: truncated; on another '
+                     'process for a cause outside the checkpoint') as raised:
+    checkpoints.read_on_every_process('data', damaged)
+  assert raised.value.part == 'data' and raised.value.outside
+  monkeypatch.setattr(checkpoints.multihost_utils, 'broadcast_one_to_all',
+                      lambda x: np.asarray(False))  # process 0's answer
+  assert checkpoints.process0_says(True) is False
+
+
 @pytest.mark.parametrize('error, message', [
     (ConnectionError('connection reset'), r'checkpoint_2 could not be read \(ConnectionError: '
                                           r'connection reset\), for a cause outside it: nothing was '
@@ -296,9 +328,8 @@ class Position:
     (ValueError('not a position'), r'checkpoint_2 has a readable state but its data position cannot '
                                    r'be restored by this run \(ValueError: not a position\)')])
 def test_a_data_position_that_fails_to_read_says_why_and_moves_nothing(tmp_path, error, message):
-  """The data position is read inside orbax's restore but its failure is raised after it (every
-  process meets orbax's closing barrier first): a cause outside the checkpoint (the bucket, the
-  network) or a position this run cannot take, each its own line; nothing moved aside."""
+  """A data position that fails to read for a cause outside the checkpoint (the bucket, the
+  network) or that this run cannot take: each its own line; nothing moved aside."""
   ckpt = checkpoints.Checkpointer(str(tmp_path), period=1, async_save=False)
   for step in (1, 2):
     ckpt.save(step, state(step), Position())

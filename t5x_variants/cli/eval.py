@@ -186,15 +186,15 @@ def _load(predictor, path: epath.Path) -> bool:
   """Loads checkpoint ``path``; False if it was removed after it was listed (a training run beside
   this evaluation deletes its old checkpoints as it keeps the newest N), also while it was being
   read (a deletion in progress is waited for up to ``VANISH_WAIT_SECS``). A checkpoint that still
-  exists but cannot be read raises as before."""
+  exists but cannot be read raises as before. Process 0 decides which, for every process."""
   try:
     predictor.load(str(path))
-  except Exception:  # pylint: disable=broad-except
+  except Exception:  # pylint: disable=broad-except  (on every process: the reads are agreed)
     deadline = time.time() + VANISH_WAIT_SECS
-    while path.exists():
-      if time.time() > deadline:
-        raise
+    while path.exists() and time.time() <= deadline:
       time.sleep(0.2)
+    if checkpoints.process0_says(path.exists()):
+      raise
     return False
   return True
 

@@ -5,8 +5,10 @@ written asynchronously; each process writes its own shards) and ``data`` (one fi
 written by the iterator's own ``save(prefix)``, e.g. tf.data iterator checkpointing), so that a
 resumed run continues with exactly the batches it would have seen. Orbax writes into a temporary
 directory and renames it when complete, so a crash never leaves a half-written checkpoint under a
-step name. A checkpoint that still cannot be read is moved aside (never deleted) and the previous
-one is used.
+step name. A checkpoint that still cannot be read is moved aside (never deleted) once an older one
+has read, and that one is used. Every process reads its own part of each checkpoint, then all
+agree on the outcome (``read_on_every_process``), so one that fails never leaves the others
+waiting for it.
 """
 import dataclasses
 import logging
@@ -72,7 +74,7 @@ class DataIteratorSave(ocp.args.CheckpointArgs):
   iterator: Any
 
 
-@ocp.args.register_with_handler(DataIteratorHandler, for_restore=True)
+@ocp.args.register_with_handler(DataIteratorHandler, for_restore=True)  # orbax's save wants both
 @dataclasses.dataclass
 class DataIteratorRestore(ocp.args.CheckpointArgs):
   iterator: Any
@@ -167,23 +169,24 @@ class Checkpointer:
     nothing. Any other that cannot be read is taken as damaged and the one before is tried; once
     one reads, the damaged ones are renamed ``<name>.unreadable``. If none reads, nothing is moved
     (a read that fails on every checkpoint may be this installation's, not the files')."""
-    steps, damaged = self.steps(), []
+    steps, damaged = _process0_steps(self.steps()), []  # one listing for every process
+    wanted = set(ocp.tree.serialize_tree(abstract_state, keep_empty_nodes=True))
+    retry = ('Resume with those settings, or start a new model_dir with '
+             'train.init_checkpoint pointing at it.')
     for step in reversed(steps):
       path = ocp.step.build_step_path(self.model_dir, _NAME_FORMAT, step)
-      mismatch = _saved_mismatch(path, abstract_state, 'params')
-      if mismatch:
-        raise CheckpointError(f'{path} holds another model ({mismatch}); resume with the '
-                              'configuration it was trained with, or use a new model_dir')
-      parts = _saved_parts(path)
-      missing = set(ocp.tree.serialize_tree(abstract_state, keep_empty_nodes=True)) - (parts or set())
-      if parts is not None and missing:
-        raise CheckpointError(
-            f'{path} holds {", ".join(sorted(parts))} but no {", ".join(sorted(missing))} (as '
-            't5xv-import writes parameters only): train from it in a new model_dir with '
-            f'--gin.train.init_checkpoint="\'{path}\'"')
-      retry = ('Resume with those settings, or start a new model_dir with '
-               'train.init_checkpoint pointing at it.')
+      saved = None
       try:
+        saved = saved_tree(path)
+        mismatch = _saved_mismatch(saved, abstract_state, 'params')
+        if mismatch:
+          raise CheckpointError(f'{path} holds another model ({mismatch}); resume with the '
+                                'configuration it was trained with, or use a new model_dir')
+        if wanted - set(saved):
+          raise CheckpointError(
+              f'{path} holds {", ".join(sorted(saved))} but no '
+              f'{", ".join(sorted(wanted - set(saved)))} (as t5xv-import writes parameters only): '
+              f'train from it in a new model_dir with --gin.train.init_checkpoint="\'{path}\'"')
         state = self.restore(step, abstract_state, data_iterator)
       except ReadError as e:  # on every process at once
         if e.outside:
@@ -193,7 +196,7 @@ class Checkpointer:
               f'{path} has a readable state but its data position cannot be restored by this run '
               f'({e}): the number of processes or the data pipeline differ from the run that '
               f'wrote it, or its data file is damaged. {retry}') from e
-        mismatch = _saved_mismatch(path, abstract_state, 'opt_state')
+        mismatch = saved is not None and _saved_mismatch(saved, abstract_state, 'opt_state')
         if mismatch:
           raise CheckpointError(f'{path} holds the optimizer state of other optimizer settings '
                                 f'({mismatch}). {retry}{optimizer_hint(mismatch)}') from e
@@ -213,15 +216,25 @@ class Checkpointer:
     return None
 
   def _move_aside(self, paths):
-    """Renames damaged checkpoints ``<name>.unreadable`` (kept, never read again), once, for
-    every process."""
+    """Renames damaged checkpoints ``<name>.unreadable`` (``.unreadable.<n>`` if that is taken:
+    kept, never listed or read again) on process 0; a rename that fails raises on every
+    process."""
     if not paths:
       return
-    multihost_utils.sync_global_devices('unreadable')
+    error = None
     if jax.process_index() == 0:
-      for path in paths:
-        path.rename(str(path) + '.unreadable')
-    multihost_utils.sync_global_devices('moved aside')
+      try:
+        for path in paths:
+          aside, n = storage.path(f'{path}.unreadable'), 1
+          while aside.exists():
+            aside, n = storage.path(f'{path}.unreadable.{n}'), n + 1
+          path.rename(aside)
+      except Exception as e:  # pylint: disable=broad-except  (the file system's or the bucket's)
+        error = e
+    if not process0_says(error is None):
+      reason = error_reason(error) if error else "process 0's log says why"
+      raise CheckpointError(f'could not move the unreadable {", ".join(p.name for p in paths)} '
+                            f'aside ({reason}): rename them yourself and rerun') from error
     self.manager.reload()
 
   def restore(self, step: int, abstract_state, data_iterator=None):
@@ -274,6 +287,8 @@ def read_on_every_process(part: str, read):
   if max(outcomes):
     failed = ', '.join(str(i) for i, o in enumerate(outcomes) if o)
     reason = error_reason(error) if error else f'not readable on process {failed}: its log says why'
+    if outcome < max(outcomes) == 2:
+      reason += '; on another process for a cause outside the checkpoint (its log says why)'
     raise ReadError(part, reason, outside=max(outcomes) == 2) from error
   return value
 
@@ -286,6 +301,14 @@ def list_checkpoints(run_dir: str):
   return [ocp.step.build_step_path(storage.path(run_dir), _NAME_FORMAT, step) for step in sorted(steps)]
 
 
+def process0_says(answer: bool) -> bool:
+  """Process 0's ``answer``, for every process (which all call this together): one decision where
+  each process's own look at a shared store could differ."""
+  if jax.process_count() == 1:
+    return answer
+  return bool(multihost_utils.broadcast_one_to_all(np.asarray(answer)))
+
+
 def _process0_steps(steps: Sequence[int]) -> List[int]:
   """Process 0's ``steps``, for every process (which all call this together)."""
   if jax.process_count() == 1:
@@ -296,14 +319,13 @@ def _process0_steps(steps: Sequence[int]) -> List[int]:
   return [int(step) for step in multihost_utils.broadcast_one_to_all(mine)]
 
 
-def _saved_mismatch(path: epath.Path, abstract_state, part: str) -> Optional[str]:
-  """The first array of ``part`` ('params', 'opt_state') whose shape saved in checkpoint ``path``
-  differs from ``abstract_state``'s (or that only one of them has), named as orbax saves it; None
-  if they agree or the saved metadata cannot be read (a damaged checkpoint)."""
-  try:
-    saved = _saved_shapes(path, part)
-  except Exception:  # pylint: disable=broad-except  (no readable metadata: damaged)
+def _saved_mismatch(tree, abstract_state, part: str) -> Optional[str]:
+  """The first array of ``part`` ('params', 'opt_state') whose shape in a checkpoint's metadata
+  ``tree`` (``saved_tree``'s) differs from ``abstract_state``'s (or that only one of them has),
+  named as orbax saves it; None if they agree or either has no ``part``."""
+  if part not in tree or not hasattr(abstract_state, part):
     return None
+  saved = array_shapes(tree[part])
   wanted = array_shapes(getattr(abstract_state, part))
   for key in sorted(saved.keys() | wanted.keys()):
     if saved.get(key) != wanted.get(key):
@@ -315,7 +337,7 @@ def _saved_mismatch(path: epath.Path, abstract_state, part: str) -> Optional[str
 def checkpoint_path(path: str) -> epath.Path:
   """A checkpoint directory: ``path`` itself, or the newest ``checkpoint_<step>`` inside it."""
   path = storage.path(path)
-  if (path / 'state').exists():
+  if process0_says((path / 'state').exists()):
     return path
   latest = ocp.step.latest_step_metadata(path, _NAME_FORMAT)
   latest = _process0_steps([] if latest is None else [latest.step])  # one step for every process
@@ -344,26 +366,15 @@ def error_reason(e: Exception, limit: int = 300) -> str:
 
 
 def saved_tree(path: epath.Path):
-  """The metadata tree of the state saved in checkpoint ``path`` (orbax's)."""
-  handler = ocp.PyTreeCheckpointHandler()
-  try:
-    return handler.metadata(path / 'state').tree
-  finally:
-    handler.close()
-
-
-def _saved_parts(path: epath.Path) -> Optional[set]:
-  """The top-level names of the state saved in checkpoint ``path``; None if its metadata does not
-  read (a damaged checkpoint)."""
-  try:
-    return set(saved_tree(path))
-  except Exception:  # pylint: disable=broad-except  (no readable metadata: damaged)
-    return None
-
-
-def _saved_shapes(path: epath.Path, part: str = 'params'):
-  """{'a/b/c': shape} of ``part`` of the state saved in checkpoint ``path`` (orbax's metadata)."""
-  return array_shapes(saved_tree(path)[part])
+  """The metadata tree of the state saved in checkpoint ``path`` (orbax's), read by every process
+  (``read_on_every_process``: a ReadError on all if any could not)."""
+  def read():
+    handler = ocp.PyTreeCheckpointHandler()
+    try:
+      return handler.metadata(path / 'state').tree
+    finally:
+      handler.close()
+  return read_on_every_process('metadata', read)
 
 
 def array_shapes(tree):
