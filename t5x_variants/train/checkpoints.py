@@ -40,9 +40,9 @@ class CheckpointError(RuntimeError):
 
 
 class ReadError(RuntimeError):
-  """A part of a checkpoint (``part``: 'state', 'data') that some process could not read, raised
-  on every process (``read_on_every_process``); ``outside`` when a process's read failed for a
-  cause outside the checkpoint."""
+  """A part of a checkpoint (``part``: 'metadata', 'state', 'data') that some process could not
+  read, raised on every process (``read_on_every_process``); ``outside`` when a process's read
+  failed for a cause outside the checkpoint."""
 
   def __init__(self, part: str, reason: str, outside: bool):
     super().__init__(reason)
