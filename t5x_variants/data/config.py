@@ -19,9 +19,10 @@ class DatasetConfig:
   seed: int = 0
   pack: bool = True
   num_epochs: Optional[int] = None  # None: repeat forever
-  # A prefix LM's loss on its targets only (T5X's default); False: on the inputs too, i.e. on the
-  # whole row (T5's language model trained on the LM objective predicts its entire span). Each
-  # scope its own: a train/ binding leaves the held-out loss (train_eval/) on the targets.
+  # A prefix LM's loss on its targets only (T5X's and seqio's default); False: on the inputs too,
+  # i.e. on the whole row, as the T5 paper's code trains its decoder-only models on every
+  # objective (Mesh TF's Unitransformer.loss_on_targets_only=False). Each scope its own: a train/
+  # binding leaves the held-out loss (train_eval/) on the targets.
   loss_on_targets_only: bool = True
 
 
