@@ -13,6 +13,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from conftest import ON_GPU
+from train_helpers import unreadable_state
 from t5x_variants.train import checkpoints, optimizer, pretrained
 
 STEPS = np.arange(0, 1201, dtype=np.int32)
@@ -246,24 +247,18 @@ def test_damaged_checkpoints_are_moved_aside_only_once_an_older_one_reads(tmp_pa
   for step in (1, 2, 3):
     ckpt.save(step, state(step))
   ckpt.close()
-  restore, unreadable = ocp.StandardCheckpointHandler.restore, set()
-
-  def damaged(self, directory, *args, **kwargs):
-    if directory.parent.name in unreadable:
-      raise ValueError(f'DATA_LOSS: {directory.parent.name} is truncated')
-    return restore(self, directory, *args, **kwargs)
-  monkeypatch.setattr(ocp.StandardCheckpointHandler, 'restore', damaged)
-
-  unreadable.update(['checkpoint_1', 'checkpoint_2', 'checkpoint_3'])
+  unreadable = {1, 2, 3}
+  unreadable_state(unreadable, monkeypatch.setattr)
   resumed = checkpoints.Checkpointer(str(tmp_path))
   with pytest.raises(checkpoints.CheckpointError, match=(
       r'no checkpoint in .* can be read \(the newest, checkpoint_3: ValueError: DATA_LOSS: '
-      r'checkpoint_3 is truncated\); none was moved aside')):
+      r'reading .*checkpoint_3/state: unexpected end of file \(injected\)\); none was moved '
+      r'aside')):
     resumed.restore_latest(state(0))
   resumed.close()
   assert names(sorted(tmp_path.iterdir())) == ['checkpoint_1', 'checkpoint_2', 'checkpoint_3']
 
-  unreadable.remove('checkpoint_1')
+  unreadable.remove(1)
   (tmp_path / 'checkpoint_3.unreadable').mkdir()  # moved aside by an earlier fallback
   resumed = checkpoints.Checkpointer(str(tmp_path))
   restored, step = resumed.restore_latest(state(0))

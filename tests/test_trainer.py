@@ -327,7 +327,7 @@ def test_readable_parameters_with_an_unreadable_optimizer_state_are_damaged_not_
   ref_dir, ref, _ = reference
   model_dir = tmp_path / 'run'
   shutil.copytree(ref_dir, model_dir)
-  unreadable_state(4, monkeypatch.setattr)
+  unreadable_state([4], monkeypatch.setattr)
   assert run_train(model_dir, 4)['step'] == 4
   assert (model_dir / 'checkpoint_4.unreadable' / 'state').is_dir()
   assert [r['loss'] for r in records(model_dir)[4:]] == [ref[3], ref[4]]

@@ -147,14 +147,15 @@ def kill_at(phase, at, model_dir):
     raise ValueError(f'unknown phase {phase}')
 
 
-def unreadable_state(step: int, patch=setattr):
-  """Makes this process's read of checkpoint_``step``'s state fail as a damaged array file does
-  (tensorstore's DATA_LOSS), while other processes read their shards of it; ``patch``: setattr,
-  or a test's ``monkeypatch.setattr`` to undo it after the test."""
+def unreadable_state(steps, patch=setattr):
+  """Makes this process's reads of the state of checkpoint_<s> for each s in ``steps`` (looked up
+  at each read, so a test may change it) fail as a damaged array file does (tensorstore's
+  DATA_LOSS), while other processes read their shards; ``patch``: setattr, or a test's
+  ``monkeypatch.setattr`` to undo it after the test."""
   restore = ocp.StandardCheckpointHandler.restore
 
   def fail_at_step(self, directory, *args, **kwargs):
-    if directory.parent.name == f'checkpoint_{step}':
+    if directory.parent.name in {f'checkpoint_{s}' for s in steps}:
       raise ValueError(f'DATA_LOSS: reading {directory}: unexpected end of file (injected)')
     return restore(self, directory, *args, **kwargs)
   patch(ocp.StandardCheckpointHandler, 'restore', fail_at_step)

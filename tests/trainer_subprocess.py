@@ -62,7 +62,7 @@ else:
       multiprocess_gpu=True, multiprocess_tpu=False, coordinator_address=f'127.0.0.1:{port}',
       process_count=2, process_index=index))
   if len(sys.argv) > 6:
-    unreadable_state(int(sys.argv[6]))
+    unreadable_state([int(sys.argv[6])])
   assert jax.process_count() == 2 and len(jax.devices()) == 4
   result = run_train(model_dir, steps, period=1000, mesh=MeshConfig(2, 2, fsdp=True),
                      batches=functools.partial(StepBatches, host=index, hosts=2, delay=0.1))

@@ -241,12 +241,8 @@ class Checkpointer:
     """The state of checkpoint ``step``, then its data position into ``data_iterator``; a part
     that any process could not read raises ReadError on every process."""
     path = ocp.step.build_step_path(self.model_dir, _NAME_FORMAT, step)
-    handler = ocp.StandardCheckpointHandler()
-    try:
-      state = read_on_every_process('state', lambda: handler.restore(
-          path / 'state', args=ocp.args.StandardRestore(abstract_arrays(abstract_state))))
-    finally:
-      handler.close()
+    state = read_with(ocp.StandardCheckpointHandler(), 'state', lambda handler: handler.restore(
+        path / 'state', args=ocp.args.StandardRestore(abstract_arrays(abstract_state))))
     if _resumable(data_iterator):
       read_on_every_process('data', lambda: DataIteratorHandler().restore(
           path / 'data', args=DataIteratorRestore(data_iterator)))
@@ -291,6 +287,15 @@ def read_on_every_process(part: str, read):
       reason += '; on another process for a cause outside the checkpoint (its log says why)'
     raise ReadError(part, reason, outside=max(outcomes) == 2) from error
   return value
+
+
+def read_with(handler, part: str, read):
+  """``read(handler)`` on every process (``read_on_every_process``), ``handler`` (an orbax
+  handler) closed after it."""
+  try:
+    return read_on_every_process(part, lambda: read(handler))
+  finally:
+    handler.close()
 
 
 def list_checkpoints(run_dir: str):
@@ -368,13 +373,8 @@ def error_reason(e: Exception, limit: int = 300) -> str:
 def saved_tree(path: epath.Path):
   """The metadata tree of the state saved in checkpoint ``path`` (orbax's), read by every process
   (``read_on_every_process``: a ReadError on all if any could not)."""
-  def read():
-    handler = ocp.PyTreeCheckpointHandler()
-    try:
-      return handler.metadata(path / 'state').tree
-    finally:
-      handler.close()
-  return read_on_every_process('metadata', read)
+  return read_with(ocp.PyTreeCheckpointHandler(), 'metadata',
+                   lambda handler: handler.metadata(path / 'state').tree)
 
 
 def array_shapes(tree):

@@ -14,7 +14,7 @@ import orbax.checkpoint as ocp
 from t5x_variants import path_keys
 from t5x_variants.train.checkpoints import (CheckpointError, abstract_arrays, array_shapes,
                                             checkpoint_path, error_reason, optimizer_hint,
-                                            outside_cause, read_on_every_process, saved_tree)
+                                            outside_cause, read_with, saved_tree)
 
 log = logging.getLogger(__name__)
 
@@ -25,13 +25,9 @@ def _read(path, target):
   restore_args = jax.tree_util.tree_map(
       lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding, global_shape=x.shape, dtype=x.dtype),
       target)
-  handler = ocp.PyTreeCheckpointHandler()
-  try:
-    return read_on_every_process('state', lambda: handler.restore(
-        path / 'state', args=ocp.args.PyTreeRestore(item=target, restore_args=restore_args,
-                                                    partial_restore=True)))
-  finally:
-    handler.close()
+  return read_with(ocp.PyTreeCheckpointHandler(), 'state', lambda handler: handler.restore(
+      path / 'state', args=ocp.args.PyTreeRestore(item=target, restore_args=restore_args,
+                                                  partial_restore=True)))
 
 
 def _read_error(path, what: str, e: Exception) -> CheckpointError:
