@@ -8,6 +8,7 @@ binding, numbers out of range, a MODEL_DIR that cannot hold the run), and ``EVAL
 training run whose keep-N cleanup removes a checkpoint it listed."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import types
@@ -450,3 +451,72 @@ def test_a_model_axis_that_splits_heads_unevenly_is_one_line_in_every_command(qu
   assert out.stderr.startswith(f"{name}: error: mesh axis 'model' of size 8 does not divide heads = 4 ")
   assert out.stderr.strip().endswith('and the 8 devices: 1, 2, 4 (set MeshConfig.model)'), out.stderr
   assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def in_two_processes(tool, *args, each=lambda i: ()):
+  """Runs console script ``tool`` as two processes joined by jax.distributed (one CPU device
+  each), ``each(i)`` adding process i's own flags; (outputs, exit codes)."""
+  from test_trainer import _free_port  # pylint: disable=g-import-not-at-top
+  port = _free_port()
+  procs = [subprocess.Popen(
+      [os.path.join(BIN, tool), *args, *each(i), '--multiprocess_gpu',
+       f'--coordinator_address=127.0.0.1:{port}', '--process_count=2', f'--process_index={i}'],
+      cwd=REPO, env={**os.environ, 'JAX_PLATFORMS': 'cpu'}, text=True, stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT) for i in range(2)]
+  try:
+    return [p.communicate(timeout=240)[0] for p in procs], [p.returncode for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+
+
+@pytest.mark.slow
+def test_infer_in_two_processes_decodes_once_or_stops_both_on_different_inputs(quickstart,
+                                                                                tmp_path):
+  """Two processes run ``t5xv-infer``: each reads INPUT_FILE itself and feeds its rows of every
+  batch. With the same file, process 0 writes the predictions; with another file on process 1,
+  both stop with one line before decoding (before, the two decoded one batch made of rows of both
+  files and wrote it)."""
+  run_dir = quickstart[0]
+  texts = [tmp_path / 'a.txt', tmp_path / 'b.txt']
+  texts[0].write_text('The file is opened in binary mode.\nReturn the number of items.\n')
+  texts[1].write_text('The file is opened in binary mode.\nReturn the items.\n')
+  out = tmp_path / 'predictions.jsonl'
+  infer_in_two = lambda inputs: in_two_processes(
+      't5xv-infer', f'--gin_file={run_dir}/config.gin', '--gin_file=gin/runs/infer.gin',
+      f"--gin.CHECKPOINT_PATH='{run_dir}'", f"--gin.INFER_OUTPUT='{out}'",
+      each=lambda i: [f"--gin.INPUT_FILE='{inputs[i]}'"])
+  outs, codes = infer_in_two([texts[0], texts[0]])
+  assert codes == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+  rows = [json.loads(line) for line in out.read_text().splitlines()]
+  assert [r['inputs'] for r in rows] == texts[0].read_text().splitlines()
+  out.unlink()
+  outs, codes = infer_in_two(texts)
+  assert codes == [2, 2] and not out.exists(), outs[0][-3000:] + outs[1][-3000:]
+  for text in outs:
+    assert ('t5xv-infer: error: the processes disagree on the examples to decode: process 0 has '
+            'one, process 1 has another;') in text, text[-3000:]
+
+
+@pytest.mark.slow
+def test_eval_in_two_processes_gives_the_results_of_one(quickstart, tmp_path):
+  """``t5xv-eval --gin.EVAL_ALL=True`` as two processes (each evaluation batch split between
+  them, checked the same on both; eval_results.json read and written by process 0) on a copy of
+  the quickstart's run gives the quickstart's own one-process results, to float32 rounding."""
+  run_dir = tmp_path / 'run'
+  shutil.copytree(quickstart[0], run_dir)
+  (run_dir / eval_cli.RESULTS).unlink()
+  outs, codes = in_two_processes(
+      't5xv-eval', f'--gin_file={run_dir}/config.gin', '--gin_file=gin/runs/eval.gin',
+      f"--gin.CHECKPOINT_PATH='{run_dir}'", '--gin.EVAL_ALL=True')
+  assert codes == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+  one = eval_cli.read_results(epath.Path(quickstart[0]) / eval_cli.RESULTS)['validation']
+  two = eval_cli.read_results(run_dir / eval_cli.RESULTS)['validation']
+  steps = sorted(k for k in one if k.isdigit())
+  assert steps == sorted(k for k in two if k.isdigit()) and len(steps) >= 2
+  for step in steps:
+    for task, metrics in one[step].items():
+      assert metrics.keys() == two[step][task].keys()
+      for name, value in metrics.items():
+        assert two[step][task][name] == pytest.approx(value, rel=1e-5), (step, task, name)

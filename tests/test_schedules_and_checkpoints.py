@@ -14,7 +14,7 @@ import pytest
 
 from conftest import ON_GPU
 from train_helpers import unreadable_state
-from t5x_variants.train import checkpoints, optimizer, pretrained
+from t5x_variants.train import checkpoints, multihost, optimizer, pretrained
 
 STEPS = np.arange(0, 1201, dtype=np.int32)
 
@@ -294,7 +294,7 @@ def test_a_read_that_failed_on_another_process_raises_on_this_one_too(monkeypatc
   whether the cause is outside the checkpoint. Process 0's answers are taken by all."""
   other = {}
   monkeypatch.setattr(jax, 'process_count', lambda: 2)
-  monkeypatch.setattr(checkpoints.multihost_utils, 'process_allgather',
+  monkeypatch.setattr(multihost.multihost_utils, 'process_allgather',
                       lambda x: np.asarray([int(x), other['outcome']]))
   other['outcome'] = 0
   assert checkpoints.read_on_every_process('state', lambda: 'read') == 'read'
@@ -311,9 +311,9 @@ def test_a_read_that_failed_on_another_process_raises_on_this_one_too(monkeypatc
                      'process for a cause outside the checkpoint') as raised:
     checkpoints.read_on_every_process('data', damaged)
   assert raised.value.part == 'data' and raised.value.outside
-  monkeypatch.setattr(checkpoints.multihost_utils, 'broadcast_one_to_all',
+  monkeypatch.setattr(multihost.multihost_utils, 'broadcast_one_to_all',
                       lambda x: np.asarray(False))  # process 0's answer
-  assert checkpoints.process0_says(True) is False
+  assert multihost.process0_says(True) is False
 
 
 @pytest.mark.parametrize('error, message', [
@@ -385,13 +385,16 @@ def test_a_restore_without_target_shardings_fails_the_tests(tmp_path):
 
 def test_every_process_takes_process_0s_checkpoint_steps(monkeypatch):
   """Beside a training run that saves and deletes, each process would list its own moment (and
-  load its own 'newest'): process 0's steps are broadcast, in arrays of its count's shape."""
-  process0 = iter([np.asarray(2), np.asarray([10, 20])])  # its count, then its steps
+  load its own 'newest'): process 0's steps are broadcast to process 1 (here), as JSON text in an
+  array of its length's shape."""
+  text = np.frombuffer(b'[10, 20]', np.uint8)
+  process0 = iter([np.asarray(len(text)), text])  # its length, then its text
   shapes = []
   def broadcast(x):
     shapes.append(np.shape(x))
     return next(process0)
   monkeypatch.setattr(jax, 'process_count', lambda: 2)
-  monkeypatch.setattr(checkpoints.multihost_utils, 'broadcast_one_to_all', broadcast)
+  monkeypatch.setattr(jax, 'process_index', lambda: 1)
+  monkeypatch.setattr(multihost.multihost_utils, 'broadcast_one_to_all', broadcast)
   assert checkpoints._process0_steps([10, 20, 30]) == [10, 20]  # pylint: disable=protected-access
-  assert shapes == [(), (2,)]
+  assert shapes == [(), (8,)]

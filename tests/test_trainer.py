@@ -426,6 +426,22 @@ def test_a_state_one_process_cannot_read_moves_it_aside_on_every_process(referen
                              rtol=1e-5)
 
 
+@needs_data_layer
+@pytest.mark.slow
+def test_evaluation_data_that_differs_on_one_process_stops_both(tmp_path, subprocess_train):
+  """Every process holds the evaluation batches whole. With process 1's copy one batch short,
+  both stop at the step-2 eval with one error naming the batch, within seconds (before, process
+  1 went back to training while process 0 waited in the eval step for it)."""
+  port = _free_port()
+  procs = [subprocess_train('diverge', tmp_path, 6, port, i) for i in range(2)]
+  for p in procs:
+    out = p.communicate(timeout=150)[0]
+    assert p.returncode != 0 and (
+        'ValueError: the processes disagree on the evaluation data of synthetic (batch 1): '
+        'process 0 has one, process 1 has none;') in out, out[-3000:]
+  assert not list(tmp_path.glob('checkpoint_*'))
+
+
 def test_a_run_writes_its_record(reference):
   """metrics.jsonl (one record per logged step, with throughput), config.gin, model-info.txt, a
   TensorBoard event file and a console line with throughput and ETA."""

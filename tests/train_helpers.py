@@ -132,13 +132,13 @@ def kill_at(phase, at, model_dir):
       commit.finalize = wrap(commit.finalize)
   elif phase == 'eval':
     call, evaluate = trainer.Evaluator.__call__, evaluation.evaluate
-    def evaluate_then_kill(eval_step, params, batches, *args):
+    def evaluate_then_kill(eval_step, params, batches, *args, **kwargs):
       def first_then_kill():
         yield from batches[:1]
         while not os.path.isdir(os.path.join(model_dir, f'checkpoint_{at}')):
           time.sleep(0.05)
         kill()
-      return evaluate(eval_step, params, first_then_kill(), *args)
+      return evaluate(eval_step, params, first_then_kill(), *args, **kwargs)
     def call_and_kill(self, step, params):
       evaluation.evaluate = evaluate_then_kill if step == at else evaluate
       call(self, step, params)

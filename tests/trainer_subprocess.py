@@ -6,6 +6,9 @@
       one of 2 processes joined by jax.distributed (2 CPU devices each, data=2 x model=2, fsdp),
       each feeding its half of every global batch, 0.1 s per batch, no periodic checkpoints; with
       UNREADABLE, this process cannot read the state of checkpoint_UNREADABLE (the others can)
+  python trainer_subprocess.py diverge MODEL_DIR STEPS PORT INDEX
+      as ``process``, with an eval of the fault tests' two batches every 2 steps, of which
+      process 1's copy has only the first
 
   python trainer_subprocess.py kill MODEL_DIR STEPS PHASE AT
       1 device, checkpoints every 2 steps, an eval of 2 batches every 2 steps; SIGKILLs itself at
@@ -26,7 +29,8 @@ import os
 import sys
 
 mode, model_dir, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
-devices = {'mesh': 8, 'slow': 1, 'process': 2, 'kill': 1, 'plain': 1, 'churn': 1}[mode]
+devices = {'mesh': 8, 'slow': 1, 'process': 2, 'diverge': 2, 'kill': 1, 'plain': 1,
+           'churn': 1}[mode]
 os.environ['XLA_FLAGS'] = (f'{os.environ.get("XLA_FLAGS", "")} '  # the suite's, then the devices
                            f'--xla_force_host_platform_device_count={devices}').strip()
 if devices > 1:  # host devices: the CPU's, also on a GPU machine
@@ -64,6 +68,11 @@ else:
   if len(sys.argv) > 6:
     unreadable_state([int(sys.argv[6])])
   assert jax.process_count() == 2 and len(jax.devices()) == 4
+  evals = {}
+  if mode == 'diverge':
+    evals = dict(eval_period=2, eval_data=lambda: {
+        name: batches[:2 - index] for name, batches in eval_batches().items()})
   result = run_train(model_dir, steps, period=1000, mesh=MeshConfig(2, 2, fsdp=True),
-                     batches=functools.partial(StepBatches, host=index, hosts=2, delay=0.1))
+                     batches=functools.partial(StepBatches, host=index, hosts=2, delay=0.1),
+                     **evals)
 print(json.dumps(result))

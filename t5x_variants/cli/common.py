@@ -355,7 +355,7 @@ def clear_errors(prog: str):
   non-finite training) exit with status 2 and one line: the message's first line. At
   --verbosity=1 and up the whole message (and gin's, of a GinConfigError) follows it; the
   traceback is logged at DEBUG."""
-  from t5x_variants.train import checkpoints, trainer  # pylint: disable=g-import-not-at-top
+  from t5x_variants.train import checkpoints, multihost, trainer  # pylint: disable=g-import-not-at-top
   try:
     yield
   except Exception as e:  # pylint: disable=broad-except
@@ -365,7 +365,8 @@ def clear_errors(prog: str):
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):  # a full disk
       e = ValueError(f'{e.strerror} writing {e.filename or "the run directory"}: free space and '
                      'rerun the same command (a training run resumes from its last checkpoint)')
-    known = [ValueError, OSError, checkpoints.CheckpointError, trainer.NonFiniteLossError]
+    known = [ValueError, OSError, checkpoints.CheckpointError, trainer.NonFiniteLossError,
+             multihost.ProcessError]
     tasks, tf = sys.modules.get('t5x_variants.data.tasks'), sys.modules.get('tensorflow')
     if tasks:  # only when the command used the data layer
       known.append(tasks.DataNotFoundError)

@@ -30,11 +30,10 @@ from typing import Mapping, Optional
 
 import gin
 from etils import epath
-import jax
 import numpy as np
 
 from t5x_variants.cli import common, ranges
-from t5x_variants.train import checkpoints, evaluation, storage
+from t5x_variants.train import checkpoints, evaluation, multihost, storage
 from t5x_variants.train.metrics import MetricsLogger
 from t5x_variants.train.predictor import (DecodeOptions, Predictor, continuation_length,
                                           decode_examples, prompted, score_examples, until_eos)
@@ -59,17 +58,18 @@ def teacher_forced(predictor, task_name: str, split: str, lengths, batch_size: i
   """Loss, log-perplexity, token accuracy over the split (every example once); with a classification
   head also ``metric_fns`` of its predictions (the task's GLUE metrics)."""
   from t5x_variants.data import pipeline  # pylint: disable=g-import-not-at-top
-  batches = pipeline.eval_batches(task_name, lengths, predictor.config.data_architecture, batch_size,
-                                  split)
+  batches = multihost.agree(f'the {split} data of {task_name}', lambda: pipeline.eval_batches(
+      task_name, lengths, predictor.config.data_architecture, batch_size, split))
   return evaluation.evaluate(predictor.eval_step, predictor.params, batches, predictor.mesh,
-                             max_batches, metric_fns)
+                             max_batches, metric_fns, name=f'the {split} data of {task_name}')
 
 
 def inference_metrics(predictor, task, split: str, lengths, batch_size: int,
                       max_examples: Optional[int]):
   """The task's own metrics of greedy (or DecodeOptions) predictions, after its postprocessor."""
   from t5x_variants.data import tasks  # pylint: disable=g-import-not-at-top
-  examples = tasks.task_examples(task, split, lengths, max_examples)
+  examples = multihost.same(f'the {split} examples of {task.name}',
+                            lambda: tasks.task_examples(task, split, lengths, max_examples))
   vocab = task.output_features['targets'].vocabulary
   decoded = decode_examples(predictor, vocab, examples, lengths['inputs'], lengths['targets'],
                             batch_size)
@@ -87,7 +87,8 @@ def continuation_metrics(predictor, task, split: str, lengths, prompt_length: in
   """A decoder-only model prompted with the first ``prompt_length`` target tokens of each example:
   exact match (percent) of its greedy continuation, and the log-perplexity of the reference."""
   from t5x_variants.data import tasks  # pylint: disable=g-import-not-at-top
-  examples = prompted(tasks.task_examples(task, split, lengths, max_examples), prompt_length, task.name)
+  examples = multihost.same(f'the {split} examples of {task.name}', lambda: prompted(
+      tasks.task_examples(task, split, lengths, max_examples), prompt_length, task.name))
   if not examples:
     raise ValueError(f'no example of {task.name} ({split}) is longer than PROMPT_LENGTH {prompt_length}')
   target_length = continuation_length(lengths['targets'], prompt_length)
@@ -174,9 +175,11 @@ def benchmark_averages(results) -> dict:
 
 
 def read_results(path: epath.Path) -> dict:
-  """eval_results.json as {split: {step: {task: metrics}, 'best': ...}}. A file written before
-  results were keyed by split ({step: ...} at the top) is read as the default split's."""
-  results = json.loads(path.read_text()) if path.exists() else {}
+  """eval_results.json as {split: {step: {task: metrics}, 'best': ...}}, as process 0 reads it, on
+  every process. A file written before results were keyed by split ({step: ...} at the top) is
+  read as the default split's."""
+  results = multihost.process0_json(  # the file process 0 writes, as it reads it
+      f'reading {path}', lambda: json.loads(path.read_text()) if path.exists() else {})
   if any(key.isdigit() or key == BEST for key in results):
     return {DEFAULT_SPLIT: results}
   return results
@@ -193,7 +196,7 @@ def _load(predictor, path: epath.Path) -> bool:
     deadline = time.time() + VANISH_WAIT_SECS
     while path.exists() and time.time() <= deadline:
       time.sleep(0.2)
-    if checkpoints.process0_says(path.exists()):
+    if multihost.process0_says(path.exists()):
       raise
     return False
   return True
@@ -209,14 +212,18 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
                          prompt_length: Optional[int] = None):
   """{step: {task: metrics}} of the checkpoints evaluated on ``split`` by this call."""
   from t5x_variants.data import classification, tasks  # pylint: disable=g-import-not-at-top
-  common.use_run_vocabulary(checkpoint_path)
+  multihost.agree("reading the run's vocabulary",
+                  lambda: common.use_run_vocabulary(checkpoint_path))
   paths = [checkpoints.checkpoint_path(checkpoint_path)]
   run_dir = paths[0].parent
   if all_checkpoints and run_dir == storage.path(checkpoint_path):
     paths = checkpoints.list_checkpoints(run_dir)
-  mixture = tasks.get_task_or_mixture(mixture_or_task_name)
-  common.check_vocabulary_size(config, mixture, mixture_or_task_name)
-  classify = classification.check_model(mixture, config) is not None
+
+  def find_task():  # (the task or mixture, whether the model classifies it)
+    mixture = tasks.get_task_or_mixture(mixture_or_task_name)
+    common.check_vocabulary_size(config, mixture, mixture_or_task_name)
+    return mixture, classification.check_model(mixture, config) is not None
+  mixture, classify = multihost.agree(f'finding {mixture_or_task_name}', find_task)
   subtasks = getattr(mixture, 'tasks', [mixture])
   names = sorted(t.name for t in subtasks)
   results_file = run_dir / RESULTS
@@ -256,8 +263,8 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
       new.setdefault(int(step), {})[task.name] = metrics
     results[BEST] = best_over_checkpoints(results)
     results[AVERAGE] = benchmark_averages(results)
-    if jax.process_index() == 0:
-      storage.write_text(results_file, json.dumps(all_results, indent=1, sort_keys=True))
+    multihost.process0_does(f'writing {results_file}', lambda: storage.write_text(
+        results_file, json.dumps(all_results, indent=1, sort_keys=True)))
   logger.close()
   evaluated = sum(step.isdigit() for step in results)
   for task, metrics in sorted(results.get(BEST, {}).items()):

@@ -15,11 +15,10 @@ import sys
 from typing import Mapping, Optional
 
 import gin
-import jax
 import numpy as np
 
 from t5x_variants.cli import common, ranges
-from t5x_variants.train import storage
+from t5x_variants.train import multihost, storage
 from t5x_variants.features import EOS_ID
 from t5x_variants.train.predictor import (DecodeOptions, Predictor, continuation_length,
                                           decode_examples, prompted, score_examples, until_eos)
@@ -34,36 +33,43 @@ def infer(config, *, checkpoint_path: str = gin.REQUIRED, output_file: str = gin
   """Writes one JSON line per example to ``output_file``; returns the number written."""
   from t5x_variants.data import tasks, vocab as vocab_lib  # pylint: disable=g-import-not-at-top
   predictor = Predictor(config, options=DecodeOptions())  # the decoding options checked first
-  if input_file:
-    texts = [line for line in storage.path(input_file).read_text().splitlines() if line.strip()]
-    if not texts:
-      raise ValueError(f'INPUT_FILE {input_file} has no text to decode (one input per line)')
-    texts = texts[:max_examples]
-  common.use_run_vocabulary(checkpoint_path)
-  if input_file:
-    vocab = vocab_lib.vocabulary()
-    examples = [{'inputs_pretokenized': t, 'inputs': np.asarray(vocab.encode(t) + [EOS_ID])}
-                for t in texts]
-    common.check_vocabulary_size(config, vocab, input_file)
-  elif mixture_or_task_name:
-    task = tasks.get_task_or_mixture(mixture_or_task_name)
-    common.check_vocabulary_size(config, task, mixture_or_task_name)
-    vocab = task.output_features['targets'].vocabulary
-    examples = tasks.task_examples(task, split, task_feature_lengths, max_examples)
-  else:
-    raise ValueError('infer needs INPUT_FILE (a text per line) or MIXTURE_OR_TASK_NAME')
-  input_length, target_length = task_feature_lengths.get('inputs'), task_feature_lengths['targets']
-  if config.architecture == 'decoder_only' and 'inputs' not in task_feature_lengths:
-    if input_file:  # each text whole is a prompt, continued for up to the targets length
-      input_length = max(len(ex['inputs']) for ex in examples)
+
+  def read():  # (vocabulary, examples, input length, target length)
+    if input_file:
+      texts = [line for line in storage.path(input_file).read_text().splitlines() if line.strip()]
+      if not texts:
+        raise ValueError(f'INPUT_FILE {input_file} has no text to decode (one input per line)')
+      texts = texts[:max_examples]
+    common.use_run_vocabulary(checkpoint_path)
+    if input_file:
+      vocab = vocab_lib.vocabulary()
+      examples = [{'inputs_pretokenized': t, 'inputs': np.asarray(vocab.encode(t) + [EOS_ID])}
+                  for t in texts]
+      common.check_vocabulary_size(config, vocab, input_file)
+    elif mixture_or_task_name:
+      task = tasks.get_task_or_mixture(mixture_or_task_name)
+      common.check_vocabulary_size(config, task, mixture_or_task_name)
+      vocab = task.output_features['targets'].vocabulary
+      examples = tasks.task_examples(task, split, task_feature_lengths, max_examples)
     else:
-      examples = prompted(examples, prompt_length, mixture_or_task_name)
-      input_length, target_length = prompt_length, continuation_length(target_length, prompt_length)
+      raise ValueError('infer needs INPUT_FILE (a text per line) or MIXTURE_OR_TASK_NAME')
+    input_length, target_length = task_feature_lengths.get('inputs'), task_feature_lengths['targets']
+    if config.architecture == 'decoder_only' and 'inputs' not in task_feature_lengths:
+      if input_file:  # each text whole is a prompt, continued for up to the targets length
+        input_length = max(len(ex['inputs']) for ex in examples)
+      else:
+        examples = prompted(examples, prompt_length, mixture_or_task_name)
+        input_length, target_length = prompt_length, continuation_length(target_length, prompt_length)
+    return vocab, examples, input_length, target_length
+  # Each process reads its own copy of the inputs and decodes them all: the same on every one.
+  vocab, examples, input_length, target_length = multihost.same(
+      'the examples to decode', read, key=lambda value: value[1:])
   predictor.load(checkpoint_path)
   decoded = decode_examples(predictor, vocab, examples, input_length, target_length, batch_size)
   if decoded and 'targets' in decoded[0]:
     decoded = score_examples(predictor, decoded, input_length, target_length, batch_size)
-  if jax.process_index() == 0:
+
+  def write():
     lines = []
     for ex in decoded:
       record = {'inputs': tasks.text(ex['inputs_pretokenized']) if 'inputs_pretokenized' in ex
@@ -75,6 +81,7 @@ def infer(config, *, checkpoint_path: str = gin.REQUIRED, output_file: str = gin
         record['target_log_likelihood'] = ex['log_likelihood']
       lines.append(json.dumps(record) + '\n')
     storage.write_text(output_file, ''.join(lines))
+  multihost.process0_does(f'writing {output_file}', write)
   return len(decoded)
 
 

@@ -15,7 +15,7 @@ import jax
 
 from t5x_variants.cli import common, ranges
 from t5x_variants.sweeps import runner
-from t5x_variants.train import storage
+from t5x_variants.train import multihost, storage
 
 
 def vocabulary_files(name: str):
@@ -180,11 +180,10 @@ def _train_prebuilt(args, config, desc):
                        files=data.files())
 
 
-def _train_from_data_layer(args, config, train_cfg, eval_cfg):
-  """Trains from the data layer's batches; with ``--write_batches`` writes them instead (and
-  returns None)."""
+def _data_layer(config, train_cfg, eval_cfg):
+  """(train_data, eval_data, eval_metric_fns, files, vocabulary_size) of the run from the data
+  layer's tasks, each task checked against the model first."""
   from t5x_variants.data import classification, pipeline, tasks  # pylint: disable=g-import-not-at-top
-  from t5x_variants.train import prebuilt, trainer  # pylint: disable=g-import-not-at-top
   if _init_checkpoint():  # fine-tuning tokenizes as the pretrained run did
     common.use_run_vocabulary(_init_checkpoint())
   vocabulary_size = None
@@ -207,6 +206,15 @@ def _train_from_data_layer(args, config, train_cfg, eval_cfg):
                                                   eval_cfg.split, eval_cfg.loss_on_targets_only)
                            for n in names}
   files = vocabulary_files(train_cfg.mixture_or_task_name)
+  return train_data, eval_data, eval_metric_fns, files, vocabulary_size
+
+
+def _train_from_data_layer(args, config, train_cfg, eval_cfg):
+  """Trains from the data layer's batches; with ``--write_batches`` writes them instead (and
+  returns None)."""
+  from t5x_variants.train import prebuilt, trainer  # pylint: disable=g-import-not-at-top
+  train_data, eval_data, eval_metric_fns, files, vocabulary_size = multihost.agree(
+      "finding the run's tasks", lambda: _data_layer(config, train_cfg, eval_cfg))
   if args.write_batches:
     if eval_metric_fns or jax.process_count() > 1:
       raise common.UsageError('--write_batches serves one-process pretraining runs (no '
@@ -239,7 +247,7 @@ def main(argv=None):
       train_cfg = DatasetConfig()
     with gin.config_scope('train_eval'):
       eval_cfg = DatasetConfig()
-    check_inputs(config, train_cfg, eval_cfg)
+    multihost.agree("checking the run's settings", lambda: check_inputs(config, train_cfg, eval_cfg))
     if args.batches_dir and not args.write_batches:
       result = _train_prebuilt(args, config, _data_description(config, train_cfg, eval_cfg))
     else:

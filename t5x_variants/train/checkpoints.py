@@ -17,12 +17,10 @@ from typing import Any, List, Optional, Sequence
 
 import gin
 import jax
-import numpy as np
-from jax.experimental import multihost_utils
 import orbax.checkpoint as ocp
 from etils import epath
 
-from t5x_variants.train import optimizer, storage
+from t5x_variants.train import multihost, optimizer, storage
 
 PREFIX = 'checkpoint'
 # Status words of a read that failed outside the checkpoint (tensorstore's and XLA's errors):
@@ -231,7 +229,7 @@ class Checkpointer:
           path.rename(aside)
       except Exception as e:  # pylint: disable=broad-except  (the file system's or the bucket's)
         error = e
-    if not process0_says(error is None):
+    if not multihost.process0_says(error is None):
       reason = error_reason(error) if error else "process 0's log says why"
       raise CheckpointError(f'could not move the unreadable {", ".join(p.name for p in paths)} '
                             f'aside ({reason}): rename them yourself and rerun') from error
@@ -278,8 +276,7 @@ def read_on_every_process(part: str, read):
     value, error = None, e
   # 0: read; 1: not readable (damaged, or not by this run); 2: a cause outside the checkpoint.
   outcome = 0 if error is None else 2 if outside_cause(error) else 1
-  outcomes = ([outcome] if jax.process_count() == 1 else
-              multihost_utils.process_allgather(np.asarray(outcome, np.int32)).tolist())
+  outcomes = multihost.outcomes(outcome)
   if max(outcomes):
     failed = ', '.join(str(i) for i, o in enumerate(outcomes) if o)
     reason = error_reason(error) if error else f'not readable on process {failed}: its log says why'
@@ -306,22 +303,9 @@ def list_checkpoints(run_dir: str):
   return [ocp.step.build_step_path(storage.path(run_dir), _NAME_FORMAT, step) for step in sorted(steps)]
 
 
-def process0_says(answer: bool) -> bool:
-  """Process 0's ``answer``, for every process (which all call this together): one decision where
-  each process's own look at a shared store could differ."""
-  if jax.process_count() == 1:
-    return answer
-  return bool(multihost_utils.broadcast_one_to_all(np.asarray(answer)))
-
-
 def _process0_steps(steps: Sequence[int]) -> List[int]:
   """Process 0's ``steps``, for every process (which all call this together)."""
-  if jax.process_count() == 1:
-    return list(steps)
-  count = int(multihost_utils.broadcast_one_to_all(np.asarray(len(steps), np.int64)))
-  mine = np.zeros(count, np.int64)
-  mine[:min(count, len(steps))] = list(steps)[:count]
-  return [int(step) for step in multihost_utils.broadcast_one_to_all(mine)]
+  return multihost.process0_json('listing the checkpoints', lambda: [int(step) for step in steps])
 
 
 def _saved_mismatch(tree, abstract_state, part: str) -> Optional[str]:
@@ -342,7 +326,7 @@ def _saved_mismatch(tree, abstract_state, part: str) -> Optional[str]:
 def checkpoint_path(path: str) -> epath.Path:
   """A checkpoint directory: ``path`` itself, or the newest ``checkpoint_<step>`` inside it."""
   path = storage.path(path)
-  if process0_says((path / 'state').exists()):
+  if multihost.process0_says((path / 'state').exists()):
     return path
   latest = ocp.step.latest_step_metadata(path, _NAME_FORMAT)
   latest = _process0_steps([] if latest is None else [latest.step])  # one step for every process

@@ -37,7 +37,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
 from t5x_variants.models import losses
-from t5x_variants.train import partitioning, storage, train_step
+from t5x_variants.train import multihost, partitioning, storage, train_step
 
 FILE = 'diagnostics.npz'
 REFERENCE = 'diagnostics_reference'  # F(x; theta_0), carried in the batch as one more feature
@@ -101,9 +101,8 @@ class Diagnostics:
     """Reloads x and F(x; theta_0) from ``diagnostics.npz``, unless ``fresh`` (step 0) or there is
     none: then x is ``host_batch`` (this process's rows), theta_0 ``params``, and process 0 saves
     them. True if they were made now (every process calls this at the same step)."""
-    load = not fresh and self.path.exists()
-    if jax.process_count() > 1:  # process 0's answer: the others may see a file it writes now
-      load = bool(multihost_utils.broadcast_one_to_all(np.asarray(load)))
+    # Process 0's answer: the others may see a file it writes now.
+    load = multihost.process0_says(not fresh and self.path.exists())
     if load:
       with self.path.open('rb') as f, np.load(f) as saved:
         self.batch = partitioning.global_batch(partitioning.host_rows(dict(saved), self.mesh),

@@ -19,7 +19,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from t5x_variants.train import partitioning
+from t5x_variants.train import multihost, partitioning
 from t5x_variants.train.train_step import summed_loss
 
 
@@ -33,13 +33,14 @@ def make_eval_step(model, config, param_sharding, mesh, z_loss: float = 0.0):
 
 
 def evaluate(eval_step, params, batches: Iterable[Dict[str, np.ndarray]], mesh,
-             max_batches: Optional[int] = None,
-             metric_fns: Sequence[Callable] = ()) -> Dict[str, float]:
+             max_batches: Optional[int] = None, metric_fns: Sequence[Callable] = (),
+             name: str = 'the evaluation data') -> Dict[str, float]:
   """Token-weighted metrics over ``batches`` (at most ``max_batches``): global batches that every
-  process holds whole; each feeds its own rows. ``metric_fns``: applied to a classification head's
-  (labels, predictions) of the examples with weight > 0."""
+  process holds whole (checked: ``multihost.same_batches``; ``name`` names them in its error);
+  each feeds its own rows. ``metric_fns``: applied to a classification head's (labels,
+  predictions) of the examples with weight > 0."""
   totals, rows = None, []
-  for batch in itertools.islice(batches, max_batches):
+  for batch in multihost.same_batches(name, itertools.islice(batches, max_batches)):
     sums = eval_step(params, partitioning.global_batch(partitioning.host_rows(batch, mesh), mesh))
     if 'rows' in sums:
       rows.append(partitioning.to_host(sums.pop('rows')))

@@ -1,6 +1,10 @@
 """The run's record: ``metrics.jsonl`` (one JSON object per logged train step and per eval),
 TensorBoard scalars and a console progress line with throughput and ETA. Only process 0 writes,
-to a local run directory or an object store (``storage``)."""
+to a local run directory or an object store (``storage``). A write that fails there stops every
+process at a record that all log together (an eval, the diagnostics, a checkpoint's flush and
+the check before a checkpoint is saved); a train step's record is not agreed at each log step,
+which would hold the host until the device has run the step: a failure to write one is held on
+process 0 until the next of those."""
 import itertools
 import json
 import math
@@ -22,7 +26,7 @@ finally:
   if _HIDE_TORCH:
     del sys.modules['torch']
 
-from t5x_variants.train import storage
+from t5x_variants.train import multihost, storage
 
 # Numbers each writer of this process: tensorboardX names its file by host and second only and
 # opens it with 'wb', so a logger reopened in the same second (a quick resume) would truncate it.
@@ -56,6 +60,7 @@ class MetricsLogger:
     self.enabled = jax.process_index() == 0
     self.total_steps = total_steps
     self.console = console
+    self._held = None  # process 0's error writing a train record, until every process learns it
     if self.enabled:
       self._jsonl = storage.AppendedFile(storage.join(model_dir, 'metrics.jsonl'))
       # tensorboardX writes from a queue on a thread and flush() does not drain that queue, so its
@@ -74,11 +79,19 @@ class MetricsLogger:
 
   def train(self, step: int, metrics: Mapping[str, float], start_step: int, start_time: float):
     """Logs a train step; the ETA extrapolates the speed since ``start_step``."""
-    if not self.enabled:
+    if not self.enabled or self._held:
       return
     record = {'step': step, 'kind': 'train', **{k: float(v) for k, v in metrics.items()},
               'time': time.time()}
-    self._write(record, {f'train/{k}': v for k, v in metrics.items()})
+    try:
+      self._write(record, {f'train/{k}': v for k, v in metrics.items()})
+    except Exception as e:  # pylint: disable=broad-except  (the file system's or the bucket's)
+      if jax.process_count() == 1:
+        raise
+      # Raised here, on process 0 alone, it would leave the others waiting for it in the next
+      # step: held until the next record every process logs, or ``check``.
+      self._held = e
+      return
     if self.console:
       elapsed = time.time() - start_time
       eta = ''
@@ -92,16 +105,18 @@ class MetricsLogger:
 
   def eval(self, step: int, name: str, metrics: Mapping[str, float], split: Optional[str] = None):
     """Logs an eval of task ``name``; one of another split than validation (t5xv-eval's
-    ``split``) is recorded with it and tagged ``eval/<name>/<split>/<metric>``."""
-    if not self.enabled:
-      return
+    ``split``) is recorded with it and tagged ``eval/<name>/<split>/<metric>``. Every process
+    calls it (a write that fails stops them all: ``multihost.process0_does``)."""
     record = {'step': step, 'kind': 'eval', 'task': name, **({'split': split} if split else {}),
               **{k: float(v) for k, v in metrics.items()}, 'time': time.time()}
     tag = name if split in (None, 'validation') else f'{name}/{split}'
-    self._write(record, {f'eval/{tag}/{k}': v for k, v in metrics.items()})
-    if self.console:
-      print(f'eval {tag} step {step}: ' + ' '.join(f'{k} {v:.4f}' for k, v in metrics.items()),
-            flush=True)
+
+    def write():
+      self._write(record, {f'eval/{tag}/{k}': v for k, v in metrics.items()})
+      if self.console:
+        print(f'eval {tag} step {step}: ' + ' '.join(f'{k} {v:.4f}' for k, v in metrics.items()),
+              flush=True)
+    self._agreed(f'logging the eval of {tag} at step {step}', write)
 
   def evaluated(self, step: int, tasks: Sequence[str]) -> bool:
     """Whether the run directory holds this run's eval record of ``step`` for each of ``tasks``
@@ -116,16 +131,28 @@ class MetricsLogger:
                for r in read_records(self.model_dir))
 
   def diagnostics(self, step: int, values: Mapping[str, float]):
-    """Logs the per-layer diagnostics of ``train/diagnostics.py``."""
-    if self.enabled:
-      self._write({'step': step, 'kind': 'diagnostics', **values, 'time': time.time()},
-                  {f'diagnostics/{k}': v for k, v in values.items()})
+    """Logs the per-layer diagnostics of ``train/diagnostics.py`` (every process calls it)."""
+    record = {'step': step, 'kind': 'diagnostics', **values, 'time': time.time()}
+    self._agreed(f'logging the diagnostics of step {step}', lambda: self._write(
+        record, {f'diagnostics/{k}': v for k, v in values.items()}))
 
   def flush(self):
     """Writes the records so far to the run directory now (on an object store: rewrites this
-    session's object)."""
-    if self.enabled:
-      self._jsonl.flush()
+    session's object); every process calls it."""
+    self._agreed(f'writing {self.model_dir}/metrics.jsonl', lambda: self._jsonl.flush())
+
+  def check(self):
+    """Raises the error of a train record that process 0 could not write, on every process
+    (which all call this together: before a checkpoint is saved)."""
+    self._agreed('writing a train record to metrics.jsonl', lambda: None)
+
+  def _agreed(self, what: str, write):
+    """``write()`` by process 0, after any train record's error held there, for every process."""
+    def act():
+      if self._held:
+        raise self._held
+      write()
+    multihost.process0_does(what, act)
 
   def close(self):
     if self.enabled:

@@ -24,14 +24,12 @@ from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence
 import flax.linen as nn
 import gin
 import jax
-from jax.experimental import multihost_utils
-import numpy as np
 
 from t5x_variants.models import build_model, fresh_head_params, init_inputs
 from t5x_variants.models.config import TransformerConfig
 from t5x_variants.models.summary import model_info
-from t5x_variants.train import (checkpoints, diagnostics, evaluation, optimizer, partitioning,
-                                preemption, pretrained, storage, train_step)
+from t5x_variants.train import (checkpoints, diagnostics, evaluation, multihost, optimizer,
+                                partitioning, preemption, pretrained, storage, train_step)
 from t5x_variants.train.meter import TrainMeter, host_tokens
 from t5x_variants.train.metrics import MetricsLogger
 
@@ -153,14 +151,15 @@ class ShardedModel:
 
 def _write_run_files(model_dir: str, config: TransformerConfig, files: Mapping[str, str]):
   """``config.gin`` (every binding of this run), ``model-info.txt`` and ``files`` (e.g. the
-  vocabulary, which a later evaluation needs) into ``model_dir``; process 0 only."""
-  if jax.process_index() != 0:
-    return
+  vocabulary, which a later evaluation needs) into ``model_dir``, by process 0."""
   run = storage.path(model_dir)
-  storage.write_text(run / 'config.gin', gin.config_str())
-  storage.write_text(run / 'model-info.txt', model_info(config) + '\n')
-  for name, path in files.items():
-    storage.copy(path, run / name)
+
+  def write():
+    storage.write_text(run / 'config.gin', gin.config_str())
+    storage.write_text(run / 'model-info.txt', model_info(config) + '\n')
+    for name, path in files.items():
+      storage.copy(path, run / name)
+  multihost.process0_does(f'writing the run files into {model_dir}', write)
 
 
 @dataclasses.dataclass
@@ -203,7 +202,10 @@ class _Run:
   def checkpoint(self, force: bool = False):
     """Saves the state and data position if ``step`` is a checkpoint step or ``force``, and with
     them the metric records so far (on an object store they are held in memory between rewrites),
-    so a killed run keeps every record up to its newest checkpoint."""
+    so a killed run keeps every record up to its newest checkpoint. A train record process 0
+    could not write stops every process before the save (``MetricsLogger.check``)."""
+    if force or self.step % self.ckpt.period == 0:
+      self.logger.check()
     if self.ckpt.save(self.step, self.state, self.data, force=force):
       self.logger.flush()
       self.meter.resume()
@@ -227,10 +229,11 @@ class Evaluator:
     self.metric_fns, self.max_batches = metric_fns or {}, max_batches
 
   def __call__(self, step: int, params):
-    for name, batches in (self.eval_data() if self.eval_data else {}).items():
+    evals = multihost.agree('building the evaluation data', self.eval_data or dict)
+    for name, batches in evals.items():
       self.logger.eval(step, name, evaluation.evaluate(
           self.eval_step, params, batches, self.mesh, self.max_batches,
-          self.metric_fns.get(name, ())))
+          self.metric_fns.get(name, ()), name=f'the evaluation data of {name}'))
 
 
 class _DiagnosticsLog:
@@ -267,6 +270,20 @@ def _on_first_batch(run: _Run, batch, num_microbatches: int,
     run.meter.resume()
 
 
+def _first_batch(data: Iterator):
+  """This host's first batch of the run (None if its data is empty), read by every process at
+  once: a read that fails, or data that is empty, on some hosts only stops every process with
+  that error (a later step has no such check: a multi-host run's data repeats,
+  ``DatasetConfig.num_epochs = None``)."""
+  batch = multihost.agree('reading the training data', lambda: next(data, None))
+  empty = [i for i, code in enumerate(multihost.outcomes(int(batch is None))) if code]
+  if empty and len(empty) < jax.process_count():
+    raise ValueError(f'the training data of process {", ".join(map(str, empty))} has no batch '
+                     'while the others have one: check that every host can read its share of the '
+                     'data')
+  return batch
+
+
 def _train_steps(run: _Run, preempt: preemption.Preemption, evaluator: Evaluator,
                  diag: Optional[_DiagnosticsLog], total_steps: int, eval_period: int,
                  num_microbatches: int) -> bool:
@@ -274,7 +291,7 @@ def _train_steps(run: _Run, preempt: preemption.Preemption, evaluator: Evaluator
   its step); True if preempted."""
   start = run.step
   while run.step < total_steps:
-    batch = next(run.data, None)
+    batch = _first_batch(run.data) if run.step == start else next(run.data, None)
     if batch is None:
       log.warning('the training data ran out after step %d', run.step)
       return False
@@ -315,8 +332,7 @@ def _eval_due_at_start(start: int, eval_period: int, eval_at_start: bool,
 
 def _on_process0(question: Callable[[], bool]) -> bool:
   """Process 0's answer to ``question`` (which reads the run directory), for every process."""
-  answer = jax.process_index() == 0 and question()
-  return bool(multihost_utils.broadcast_one_to_all(np.asarray(answer)))
+  return multihost.process0_says(jax.process_index() == 0 and question())
 
 
 def _stop(run: _Run, stop: _NonFiniteStop, model_dir: str):
@@ -335,6 +351,7 @@ def _finish(run: _Run, evaluator: Evaluator, total_steps: int, eval_period: int)
   evaluates it if it is ``total_steps`` and no eval step (a rerun of the finished run redoes that
   eval), and closes the run's files."""
   run.meter.flush(run.step)
+  run.logger.check()
   run.ckpt.save(run.step, run.state, run.data, force=True)
   if eval_period and run.step % eval_period and run.step == total_steps:
     evaluator(run.step, run.state.params)
@@ -379,7 +396,8 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
                      'encoder-decoder has one stack: set train.diagnostics_period = 0')
   guard = NonFiniteGuard(on_nonfinite, max_skipped_in_a_row)
   sharded = ShardedModel.build(config, mesh or partitioning.MeshConfig(), seed)
-  data = train_data()  # first: missing data is one error before the run directory exists
+  # First: missing data is one error before the run directory exists.
+  data = multihost.agree('building the training data', train_data)
   ckpt = checkpoints.Checkpointer(model_dir)
   state, start = sharded.restore_or_init(ckpt, data, model_dir, init_checkpoint, init_optimizer)
   _write_run_files(model_dir, config, files or {})  # after restoring: a refused resume keeps them

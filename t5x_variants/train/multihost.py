@@ -1,0 +1,150 @@
+"""One outcome for every process of a multi-host run.
+
+Each process reads its own copy of what a run starts from (its settings, its data, a results
+file). Where one process fails or sees something else than the others and goes its own way, the
+others wait for it in their next collective until jax's coordination service aborts the job
+minutes later, its cause in one host's log; or, if their programs still pair up, they compute
+with different batches. Every function here is called by every process at the same point and
+returns, or raises, the same on all; with one process they exchange nothing.
+"""
+import json
+import zlib
+from typing import Any, Callable, Iterable, Iterator, List, Optional
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+_FAILED, _NONE = -2, -1  # the codes of a process whose call raised, or that had nothing
+
+
+class ProcessError(RuntimeError):
+  """Raised on the processes whose own part went well when another's did not."""
+
+
+def outcomes(code: int) -> List[int]:
+  """Every process's ``code`` (a non-negative int32 or one of the codes above), by process index."""
+  if jax.process_count() == 1:
+    return [code]
+  return [int(c) for c in multihost_utils.process_allgather(np.asarray(code, np.int32))]
+
+
+def _failed_elsewhere(what: str, codes: List[int], error: Optional[Exception]):
+  """Raises this process's ``error``, or a ProcessError naming the processes whose call raised."""
+  if error is not None:
+    raise error
+  failed = ', '.join(str(i) for i, c in enumerate(codes) if c == _FAILED)
+  raise ProcessError(f'{what} failed on process {failed} (its log says why); every process '
+                     'stopped here')
+
+
+def agree(what: str, make: Callable[[], Any]) -> Any:
+  """``make()`` on every process; its value if it returned on all, else this process's own error
+  where it raised, a ProcessError where it did not. ``what`` names it in that error."""
+  try:
+    value, error = make(), None
+  except Exception as e:  # pylint: disable=broad-except  (re-raised, on every process)
+    value, error = None, e
+  codes = outcomes(_FAILED if error else 0)
+  if _FAILED in codes:
+    _failed_elsewhere(what, codes, error)
+  return value
+
+
+def process0_does(what: str, act: Callable[[], Any]):
+  """``act()`` on process 0 alone (a write to the run directory), called by every process: if it
+  raised there, its error there and a ProcessError on the others, instead of their going on
+  without it."""
+  agree(what, lambda: act() if jax.process_index() == 0 else None)
+
+
+def fingerprint(value) -> int:
+  """A 31-bit checksum of nested dicts, lists, arrays and scalars (arrays by dtype, shape and
+  bytes; dicts by sorted key); ``_NONE`` for None."""
+  if value is None:
+    return _NONE
+  crc = 0
+
+  def add(x):
+    nonlocal crc
+    if isinstance(x, dict):
+      for k in sorted(x):
+        crc = zlib.crc32(repr(k).encode(), crc)
+        add(x[k])
+    elif isinstance(x, (list, tuple)):
+      crc = zlib.crc32(f'[{len(x)}'.encode(), crc)
+      for item in x:
+        add(item)
+    elif isinstance(x, (np.ndarray, np.generic)):
+      x = np.ascontiguousarray(x)
+      crc = zlib.crc32(f'{x.dtype}{x.shape}'.encode(), crc)
+      crc = zlib.crc32(x.tobytes(), crc)
+    else:
+      crc = zlib.crc32(repr(x).encode(), crc)
+  add(value)
+  return crc & 0x7FFFFFFF
+
+
+def same(what: str, make: Callable[[], Any], key: Callable[[Any], Any] = lambda value: value
+         ) -> Any:
+  """``make()`` on every process, whose ``key`` (default: the value itself) must be the same on
+  every process (None included); raises as ``agree`` if it raised anywhere, and a ValueError on
+  every process if the values differ, naming the processes that differ from process 0."""
+  try:
+    value, error = make(), None
+  except Exception as e:  # pylint: disable=broad-except  (re-raised, on every process)
+    value, error = None, e
+  codes = outcomes(_FAILED if error else fingerprint(key(value)))
+  if _FAILED in codes:
+    _failed_elsewhere(what, codes, error)
+  if len(set(codes)) > 1:
+    seen = [f'process {i} has {"none" if c == _NONE else "one" if i == 0 else "another"}'
+            for i, c in enumerate(codes) if i == 0 or c != codes[0]]
+    raise ValueError(f'the processes disagree on {what}: {", ".join(seen)}; every process must '
+                     'read the same (check each host\'s copy of the data, its paths and settings)')
+  return value
+
+
+def same_batches(what: str, batches: Iterable) -> Iterator:
+  """``batches`` (global batches that every process holds whole), each checked to be the same on
+  every process (``same``), ending on all at once; a process whose batches end early, or differ,
+  stops every process with one ValueError instead of leaving the others in the next step."""
+  if jax.process_count() == 1:
+    yield from batches
+    return
+  iterator, index = iter(batches), 0
+  while True:
+    batch = same(f'{what} (batch {index})', lambda: next(iterator, None))
+    if batch is None:
+      return
+    yield batch
+    index += 1
+
+
+def process0_says(answer: bool) -> bool:
+  """Process 0's ``answer``, for every process: one decision where each process's own look at a
+  shared store could differ."""
+  if jax.process_count() == 1:
+    return answer
+  return bool(multihost_utils.broadcast_one_to_all(np.asarray(answer)))
+
+
+def process0_json(what: str, make: Callable[[], Any]) -> Any:
+  """``make()``'s value (JSON-serialisable), made by process 0 alone, for every process: one
+  reading of a file that each host could see differently. If it raised there, its error there and
+  a ProcessError elsewhere."""
+  if jax.process_count() == 1:
+    return make()
+  text, error = b'', None
+  if jax.process_index() == 0:
+    try:
+      text = json.dumps(make()).encode()
+    except Exception as e:  # pylint: disable=broad-except  (re-raised, on every process)
+      error = e
+  size = int(multihost_utils.broadcast_one_to_all(
+      np.asarray(_FAILED if error else len(text), np.int32)))
+  if size == _FAILED:
+    _failed_elsewhere(what, [_FAILED], error)
+  data = np.zeros(size, np.uint8)
+  data[:len(text)] = np.frombuffer(text, np.uint8)[:size]
+  return json.loads(bytes(np.asarray(multihost_utils.broadcast_one_to_all(data), np.uint8)))

@@ -1,0 +1,150 @@
+"""One outcome for every process (train/multihost.py), with the exchange between two processes
+faked: this process is one of two, and the other's part is scripted. The real exchange between
+two processes is in tests/test_trainer.py (``test_evaluation_data_that_differs_on_one_process_
+stops_both``)."""
+import errno
+import os
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from t5x_variants.train import multihost, trainer
+from t5x_variants.train.metrics import MetricsLogger
+
+
+@pytest.fixture
+def other(monkeypatch):
+  """Makes this process process 0 of 2; ``other.codes`` are the codes process 1 contributes to
+  the next exchanges, in order ('end' of a batch iterator: None's code)."""
+  class Other:
+    codes = []
+  monkeypatch.setattr(jax, 'process_count', lambda: 2)
+
+  def allgather(x):
+    code = Other.codes.pop(0)
+    return np.asarray([int(x), multihost.fingerprint(None) if code == 'end' else code])
+  monkeypatch.setattr(multihost.multihost_utils, 'process_allgather', allgather)
+  return Other
+
+
+def test_agree_raises_this_processs_error_or_names_the_other(other):
+  other.codes = [0, 0, -2, -2]
+  assert multihost.agree('x', lambda: 3) == 3
+  mine = ValueError('my own line')
+  def fail():
+    raise mine
+  with pytest.raises(ValueError) as raised:
+    multihost.agree('x', fail)
+  assert raised.value is mine  # the process that failed keeps its own error
+  with pytest.raises(multihost.ProcessError,
+                     match=r'^reading the data failed on process 1 \(its log says why\)'):
+    multihost.agree('reading the data', lambda: 3)
+  with pytest.raises(ValueError) as raised:
+    multihost.agree('x', fail)  # both failed: still its own
+  assert raised.value is mine
+
+
+def test_same_compares_every_processs_value(other):
+  batch = {'tokens': np.arange(6, dtype=np.int32).reshape(2, 3)}
+  other.codes = [multihost.fingerprint(batch),
+                 multihost.fingerprint(dict(batch, tokens=batch['tokens'] + 1)), 'end']
+  assert multihost.same('the batch', lambda: batch) is batch
+  with pytest.raises(ValueError, match=r'^the processes disagree on the batch: process 0 has one, '
+                     r'process 1 has another; every process must read the same'):
+    multihost.same('the batch', lambda: batch)
+  with pytest.raises(ValueError, match=r'process 0 has one, process 1 has none;'):
+    multihost.same('the batch', lambda: batch)
+  other.codes = [multihost.fingerprint([1, 2])]
+  assert multihost.same('x', lambda: ('vocabulary', [1, 2]), key=lambda v: v[1]) == (
+      'vocabulary', [1, 2])
+
+
+def test_a_fingerprint_sees_values_dtypes_and_shapes_not_key_order():
+  a = {'x': np.zeros((2, 3), np.int32), 'y': [1, 'two']}
+  assert multihost.fingerprint(a) == multihost.fingerprint(
+      {'y': [1, 'two'], 'x': np.zeros((2, 3), np.int32)})
+  for b in ({'x': np.zeros((3, 2), np.int32), 'y': [1, 'two']},
+            {'x': np.zeros((2, 3), np.int64), 'y': [1, 'two']},
+            {'x': np.zeros((2, 3), np.int32), 'y': [1, 'three']},
+            {'x': np.ones((2, 3), np.int32), 'y': [1, 'two']}):
+    assert multihost.fingerprint(a) != multihost.fingerprint(b)
+  assert 0 <= multihost.fingerprint(a) < 2 ** 31 and multihost.fingerprint(None) == -1
+
+
+def test_batches_that_end_early_or_differ_on_another_process_stop_both(other):
+  """Evaluation's batches go through ``same_batches``: a process whose data ends early would
+  leave the others in the next eval step; one whose batch differs would compute another mean."""
+  batches = [{'t': np.full((2, 2), i, np.int32)} for i in range(3)]
+  other.codes = [multihost.fingerprint(b) for b in batches] + ['end']
+  assert [b['t'][0, 0] for b in multihost.same_batches('data', batches)] == [0, 1, 2]
+  other.codes = [multihost.fingerprint(batches[0]), 'end']
+  with pytest.raises(ValueError, match=r'^the processes disagree on the evaluation data of glue '
+                     r'\(batch 1\): process 0 has one, process 1 has none;'):
+    list(multihost.same_batches('the evaluation data of glue', batches))
+  other.codes = [multihost.fingerprint(batches[0]), 7]
+  with pytest.raises(ValueError, match=r'\(batch 1\): process 0 has one, process 1 has another;'):
+    list(multihost.same_batches('data', batches))
+  other.codes = [multihost.fingerprint(batches[0]), multihost.fingerprint(batches[1]), 'end']
+  assert len(list(multihost.same_batches('data', batches[:2] + [None]))) == 2  # both end at once
+
+
+def test_a_host_whose_training_data_is_empty_stops_every_process(other):
+  """The first batch is read by all at once: empty data on process 1 alone is one error on both
+  (before, process 1 went to its final save while process 0 stepped alone)."""
+  other.codes = [0, 1]  # process 1 read without error, and had no batch
+  with pytest.raises(ValueError, match=r'^the training data of process 1 has no batch while the '
+                     'others have one'):
+    trainer._first_batch(iter([{'t': np.zeros(2)}]))  # pylint: disable=protected-access
+  other.codes = [0, 1]
+  assert trainer._first_batch(iter([])) is None  # pylint: disable=protected-access
+
+
+def test_process0_json_gives_process_0s_value_or_its_failure(monkeypatch):
+  monkeypatch.setattr(jax, 'process_count', lambda: 2)
+  sent = []
+  def broadcast(x):  # as process 0: what it sends comes back
+    sent.append(np.asarray(x))
+    return np.asarray(x)
+  monkeypatch.setattr(multihost.multihost_utils, 'broadcast_one_to_all', broadcast)
+  assert multihost.process0_json('x', lambda: {'1': [2, 3]}) == {'1': [2, 3]}
+  assert sent[0] == len(b'{"1": [2, 3]}')
+  def fail():
+    raise OSError('cannot read')
+  with pytest.raises(OSError, match='cannot read'):
+    multihost.process0_json('x', fail)
+  monkeypatch.setattr(jax, 'process_index', lambda: 1)  # as process 1: process 0's failure
+  monkeypatch.setattr(multihost.multihost_utils, 'broadcast_one_to_all', lambda x: np.asarray(-2))
+  with pytest.raises(multihost.ProcessError, match=r'^reading r.json failed on process 0'):
+    multihost.process0_json('reading r.json', lambda: {})
+
+
+def test_a_train_record_process_0_cannot_write_stops_every_process_at_the_next_check(
+    other, tmp_path, monkeypatch):
+  """Process 0 alone writes metrics.jsonl. A train record it cannot write (a full disk) is held
+  there, not raised (the others are already in the next step), until the check every process
+  makes before a checkpoint is saved; later records are not attempted. With one process it
+  raises at once, as before."""
+  metrics = dict(loss=1.0, token_accuracy=0.5, learning_rate=0.01, tokens_per_second=1.0,
+                 step_time=0.1)
+  logger = MetricsLogger(str(tmp_path), console=False)
+  attempts = []
+  def full(line):
+    attempts.append(line)
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+  monkeypatch.setattr(logger._jsonl, 'write', full)  # pylint: disable=protected-access
+  logger.train(1, metrics, 0, time.time())
+  logger.train(2, metrics, 0, time.time())
+  assert len(attempts) == 1
+  other.codes = [0]
+  with pytest.raises(OSError, match='No space left on device'):
+    logger.check()
+  other.codes = [0]
+  with pytest.raises(OSError, match='No space left on device'):
+    logger.eval(2, 'task', {'loss': 1.0})  # and every agreed record after it
+  monkeypatch.setattr(jax, 'process_count', lambda: 1)
+  logger = MetricsLogger(str(tmp_path / 'one'), console=False)
+  monkeypatch.setattr(logger._jsonl, 'write', full)  # pylint: disable=protected-access
+  with pytest.raises(OSError, match='No space left on device'):
+    logger.train(1, metrics, 0, time.time())
