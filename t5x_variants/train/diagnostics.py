@@ -113,10 +113,12 @@ class Diagnostics:
     batch = partitioning.global_batch({**host_batch, REFERENCE: zeros}, self.mesh)
     self.batch = {**batch, REFERENCE: self._compute(params, batch)[1]}
     saved = multihost_utils.process_allgather(self.batch, tiled=True)
-    if jax.process_index() == 0:
+
+    def write():
       buffer = io.BytesIO()
       np.savez(buffer, **saved)
       storage.write_bytes(self.path, buffer.getvalue())  # never a half-written file
+    multihost.process0_does(f'writing {self.path}', write)
     return True
 
   def __call__(self, params) -> Dict[str, float]:
