@@ -477,7 +477,8 @@ def test_infer_in_two_processes_decodes_once_or_stops_both_on_different_inputs(q
   """Two processes run ``t5xv-infer``: each reads INPUT_FILE itself and feeds its rows of every
   batch. With the same file, process 0 writes the predictions; with another file on process 1,
   both stop with one line before decoding (before, the two decoded one batch made of rows of both
-  files and wrote it)."""
+  files and wrote it); with no file on process 1, each stops with its line (before, process 0
+  waited for process 1 until jax aborted both)."""
   run_dir = quickstart[0]
   texts = [tmp_path / 'a.txt', tmp_path / 'b.txt']
   texts[0].write_text('The file is opened in binary mode.\nReturn the number of items.\n')
@@ -497,6 +498,11 @@ def test_infer_in_two_processes_decodes_once_or_stops_both_on_different_inputs(q
   for text in outs:
     assert ('t5xv-infer: error: the processes disagree on the examples to decode: process 0 has '
             'one, process 1 has another;') in text, text[-3000:]
+  outs, codes = infer_in_two([texts[0], tmp_path / 'missing.txt'])  # a path on process 0's disk only
+  assert codes == [2, 2] and not out.exists(), outs[0][-3000:] + outs[1][-3000:]
+  assert ('t5xv-infer: error: reading INPUT_FILE failed on process 1 (its log says why); every '
+          'process stopped here') in outs[0], outs[0][-3000:]
+  assert 't5xv-infer: error: [Errno 2] No such file or directory' in outs[1], outs[1][-3000:]
 
 
 @pytest.mark.slow

@@ -56,9 +56,15 @@ def test_same_compares_every_processs_value(other):
     multihost.same('the batch', lambda: batch)
   with pytest.raises(ValueError, match=r'process 0 has one, process 1 has none;'):
     multihost.same('the batch', lambda: batch)
+  other.codes = [multihost.fingerprint(batch)]
+  with pytest.raises(ValueError, match=r'process 0 has none, process 1 has one;'):
+    multihost.same('the batch', lambda: None)
   other.codes = [multihost.fingerprint([1, 2])]
   assert multihost.same('x', lambda: ('vocabulary', [1, 2]), key=lambda v: v[1]) == (
       'vocabulary', [1, 2])
+  other.codes = [0]
+  with pytest.raises(TypeError):  # a key that fails here is this process's error, agreed
+    multihost.same('x', lambda: {1: 'a', 'b': 2}, key=lambda v: multihost.fingerprint(v))
 
 
 def test_a_fingerprint_sees_values_dtypes_and_shapes_not_key_order():
@@ -71,6 +77,11 @@ def test_a_fingerprint_sees_values_dtypes_and_shapes_not_key_order():
             {'x': np.ones((2, 3), np.int32), 'y': [1, 'two']}):
     assert multihost.fingerprint(a) != multihost.fingerprint(b)
   assert 0 <= multihost.fingerprint(a) < 2 ** 31 and multihost.fingerprint(None) == -1
+  # Strings in object arrays (a task's answers) by value: their bytes are the objects' addresses.
+  texts = lambda: np.array([''.join(['an', 'swer']), ''.join(['ot', 'her'])], dtype=object)
+  mine, theirs = texts(), texts()  # equal strings, other objects
+  assert multihost.fingerprint({'answers': mine}) == multihost.fingerprint({'answers': theirs})
+  assert multihost.fingerprint(mine) != multihost.fingerprint(mine[::-1])
 
 
 def test_batches_that_end_early_or_differ_on_another_process_stop_both(other):
@@ -81,10 +92,10 @@ def test_batches_that_end_early_or_differ_on_another_process_stop_both(other):
   assert [b['t'][0, 0] for b in multihost.same_batches('data', batches)] == [0, 1, 2]
   other.codes = [multihost.fingerprint(batches[0]), 'end']
   with pytest.raises(ValueError, match=r'^the processes disagree on the evaluation data of glue '
-                     r'\(batch 1\): process 0 has one, process 1 has none;'):
+                     r'\(batch 2\): process 0 has one, process 1 has none;'):
     list(multihost.same_batches('the evaluation data of glue', batches))
   other.codes = [multihost.fingerprint(batches[0]), 7]
-  with pytest.raises(ValueError, match=r'\(batch 1\): process 0 has one, process 1 has another;'):
+  with pytest.raises(ValueError, match=r'\(batch 2\): process 0 has one, process 1 has another;'):
     list(multihost.same_batches('data', batches))
   other.codes = [multihost.fingerprint(batches[0]), multihost.fingerprint(batches[1]), 'end']
   assert len(list(multihost.same_batches('data', batches[:2] + [None]))) == 2  # both end at once
@@ -99,6 +110,24 @@ def test_a_host_whose_training_data_is_empty_stops_every_process(other):
     trainer._first_batch(iter([{'t': np.zeros(2)}]))  # pylint: disable=protected-access
   other.codes = [0, 1]
   assert trainer._first_batch(iter([])) is None  # pylint: disable=protected-access
+
+
+def test_process0_says_asks_process_0_alone_and_agrees_on_its_failure(monkeypatch):
+  """The question is asked on process 0 only; if it raises there, every process raises (the
+  others a ProcessError), instead of the others waiting for process 0's broadcast."""
+  monkeypatch.setattr(jax, 'process_count', lambda: 2)
+  monkeypatch.setattr(multihost.multihost_utils, 'broadcast_one_to_all', np.asarray)
+  assert multihost.process0_says('x', lambda: True) is True
+  def fail():
+    raise PermissionError('403 on the bucket')
+  with pytest.raises(PermissionError, match='403'):
+    multihost.process0_says('x', fail)
+  monkeypatch.setattr(jax, 'process_index', lambda: 1)
+  asked = []
+  monkeypatch.setattr(multihost.multihost_utils, 'broadcast_one_to_all', lambda x: np.asarray(-2))
+  with pytest.raises(multihost.ProcessError, match=r'^looking for r failed on process 0'):
+    multihost.process0_says('looking for r', lambda: asked.append(1))
+  assert not asked
 
 
 def test_process0_json_gives_process_0s_value_or_its_failure(monkeypatch):
@@ -128,6 +157,7 @@ def test_a_train_record_process_0_cannot_write_stops_every_process_at_the_next_c
   raises at once, as before."""
   metrics = dict(loss=1.0, token_accuracy=0.5, learning_rate=0.01, tokens_per_second=1.0,
                  step_time=0.1)
+  other.codes = [0]  # the files opened on process 0, agreed
   logger = MetricsLogger(str(tmp_path), console=False)
   attempts = []
   def full(line):

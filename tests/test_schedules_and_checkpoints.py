@@ -312,8 +312,8 @@ def test_a_read_that_failed_on_another_process_raises_on_this_one_too(monkeypatc
     checkpoints.read_on_every_process('data', damaged)
   assert raised.value.part == 'data' and raised.value.outside
   monkeypatch.setattr(multihost.multihost_utils, 'broadcast_one_to_all',
-                      lambda x: np.asarray(False))  # process 0's answer
-  assert multihost.process0_says(True) is False
+                      lambda x: np.asarray(0))  # process 0's answer
+  assert multihost.process0_says('x', lambda: True) is False
 
 
 @pytest.mark.parametrize('error, message', [
@@ -396,5 +396,5 @@ def test_every_process_takes_process_0s_checkpoint_steps(monkeypatch):
   monkeypatch.setattr(jax, 'process_count', lambda: 2)
   monkeypatch.setattr(jax, 'process_index', lambda: 1)
   monkeypatch.setattr(multihost.multihost_utils, 'broadcast_one_to_all', broadcast)
-  assert checkpoints._process0_steps([10, 20, 30]) == [10, 20]  # pylint: disable=protected-access
+  assert checkpoints._process0_steps(lambda: [10, 20, 30]) == [10, 20]  # pylint: disable=protected-access
   assert shapes == [(), (8,)]

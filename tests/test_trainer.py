@@ -437,7 +437,7 @@ def test_evaluation_data_that_differs_on_one_process_stops_both(tmp_path, subpro
   for p in procs:
     out = p.communicate(timeout=150)[0]
     assert p.returncode != 0 and (
-        'ValueError: the processes disagree on the evaluation data of synthetic (batch 1): '
+        'ValueError: the processes disagree on the evaluation data of synthetic (batch 2): '
         'process 0 has one, process 1 has none;') in out, out[-3000:]
   assert not list(tmp_path.glob('checkpoint_*'))
 

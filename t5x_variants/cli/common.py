@@ -352,10 +352,10 @@ def _stdout_closed() -> bool:
 @contextlib.contextmanager
 def clear_errors(prog: str):
   """Known failures (bad flags or gin, missing data or checkpoints, a file system's error,
-  non-finite training) exit with status 2 and one line: the message's first line. At
-  --verbosity=1 and up the whole message (and gin's, of a GinConfigError) follows it; the
-  traceback is logged at DEBUG."""
-  from t5x_variants.train import checkpoints, multihost, trainer  # pylint: disable=g-import-not-at-top
+  non-finite training, another process's failure) exit with status 2 and one line: the message's
+  first line. At --verbosity=1 and up the whole message (and gin's, of a GinConfigError) follows
+  it; the traceback is logged at DEBUG."""
+  from t5x_variants.train import checkpoints, multihost, nonfinite  # pylint: disable=g-import-not-at-top
   try:
     yield
   except Exception as e:  # pylint: disable=broad-except
@@ -365,7 +365,7 @@ def clear_errors(prog: str):
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):  # a full disk
       e = ValueError(f'{e.strerror} writing {e.filename or "the run directory"}: free space and '
                      'rerun the same command (a training run resumes from its last checkpoint)')
-    known = [ValueError, OSError, checkpoints.CheckpointError, trainer.NonFiniteLossError,
+    known = [ValueError, OSError, checkpoints.CheckpointError, nonfinite.NonFiniteLossError,
              multihost.ProcessError]
     tasks, tf = sys.modules.get('t5x_variants.data.tasks'), sys.modules.get('tensorflow')
     if tasks:  # only when the command used the data layer
@@ -408,10 +408,14 @@ def check_vocabulary_size(config, task_or_vocabulary, source: str):
 
 def use_run_vocabulary(checkpoint_path: str):
   """Tokenize with the vocabulary the run of ``checkpoint_path`` trained with (its
-  ``vocab.model`` copy), if it has one: the embedded vocabulary depends on the Python release."""
-  from t5x_variants.train import checkpoints  # pylint: disable=g-import-not-at-top
+  ``vocab.model`` copy), if it has one: the embedded vocabulary depends on the Python release.
+  Every process calls it together (it finds the checkpoint through process 0, then reads)."""
+  from t5x_variants.train import checkpoints, multihost  # pylint: disable=g-import-not-at-top
   vocab_file = checkpoints.checkpoint_path(checkpoint_path).parent / 'vocab.model'
-  if vocab_file.exists():
-    with gin.unlock_config():
-      gin.bind_parameter('vocabulary.kind', 'file')
-      gin.bind_parameter('vocabulary.path', storage.local_copy(vocab_file))
+
+  def bind():
+    if vocab_file.exists():
+      with gin.unlock_config():
+        gin.bind_parameter('vocabulary.kind', 'file')
+        gin.bind_parameter('vocabulary.path', storage.local_copy(vocab_file))
+  multihost.agree(f'reading {vocab_file}', bind)

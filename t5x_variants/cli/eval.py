@@ -58,8 +58,8 @@ def teacher_forced(predictor, task_name: str, split: str, lengths, batch_size: i
   """Loss, log-perplexity, token accuracy over the split (every example once); with a classification
   head also ``metric_fns`` of its predictions (the task's GLUE metrics)."""
   from t5x_variants.data import pipeline  # pylint: disable=g-import-not-at-top
-  batches = multihost.agree(f'the {split} data of {task_name}', lambda: pipeline.eval_batches(
-      task_name, lengths, predictor.config.data_architecture, batch_size, split))
+  batches = pipeline.eval_batches(task_name, lengths, predictor.config.data_architecture, batch_size,
+                                  split)
   return evaluation.evaluate(predictor.eval_step, predictor.params, batches, predictor.mesh,
                              max_batches, metric_fns, name=f'the {split} data of {task_name}')
 
@@ -196,7 +196,7 @@ def _load(predictor, path: epath.Path) -> bool:
     deadline = time.time() + VANISH_WAIT_SECS
     while path.exists() and time.time() <= deadline:
       time.sleep(0.2)
-    if multihost.process0_says(path.exists()):
+    if multihost.process0_says(f'looking for {path}', path.exists):
       raise
     return False
   return True
@@ -212,20 +212,20 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
                          prompt_length: Optional[int] = None):
   """{step: {task: metrics}} of the checkpoints evaluated on ``split`` by this call."""
   from t5x_variants.data import classification, tasks  # pylint: disable=g-import-not-at-top
-  multihost.agree("reading the run's vocabulary",
-                  lambda: common.use_run_vocabulary(checkpoint_path))
+  common.use_run_vocabulary(checkpoint_path)
   paths = [checkpoints.checkpoint_path(checkpoint_path)]
   run_dir = paths[0].parent
   if all_checkpoints and run_dir == storage.path(checkpoint_path):
     paths = checkpoints.list_checkpoints(run_dir)
 
-  def find_task():  # (the task or mixture, whether the model classifies it)
+  def find_task():  # (the task or mixture, whether the model classifies it, its tasks' names)
     mixture = tasks.get_task_or_mixture(mixture_or_task_name)
     common.check_vocabulary_size(config, mixture, mixture_or_task_name)
-    return mixture, classification.check_model(mixture, config) is not None
-  mixture, classify = multihost.agree(f'finding {mixture_or_task_name}', find_task)
+    names = sorted(t.name for t in getattr(mixture, 'tasks', [mixture]))
+    return mixture, classification.check_model(mixture, config) is not None, names
+  mixture, classify, names = multihost.same(f'the tasks of {mixture_or_task_name}', find_task,
+                                            key=lambda found: found[1:])
   subtasks = getattr(mixture, 'tasks', [mixture])
-  names = sorted(t.name for t in subtasks)
   results_file = run_dir / RESULTS
   all_results = read_results(results_file)
   results = all_results.setdefault(split, {})

@@ -34,13 +34,15 @@ def infer(config, *, checkpoint_path: str = gin.REQUIRED, output_file: str = gin
   from t5x_variants.data import tasks, vocab as vocab_lib  # pylint: disable=g-import-not-at-top
   predictor = Predictor(config, options=DecodeOptions())  # the decoding options checked first
 
+  def read_texts():  # INPUT_FILE's texts, before the checkpoint is looked for
+    texts = [line for line in storage.path(input_file).read_text().splitlines() if line.strip()]
+    if not texts:
+      raise ValueError(f'INPUT_FILE {input_file} has no text to decode (one input per line)')
+    return texts[:max_examples]
+  texts = multihost.agree('reading INPUT_FILE', read_texts) if input_file else None
+  common.use_run_vocabulary(checkpoint_path)
+
   def read():  # (vocabulary, examples, input length, target length)
-    if input_file:
-      texts = [line for line in storage.path(input_file).read_text().splitlines() if line.strip()]
-      if not texts:
-        raise ValueError(f'INPUT_FILE {input_file} has no text to decode (one input per line)')
-      texts = texts[:max_examples]
-    common.use_run_vocabulary(checkpoint_path)
     if input_file:
       vocab = vocab_lib.vocabulary()
       examples = [{'inputs_pretokenized': t, 'inputs': np.asarray(vocab.encode(t) + [EOS_ID])}

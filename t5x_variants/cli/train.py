@@ -184,8 +184,6 @@ def _data_layer(config, train_cfg, eval_cfg):
   """(train_data, eval_data, eval_metric_fns, files, vocabulary_size) of the run from the data
   layer's tasks, each task checked against the model first."""
   from t5x_variants.data import classification, pipeline, tasks  # pylint: disable=g-import-not-at-top
-  if _init_checkpoint():  # fine-tuning tokenizes as the pretrained run did
-    common.use_run_vocabulary(_init_checkpoint())
   vocabulary_size = None
   if train_cfg.mixture_or_task_name:  # a model that does not fit the data: one clear error
     train_task = tasks.get_task_or_mixture(train_cfg.mixture_or_task_name)
@@ -213,6 +211,8 @@ def _train_from_data_layer(args, config, train_cfg, eval_cfg):
   """Trains from the data layer's batches; with ``--write_batches`` writes them instead (and
   returns None)."""
   from t5x_variants.train import prebuilt, trainer  # pylint: disable=g-import-not-at-top
+  if _init_checkpoint():  # fine-tuning tokenizes as the pretrained run did
+    common.use_run_vocabulary(_init_checkpoint())
   train_data, eval_data, eval_metric_fns, files, vocabulary_size = multihost.agree(
       "finding the run's tasks", lambda: _data_layer(config, train_cfg, eval_cfg))
   if args.write_batches:

@@ -13,7 +13,7 @@ waiting for it.
 import dataclasses
 import logging
 import re
-from typing import Any, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import gin
 import jax
@@ -167,7 +167,7 @@ class Checkpointer:
     nothing. Any other that cannot be read is taken as damaged and the one before is tried; once
     one reads, the damaged ones are renamed ``<name>.unreadable``. If none reads, nothing is moved
     (a read that fails on every checkpoint may be this installation's, not the files')."""
-    steps, damaged = _process0_steps(self.steps()), []  # one listing for every process
+    steps, damaged = _process0_steps(self.steps), []  # one listing for every process
     wanted = set(ocp.tree.serialize_tree(abstract_state, keep_empty_nodes=True))
     retry = ('Resume with those settings, or start a new model_dir with '
              'train.init_checkpoint pointing at it.')
@@ -220,7 +220,9 @@ class Checkpointer:
     if not paths:
       return
     error = None
-    if jax.process_index() == 0:
+
+    def rename() -> bool:
+      nonlocal error
       try:
         for path in paths:
           aside, n = storage.path(f'{path}.unreadable'), 1
@@ -229,7 +231,8 @@ class Checkpointer:
           path.rename(aside)
       except Exception as e:  # pylint: disable=broad-except  (the file system's or the bucket's)
         error = e
-    if not multihost.process0_says(error is None):
+      return error is None
+    if not multihost.process0_says('moving unreadable checkpoints aside', rename):
       reason = error_reason(error) if error else "process 0's log says why"
       raise CheckpointError(f'could not move the unreadable {", ".join(p.name for p in paths)} '
                             f'aside ({reason}): rename them yourself and rerun') from error
@@ -299,13 +302,14 @@ def list_checkpoints(run_dir: str):
   """The ``checkpoint_<step>`` directories in ``run_dir``, oldest first (not ``*.unreadable``
   ones, unfinished saves or stray files); process 0's listing for every process (beside a
   training run that saves and deletes, each would list its own moment)."""
-  steps = _process0_steps([m.step for m in _NAME_FORMAT.find_all(run_dir)])
+  steps = _process0_steps(lambda: [m.step for m in _NAME_FORMAT.find_all(run_dir)])
   return [ocp.step.build_step_path(storage.path(run_dir), _NAME_FORMAT, step) for step in sorted(steps)]
 
 
-def _process0_steps(steps: Sequence[int]) -> List[int]:
-  """Process 0's ``steps``, for every process (which all call this together)."""
-  return multihost.process0_json('listing the checkpoints', lambda: [int(step) for step in steps])
+def _process0_steps(steps: Callable[[], Sequence[int]]) -> List[int]:
+  """The checkpoint steps ``steps()`` lists on process 0, for every process (which all call this
+  together)."""
+  return multihost.process0_json('listing the checkpoints', lambda: [int(s) for s in steps()])
 
 
 def _saved_mismatch(tree, abstract_state, part: str) -> Optional[str]:
@@ -326,10 +330,12 @@ def _saved_mismatch(tree, abstract_state, part: str) -> Optional[str]:
 def checkpoint_path(path: str) -> epath.Path:
   """A checkpoint directory: ``path`` itself, or the newest ``checkpoint_<step>`` inside it."""
   path = storage.path(path)
-  if multihost.process0_says((path / 'state').exists()):
+  if multihost.process0_says(f'looking for {path}', (path / 'state').exists):
     return path
-  latest = ocp.step.latest_step_metadata(path, _NAME_FORMAT)
-  latest = _process0_steps([] if latest is None else [latest.step])  # one step for every process
+  def newest():
+    latest = ocp.step.latest_step_metadata(path, _NAME_FORMAT)
+    return [] if latest is None else [latest.step]
+  latest = _process0_steps(newest)
   if not latest:
     raise CheckpointError(f'no checkpoint at {path}: expected a {PREFIX}_<step> directory or a '
                           f'directory containing them')

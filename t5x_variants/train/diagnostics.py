@@ -102,11 +102,13 @@ class Diagnostics:
     none: then x is ``host_batch`` (this process's rows), theta_0 ``params``, and process 0 saves
     them. True if they were made now (every process calls this at the same step)."""
     # Process 0's answer: the others may see a file it writes now.
-    load = multihost.process0_says(not fresh and self.path.exists())
-    if load:
-      with self.path.open('rb') as f, np.load(f) as saved:
-        self.batch = partitioning.global_batch(partitioning.host_rows(dict(saved), self.mesh),
-                                               self.mesh)
+    if multihost.process0_says(f'looking for {self.path}',
+                               lambda: not fresh and self.path.exists()):
+      def read():
+        with self.path.open('rb') as f, np.load(f) as saved:
+          return dict(saved)
+      saved = multihost.agree(f'reading {self.path}', read)
+      self.batch = partitioning.global_batch(partitioning.host_rows(saved, self.mesh), self.mesh)
       return False
     rows, length = host_batch[TOKENS[self.config.stacks[-1]]].shape
     zeros = np.zeros((rows, length, self.config.d_model), np.float32)

@@ -61,7 +61,8 @@ class MetricsLogger:
     self.total_steps = total_steps
     self.console = console
     self._held = None  # process 0's error writing a train record, until every process learns it
-    if self.enabled:
+
+    def open_files():
       self._jsonl = storage.AppendedFile(storage.join(model_dir, 'metrics.jsonl'))
       # tensorboardX writes from a queue on a thread and flush() does not drain that queue, so its
       # thread flushes every second instead (on an object store, every REMOTE_FLUSH_SECS): a
@@ -69,6 +70,7 @@ class MetricsLogger:
       logdir, flush_secs = storage.tensorboard_dir(model_dir)
       self._tb = tensorboardX.SummaryWriter(
           logdir, flush_secs=flush_secs, filename_suffix=f'.{os.getpid()}.{next(_writer_ids)}')
+    multihost.process0_does(f'opening {model_dir}/metrics.jsonl', open_files)
 
   def _write(self, record: Mapping, tags: Mapping[str, float]):
     record = {k: None if isinstance(v, float) and not math.isfinite(v) else v  # valid JSON

@@ -4,8 +4,12 @@ Each process reads its own copy of what a run starts from (its settings, its dat
 file). Where one process fails or sees something else than the others and goes its own way, the
 others wait for it in their next collective until jax's coordination service aborts the job
 minutes later, its cause in one host's log; or, if their programs still pair up, they compute
-with different batches. Every function here is called by every process at the same point and
-returns, or raises, the same on all; with one process they exchange nothing.
+with different batches. Every function here is called by every process at the same point, and
+all return the same value or all raise: a process whose own part failed its own error, the others
+a ProcessError naming it. With one process they exchange nothing.
+
+The callables given here run between two collectives of one process and must hold none
+themselves: a process that raised before reaching one would leave the others in it.
 """
 import json
 import zlib
@@ -59,8 +63,9 @@ def process0_does(what: str, act: Callable[[], Any]):
 
 
 def fingerprint(value) -> int:
-  """A 31-bit checksum of nested dicts, lists, arrays and scalars (arrays by dtype, shape and
-  bytes; dicts by sorted key); ``_NONE`` for None."""
+  """A 31-bit checksum of nested dicts, lists, arrays and scalars (numeric arrays by dtype, shape
+  and bytes, arrays of objects such as strings by their items; dicts by sorted key); ``_NONE`` for
+  None."""
   if value is None:
     return _NONE
   crc = 0
@@ -78,7 +83,10 @@ def fingerprint(value) -> int:
     elif isinstance(x, (np.ndarray, np.generic)):
       x = np.ascontiguousarray(x)
       crc = zlib.crc32(f'{x.dtype}{x.shape}'.encode(), crc)
-      crc = zlib.crc32(x.tobytes(), crc)
+      if x.dtype.hasobject:  # its bytes are the objects' addresses, which differ by process
+        add(x.tolist())
+      else:
+        crc = zlib.crc32(x.tobytes(), crc)
     else:
       crc = zlib.crc32(repr(x).encode(), crc)
   add(value)
@@ -92,14 +100,15 @@ def same(what: str, make: Callable[[], Any], key: Callable[[Any], Any] = lambda 
   every process if the values differ, naming the processes that differ from process 0."""
   try:
     value, error = make(), None
+    code = fingerprint(key(value))
   except Exception as e:  # pylint: disable=broad-except  (re-raised, on every process)
-    value, error = None, e
-  codes = outcomes(_FAILED if error else fingerprint(key(value)))
+    value, error, code = None, e, _FAILED
+  codes = outcomes(code)
   if _FAILED in codes:
     _failed_elsewhere(what, codes, error)
   if len(set(codes)) > 1:
-    seen = [f'process {i} has {"none" if c == _NONE else "one" if i == 0 else "another"}'
-            for i, c in enumerate(codes) if i == 0 or c != codes[0]]
+    has = lambda i, c: 'none' if c == _NONE else 'one' if i == 0 or codes[0] == _NONE else 'another'
+    seen = [f'process {i} has {has(i, c)}' for i, c in enumerate(codes) if i == 0 or c != codes[0]]
     raise ValueError(f'the processes disagree on {what}: {", ".join(seen)}; every process must '
                      'read the same (check each host\'s copy of the data, its paths and settings)')
   return value
@@ -108,25 +117,36 @@ def same(what: str, make: Callable[[], Any], key: Callable[[Any], Any] = lambda 
 def same_batches(what: str, batches: Iterable) -> Iterator:
   """``batches`` (global batches that every process holds whole), each checked to be the same on
   every process (``same``), ending on all at once; a process whose batches end early, or differ,
-  stops every process with one ValueError instead of leaving the others in the next step."""
+  stops every process with one ValueError instead of leaving the others in the next step. Each
+  check waits for the device to finish the batch before (its exchange is queued behind it)."""
   if jax.process_count() == 1:
     yield from batches
     return
-  iterator, index = iter(batches), 0
+  iterator, number = iter(batches), 1
   while True:
-    batch = same(f'{what} (batch {index})', lambda: next(iterator, None))
+    batch = same(f'{what} (batch {number})', lambda: next(iterator, None))
     if batch is None:
       return
     yield batch
-    index += 1
+    number += 1
 
 
-def process0_says(answer: bool) -> bool:
-  """Process 0's ``answer``, for every process: one decision where each process's own look at a
-  shared store could differ."""
+def process0_says(what: str, question: Callable[[], bool]) -> bool:
+  """Process 0's answer to ``question`` (asked there alone), for every process: one decision where
+  each process's own look at a shared store could differ. If it raised there, its error there and
+  a ProcessError elsewhere."""
   if jax.process_count() == 1:
-    return answer
-  return bool(multihost_utils.broadcast_one_to_all(np.asarray(answer)))
+    return bool(question())
+  code, error = 0, None
+  if jax.process_index() == 0:
+    try:
+      code = int(bool(question()))
+    except Exception as e:  # pylint: disable=broad-except  (re-raised, on every process)
+      code, error = _FAILED, e
+  code = int(multihost_utils.broadcast_one_to_all(np.asarray(code, np.int32)))
+  if code == _FAILED:
+    _failed_elsewhere(what, [_FAILED], error)
+  return bool(code)
 
 
 def process0_json(what: str, make: Callable[[], Any]) -> Any:

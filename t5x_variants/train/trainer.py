@@ -32,59 +32,9 @@ from t5x_variants.train import (checkpoints, diagnostics, evaluation, multihost,
                                 partitioning, preemption, pretrained, storage, train_step)
 from t5x_variants.train.meter import TrainMeter, host_tokens
 from t5x_variants.train.metrics import MetricsLogger
+from t5x_variants.train.nonfinite import NonFiniteGuard, NonFiniteLossError, NonFiniteStop
 
-NONFINITE = ('skip', 'stop')
 log = logging.getLogger(__name__)
-
-
-class NonFiniteLossError(RuntimeError):
-  """Training stopped at a step whose loss or gradients were not finite."""
-
-
-class _NonFiniteStop(Exception):
-  """The guard's verdict: the run stops at ``step``; ``what`` happened, ``remedy`` may help."""
-
-  def __init__(self, step: int, what: str, remedy: str):
-    super().__init__(what)
-    self.step, self.what, self.remedy = step, what, remedy
-
-
-class NonFiniteGuard:
-  """``on_nonfinite`` applied to each step read: a step whose update was skipped (its loss or
-  gradients were not finite) stops the run ('stop') or is let pass ('skip'), up to
-  ``max_skipped_in_a_row`` in a row; a run that applied no update at all stops at its end."""
-
-  def __init__(self, on_nonfinite: str, max_skipped_in_a_row: int):
-    if on_nonfinite not in NONFINITE:
-      raise ValueError(f'unknown on_nonfinite {on_nonfinite!r}; valid: {", ".join(NONFINITE)}')
-    self.on_nonfinite, self.max_skipped_in_a_row = on_nonfinite, max_skipped_in_a_row
-    self.skipped = []  # the skipped steps since the last applied one: (step, loss)
-    self.applied = 0
-
-  def check(self, step: int, metrics: Mapping[str, float]):
-    """Counts ``step`` (metrics on the host); raises _NonFiniteStop if the run stops there."""
-    if not metrics['skipped']:
-      self.skipped.clear()
-      self.applied += 1
-      return
-    if self.on_nonfinite == 'stop':
-      raise _NonFiniteStop(step, f'the loss or gradients at step {step} are not finite (loss '
-                           f'{metrics["loss"]})', "or set train.on_nonfinite='skip'")
-    self.skipped.append((step, metrics['loss']))
-    if len(self.skipped) >= self.max_skipped_in_a_row:
-      first_step, first_loss = self.skipped[0]
-      raise _NonFiniteStop(step, f'{len(self.skipped)} steps in a row had a non-finite loss or '
-                           f'gradients, the first at step {first_step} (loss {first_loss})',
-                           'or check the data against the model (e.g. its vocab_size); '
-                           'train.max_skipped_in_a_row sets how many are tolerated')
-    log.warning('step %d: non-finite loss or gradients, update skipped', step)
-
-  def check_run(self, start: int, step: int):
-    """Raises _NonFiniteStop if the run from ``start`` to ``step`` applied none of its steps."""
-    if step > start and not self.applied:
-      raise _NonFiniteStop(step, f'every step of this run ({start + 1} to {step}) had a non-finite '
-                           f'loss or gradients, the first with loss {self.skipped[0][1]}',
-                           'or check the data')
 
 
 @dataclasses.dataclass
@@ -229,7 +179,7 @@ class Evaluator:
     self.metric_fns, self.max_batches = metric_fns or {}, max_batches
 
   def __call__(self, step: int, params):
-    evals = multihost.agree('building the evaluation data', self.eval_data or dict)
+    evals = multihost.same('the evaluation tasks', self.eval_data or dict, key=sorted)
     for name, batches in evals.items():
       self.logger.eval(step, name, evaluation.evaluate(
           self.eval_step, params, batches, self.mesh, self.max_batches,
@@ -248,7 +198,8 @@ class _DiagnosticsLog:
     was made now, or if the step is due and has no record (a stop between its checkpoint and its
     diagnostics); True if logged."""
     made = self.diag.begin(params, batch, fresh=fresh)
-    if made or (self.due(step) and _on_process0(lambda: not self.logger.diagnosed(step))):
+    if made or (self.due(step) and multihost.process0_says(
+        'reading metrics.jsonl', lambda: not self.logger.diagnosed(step))):
       self(step, params)
       return True
     return False
@@ -327,15 +278,11 @@ def _eval_due_at_start(start: int, eval_period: int, eval_at_start: bool,
     return eval_at_start
   if not eval_period or start % eval_period:
     return False
-  return _on_process0(lambda: not logger.evaluated(start, tasks()))
+  return multihost.process0_says('reading metrics.jsonl',
+                                 lambda: not logger.evaluated(start, tasks()))
 
 
-def _on_process0(question: Callable[[], bool]) -> bool:
-  """Process 0's answer to ``question`` (which reads the run directory), for every process."""
-  return multihost.process0_says(jax.process_index() == 0 and question())
-
-
-def _stop(run: _Run, stop: _NonFiniteStop, model_dir: str):
+def _stop(run: _Run, stop: NonFiniteStop, model_dir: str):
   """Logs the steps since the last log, closes the run's files and raises NonFiniteLossError."""
   run.meter.flush(stop.step)
   run.close()
@@ -351,7 +298,11 @@ def _finish(run: _Run, evaluator: Evaluator, total_steps: int, eval_period: int)
   evaluates it if it is ``total_steps`` and no eval step (a rerun of the finished run redoes that
   eval), and closes the run's files."""
   run.meter.flush(run.step)
-  run.logger.check()
+  try:
+    run.logger.check()
+  except BaseException:
+    run.close()
+    raise
   run.ckpt.save(run.step, run.state, run.data, force=True)
   if eval_period and run.step % eval_period and run.step == total_steps:
     evaluator(run.step, run.state.params)
@@ -421,7 +372,7 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
     run.read()
     if not preempted:  # a preempted run is judged when it resumes
       guard.check_run(start, run.step)
-  except _NonFiniteStop as stop:
+  except NonFiniteStop as stop:
     _stop(run, stop, model_dir)
   except BaseException:
     try:

@@ -1,0 +1,62 @@
+"""Non-finite training steps (``train.on_nonfinite``): a step whose loss or gradients are not
+finite applies no update (decided on the device, inside the step); ``NonFiniteGuard`` judges each
+step read on the host: skipped and let pass, up to ``max_skipped_in_a_row`` in a row, or the run
+stopped (``NonFiniteStop``, which the trainer turns into ``NonFiniteLossError`` after closing the
+run's files).
+"""
+import logging
+from typing import Mapping
+
+log = logging.getLogger(__name__)
+
+NONFINITE = ('skip', 'stop')
+
+
+class NonFiniteLossError(RuntimeError):
+  """Training stopped at a step whose loss or gradients were not finite."""
+
+
+class NonFiniteStop(Exception):
+  """The guard's verdict: the run stops at ``step``; ``what`` happened, ``remedy`` may help."""
+
+  def __init__(self, step: int, what: str, remedy: str):
+    super().__init__(what)
+    self.step, self.what, self.remedy = step, what, remedy
+
+
+class NonFiniteGuard:
+  """``on_nonfinite`` applied to each step read: a step whose update was skipped (its loss or
+  gradients were not finite) stops the run ('stop') or is let pass ('skip'), up to
+  ``max_skipped_in_a_row`` in a row; a run that applied no update at all stops at its end."""
+
+  def __init__(self, on_nonfinite: str, max_skipped_in_a_row: int):
+    if on_nonfinite not in NONFINITE:
+      raise ValueError(f'unknown on_nonfinite {on_nonfinite!r}; valid: {", ".join(NONFINITE)}')
+    self.on_nonfinite, self.max_skipped_in_a_row = on_nonfinite, max_skipped_in_a_row
+    self.skipped = []  # the skipped steps since the last applied one: (step, loss)
+    self.applied = 0
+
+  def check(self, step: int, metrics: Mapping[str, float]):
+    """Counts ``step`` (metrics on the host); raises NonFiniteStop if the run stops there."""
+    if not metrics['skipped']:
+      self.skipped.clear()
+      self.applied += 1
+      return
+    if self.on_nonfinite == 'stop':
+      raise NonFiniteStop(step, f'the loss or gradients at step {step} are not finite (loss '
+                           f'{metrics["loss"]})', "or set train.on_nonfinite='skip'")
+    self.skipped.append((step, metrics['loss']))
+    if len(self.skipped) >= self.max_skipped_in_a_row:
+      first_step, first_loss = self.skipped[0]
+      raise NonFiniteStop(step, f'{len(self.skipped)} steps in a row had a non-finite loss or '
+                           f'gradients, the first at step {first_step} (loss {first_loss})',
+                           'or check the data against the model (e.g. its vocab_size); '
+                           'train.max_skipped_in_a_row sets how many are tolerated')
+    log.warning('step %d: non-finite loss or gradients, update skipped', step)
+
+  def check_run(self, start: int, step: int):
+    """Raises NonFiniteStop if the run from ``start`` to ``step`` applied none of its steps."""
+    if step > start and not self.applied:
+      raise NonFiniteStop(step, f'every step of this run ({start + 1} to {step}) had a non-finite '
+                           f'loss or gradients, the first with loss {self.skipped[0][1]}',
+                           'or check the data')
