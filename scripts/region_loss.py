@@ -1,7 +1,8 @@
 """A decoder-only run's held-out loss by region of the row (EXPERIMENTS.md §6, the whole-row
 loss): on the targets, and on the inputs, which a whole-row run also scores. A prefix LM sees its
-inputs whole, so a position in them can read the token it predicts; a language model cannot. Each
-held-out batch is built twice (loss on the targets only, and on the whole row: the same tokens,
+inputs whole, so a position in them can read the token it predicts; a language model cannot. The
+held-out rows are those of the run's own held-out loss (``train_eval/DatasetConfig``, at most
+``train.eval_batches`` batches, or BATCHES); each batch is built twice (loss on the targets only, and on the whole row: the same tokens,
 checked), the model run once; an input position is one the whole row weights and the targets do
 not. Prints JSON: per region the cross-entropy per token and the token accuracy, and how far the
 logits at input positions 4 and 39 move when the token each predicts (the input at the next
@@ -19,12 +20,13 @@ import numpy as np
 
 from t5x_variants.cli import common
 from t5x_variants.data import pipeline
+from t5x_variants.data.config import DatasetConfig
 from t5x_variants.models import losses
 from t5x_variants.train import train_step
 from t5x_variants.train.predictor import Predictor
 
 
-def main(run: str, step: str = '600', num_batches: str = '8'):
+def main(run: str, step: str = '600', num_batches: str = None):
   common.parse_recipe([f'{run}/config.gin'], [], (), True)
   common.use_run_vocabulary(run)
   config = common.build_config()
@@ -32,8 +34,9 @@ def main(run: str, step: str = '600', num_batches: str = '8'):
     raise SystemExit(f'{run} is not a decoder-only run')
   predictor = Predictor(config)
   predictor.load(f'{run}/checkpoint_{step}')
-  task, lengths, batch_size = (gin.query_parameter(f'%{m}') for m in
-                               ('MIXTURE_OR_TASK_NAME', 'TASK_FEATURE_LENGTHS', 'BATCH_SIZE'))
+  with gin.config_scope('train_eval'):
+    held_out = DatasetConfig()
+  num_batches = int(num_batches or gin.query_parameter('train.eval_batches'))
 
   logits_of = jax.jit(lambda params, batch: predictor.model.apply(
       {'params': params}, **train_step.model_inputs(config, batch)))
@@ -44,11 +47,12 @@ def main(run: str, step: str = '600', num_batches: str = '8'):
     nll, _ = losses.cross_entropy(logits, targets, np.ones(targets.shape, np.float32))
     return np.asarray(nll), np.asarray(logits.argmax(-1) == targets), np.asarray(logits)
 
-  batches = [pipeline.eval_batches(task, lengths, config.data_architecture, batch_size,
+  batches = [pipeline.eval_batches(held_out.mixture_or_task_name, held_out.task_feature_lengths,
+                                   config.data_architecture, held_out.batch_size, held_out.split,
                                    loss_on_targets_only=only) for only in (True, False)]
   sums = {region: np.zeros(3) for region in ('targets', 'inputs')}  # nll, correct, tokens
   change = 0.0
-  for i, targets_only, whole in zip(range(int(num_batches)), *batches):
+  for i, targets_only, whole in zip(range(num_batches), *batches):
     for key in set(targets_only) - {'decoder_loss_weights'}:
       np.testing.assert_array_equal(targets_only[key], whole[key], err_msg=key)
     nll, correct, logits = per_position(whole)

@@ -412,10 +412,10 @@ def use_run_vocabulary(checkpoint_path: str):
   Every process calls it together (it finds the checkpoint through process 0, then reads)."""
   from t5x_variants.train import checkpoints, multihost  # pylint: disable=g-import-not-at-top
   vocab_file = checkpoints.checkpoint_path(checkpoint_path).parent / 'vocab.model'
+  if multihost.process0_says(f'looking for {vocab_file}', vocab_file.exists):  # one answer for all
 
-  def bind():
-    if vocab_file.exists():
+    def bind():
       with gin.unlock_config():
         gin.bind_parameter('vocabulary.kind', 'file')
         gin.bind_parameter('vocabulary.path', storage.local_copy(vocab_file))
-  multihost.agree(f'reading {vocab_file}', bind)
+    multihost.agree(f'reading {vocab_file}', bind)

@@ -179,7 +179,7 @@ class Evaluator:
     self.metric_fns, self.max_batches = metric_fns or {}, max_batches
 
   def __call__(self, step: int, params):
-    evals = multihost.same('the evaluation tasks', self.eval_data or dict, key=sorted)
+    evals = multihost.same('the evaluation tasks', self.eval_data or dict, key=list)
     for name, batches in evals.items():
       self.logger.eval(step, name, evaluation.evaluate(
           self.eval_step, params, batches, self.mesh, self.max_batches,
@@ -300,12 +300,15 @@ def _finish(run: _Run, evaluator: Evaluator, total_steps: int, eval_period: int)
   run.meter.flush(run.step)
   try:
     run.logger.check()
+    run.ckpt.save(run.step, run.state, run.data, force=True)
+    if eval_period and run.step % eval_period and run.step == total_steps:
+      evaluator(run.step, run.state.params)
   except BaseException:
-    run.close()
+    try:
+      run.close()  # the saves in flight finish, the records reach the run directory
+    except Exception:  # pylint: disable=broad-except  (the error raised is the first one)
+      pass
     raise
-  run.ckpt.save(run.step, run.state, run.data, force=True)
-  if eval_period and run.step % eval_period and run.step == total_steps:
-    evaluator(run.step, run.state.params)
   run.close()
   return dict(run.meter.last, step=run.step)
 
