@@ -14,10 +14,9 @@ from t5x_variants.train import multihost, trainer
 from t5x_variants.train.metrics import MetricsLogger
 
 
-@pytest.fixture
-def other(monkeypatch):
-  """Makes this process process 0 of 2; ``other.codes`` are the codes process 1 contributes to
-  the next exchanges, in order ('end' of a batch iterator: None's code)."""
+def two_processes(monkeypatch):
+  """Makes this process process 0 of 2; ``.codes`` of what it returns are the codes process 1
+  contributes to the next exchanges, in order ('end' of a batch iterator: None's code)."""
   class Other:
     codes = []
   monkeypatch.setattr(jax, 'process_count', lambda: 2)
@@ -27,6 +26,11 @@ def other(monkeypatch):
     return np.asarray([int(x), multihost.fingerprint(None) if code == 'end' else code])
   monkeypatch.setattr(multihost.multihost_utils, 'process_allgather', allgather)
   return Other
+
+
+@pytest.fixture
+def other(monkeypatch):
+  return two_processes(monkeypatch)
 
 
 def test_agree_raises_this_processs_error_or_names_the_other(other):
@@ -178,3 +182,22 @@ def test_a_train_record_process_0_cannot_write_stops_every_process_at_the_next_c
   monkeypatch.setattr(logger._jsonl, 'write', full)  # pylint: disable=protected-access
   with pytest.raises(OSError, match='No space left on device'):
     logger.train(1, metrics, 0, time.time())
+
+
+def test_processes_that_read_other_metadata_of_a_checkpoint_stop_together(monkeypatch, tmp_path):
+  """What each process decides from a checkpoint's metadata (another model? parameters only?)
+  it decides from its own read: the arrays' names and shapes are compared, so processes that
+  read different metadata (a stale view of a store) stop together instead of going different
+  ways."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from t5x_variants.train import checkpoints  # pylint: disable=g-import-not-at-top
+  ckpt = checkpoints.Checkpointer(str(tmp_path), async_save=False)
+  ckpt.save(1, {'params': {'w': jnp.zeros((2, 3))}}, force=True)
+  ckpt.close()
+  path, other = tmp_path / 'checkpoint_1', two_processes(monkeypatch)  # saved by one process
+  other.codes = [0, multihost.fingerprint({'params/w': (2, 3)})]  # the read, then the same shapes
+  assert checkpoints.array_shapes(checkpoints.saved_tree(path)) == {'params/w': (2, 3)}
+  other.codes = [0, multihost.fingerprint({'params/w': (3, 2)})]
+  with pytest.raises(ValueError, match=r'^the processes disagree on the arrays saved in .*'
+                     r'checkpoint_1: process 0 has one, process 1 has another'):
+    checkpoints.saved_tree(path)

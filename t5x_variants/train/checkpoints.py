@@ -362,9 +362,11 @@ def error_reason(e: Exception, limit: int = 300) -> str:
 
 def saved_tree(path: epath.Path):
   """The metadata tree of the state saved in checkpoint ``path`` (orbax's), read by every process
-  (``read_on_every_process``: a ReadError on all if any could not)."""
-  return read_with(ocp.PyTreeCheckpointHandler(), 'metadata',
+  (``read_on_every_process``: a ReadError on all if any could not), its arrays' names and shapes
+  the same on every process (``multihost.same``: what each decides from it is)."""
+  tree = read_with(ocp.PyTreeCheckpointHandler(), 'metadata',
                    lambda handler: handler.metadata(path / 'state').tree)
+  return multihost.same(f'the arrays saved in {path}', lambda: tree, key=array_shapes)
 
 
 def array_shapes(tree):
