@@ -189,6 +189,17 @@ def test_a_full_disk_at_save_stops_with_one_line_and_keeps_the_previous_checkpoi
 
 
 @pytest.mark.slow
+def test_an_error_mid_run_waits_for_the_checkpoint_being_saved(tmp_path, subprocess_train):
+  """The first eval (step 2) raises just after checkpoint_2's asynchronous save started (its
+  commit held back 2 s): the process exits with that error once the save has committed; before,
+  it exited at once and checkpoint_2 stayed in its temporary directory, never read: lost."""
+  proc = subprocess_train('evalfail', tmp_path, STEPS)
+  out, _ = proc.communicate(timeout=240)
+  assert proc.returncode == 1 and 'the evaluation data cannot be read (injected)' in out, out[-3000:]
+  assert sorted(p.name for p in tmp_path.glob('checkpoint_*')) == ['checkpoint_2'], out[-3000:]
+
+
+@pytest.mark.slow
 def test_a_checkpoint_of_one_device_resumes_on_8(reference, tmp_path, subprocess_train):
   """checkpoint_2 of the single-device reference, resumed on 8 host devices (data=4 x model=2,
   fsdp) in a subprocess, continues with the reference losses (the reverse of

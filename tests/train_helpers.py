@@ -96,6 +96,26 @@ def eval_batches():
   return {'synthetic': [step_batch(1000), step_batch(1001)]}
 
 
+def failing_eval_batches():
+  """A held-out set whose reading raises (an unreadable file, found at the first eval)."""
+  def batches():
+    raise RuntimeError('the evaluation data cannot be read (injected)')
+    yield  # pylint: disable=unreachable
+  return {'synthetic': batches()}
+
+
+def slow_commits(seconds):
+  """Holds back each checkpoint's commit (the rename of its temporary directory) ``seconds``, so
+  an error soon after a save starts finds the save in flight."""
+  from orbax.checkpoint._src.path import atomicity
+  finalize = atomicity.AtomicRenameTemporaryPath.finalize
+
+  async def slow_finalize(self, *args, **kwargs):
+    time.sleep(seconds)
+    await finalize(self, *args, **kwargs)
+  atomicity.AtomicRenameTemporaryPath.finalize = slow_finalize
+
+
 def kill_at(phase, at, model_dir):
   """Makes this process SIGKILL itself at step ``at`` in ``phase`` (tests/trainer_subprocess.py
   ``kill``), printing ``KILL phase at`` first. The save phases wrap the finalisation of orbax's

@@ -17,6 +17,9 @@
       (after the first eval batch and checkpoint_AT's commit), printing ``KILL PHASE AT`` first
   python trainer_subprocess.py plain MODEL_DIR STEPS
       as ``kill`` without the kill (a run through a failing proxy to a bucket)
+  python trainer_subprocess.py evalfail MODEL_DIR STEPS
+      as ``plain``, with evaluation data that raises when read and each checkpoint's commit held
+      back 2 s (an error mid-run while a save is in flight)
   python trainer_subprocess.py churn MODEL_DIR STEPS
       1 device, 0.05 s per batch, a checkpoint every step, keep 2 (t5xv-eval beside a training run)
 
@@ -30,7 +33,7 @@ import sys
 
 mode, model_dir, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 devices = {'mesh': 8, 'slow': 1, 'process': 2, 'diverge': 2, 'kill': 1, 'plain': 1,
-           'churn': 1}[mode]
+           'evalfail': 1, 'churn': 1}[mode]
 os.environ['XLA_FLAGS'] = (f'{os.environ.get("XLA_FLAGS", "")} '  # the suite's, then the devices
                            f'--xla_force_host_platform_device_count={devices}').strip()
 if devices > 1:  # host devices: the CPU's, also on a GPU machine
@@ -42,8 +45,8 @@ import jax  # noqa: E402
 
 from t5x_variants.cli import common  # noqa: E402
 from t5x_variants.train.partitioning import MeshConfig  # noqa: E402
-from train_helpers import (StepBatches, eval_batches, kill_at, run_train,  # noqa: E402
-                           unreadable_state)
+from train_helpers import (StepBatches, eval_batches, failing_eval_batches, kill_at,  # noqa: E402
+                           run_train, slow_commits, unreadable_state)
 
 if mode == 'mesh':
   gin.bind_parameter('MeshConfig.data', 4)  # as --gin.MeshConfig.data=4 ... on a command line
@@ -57,6 +60,9 @@ elif mode in ('kill', 'plain'):
   if mode == 'kill':
     kill_at(sys.argv[4], int(sys.argv[5]), model_dir)
   result = run_train(model_dir, steps, eval_data=eval_batches, eval_period=2)
+elif mode == 'evalfail':
+  slow_commits(2.0)
+  result = run_train(model_dir, steps, eval_data=failing_eval_batches, eval_period=2)
 elif mode == 'churn':
   result = run_train(model_dir, steps, period=1, keep=2,
                      batches=functools.partial(StepBatches, delay=0.05))

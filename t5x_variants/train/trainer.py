@@ -293,6 +293,17 @@ def _stop(run: _Run, stop: NonFiniteStop, model_dir: str):
       f'train.z_loss or make_optimizer.global_norm_clip, {stop.remedy}.') from None
 
 
+def _close_after(run: _Run):
+  """Closes ``run`` after an error: a checkpoint save in flight is committed (a process that
+  exited now would leave it uncommitted: lost) and the records so far reach the run directory (a
+  store holds them in memory); an error of its own (a full disk) is dropped: the error raised is
+  the first one."""
+  try:
+    run.close()
+  except Exception:  # pylint: disable=broad-except
+    pass
+
+
 def _finish(run: _Run, evaluator: Evaluator, total_steps: int, eval_period: int) -> dict:
   """Logs the steps since the last log (a stop between log periods), saves the last step, then
   evaluates it if it is ``total_steps`` and no eval step (a rerun of the finished run redoes that
@@ -304,10 +315,7 @@ def _finish(run: _Run, evaluator: Evaluator, total_steps: int, eval_period: int)
     if eval_period and run.step % eval_period and run.step == total_steps:
       evaluator(run.step, run.state.params)
   except BaseException:
-    try:
-      run.close()  # the saves in flight finish, the records reach the run directory
-    except Exception:  # pylint: disable=broad-except  (the error raised is the first one)
-      pass
+    _close_after(run)
     raise
   run.close()
   return dict(run.meter.last, step=run.step)
@@ -378,9 +386,6 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
   except NonFiniteStop as stop:
     _stop(run, stop, model_dir)
   except BaseException:
-    try:
-      logger.close()  # the records so far reach the run directory (a store holds them in memory)
-    except OSError:  # the cause's own (a full disk): the error raised is the first one
-      pass
+    _close_after(run)
     raise
   return _finish(run, evaluator, total_steps, eval_period)
