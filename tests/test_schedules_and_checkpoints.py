@@ -311,8 +311,9 @@ def test_a_read_that_failed_on_another_process_raises_on_this_one_too(monkeypatc
                      'process for a cause outside the checkpoint') as raised:
     checkpoints.read_on_every_process('data', damaged)
   assert raised.value.part == 'data' and raised.value.outside
-  monkeypatch.setattr(multihost.multihost_utils, 'broadcast_one_to_all',
-                      lambda x: np.asarray(0))  # process 0's answer
+  monkeypatch.setattr(jax, 'process_index', lambda: 1)
+  answer = iter([np.asarray(5), np.frombuffer(b'false', np.uint8)])  # process 0's, as JSON
+  monkeypatch.setattr(multihost.multihost_utils, 'broadcast_one_to_all', lambda x: next(answer))
   assert multihost.process0_says('x', lambda: True) is False
 
 

@@ -44,15 +44,9 @@ def _failed_elsewhere(what: str, codes: List[int], error: Optional[Exception]):
 
 def agree(what: str, make: Callable[[], Any]) -> Any:
   """``make()`` on every process; its value if it returned on all, else this process's own error
-  where it raised, a ProcessError where it did not. ``what`` names it in that error."""
-  try:
-    value, error = make(), None
-  except Exception as e:  # pylint: disable=broad-except  (re-raised, on every process)
-    value, error = None, e
-  codes = outcomes(_FAILED if error else 0)
-  if _FAILED in codes:
-    _failed_elsewhere(what, codes, error)
-  return value
+  where it raised, a ProcessError where it did not. ``what`` names it in that error. The values
+  may differ by process (``same`` with nothing compared)."""
+  return same(what, make, key=None)
 
 
 def process0_does(what: str, act: Callable[[], Any]):
@@ -93,14 +87,15 @@ def fingerprint(value) -> int:
   return crc & 0x7FFFFFFF
 
 
-def same(what: str, make: Callable[[], Any], key: Callable[[Any], Any] = lambda value: value
-         ) -> Any:
-  """``make()`` on every process, whose ``key`` (default: the value itself) must be the same on
-  every process (None included); raises as ``agree`` if it raised anywhere, and a ValueError on
-  every process if the values differ, naming the processes that differ from process 0."""
+def same(what: str, make: Callable[[], Any],
+         key: Optional[Callable[[Any], Any]] = lambda value: value) -> Any:
+  """``make()`` on every process, whose ``key`` (default: the value itself; None: nothing) must be
+  the same on every process (None included). If it raised anywhere: this process's own error where it raised,
+  a ProcessError where it did not; if the keys differ, a ValueError on every process naming the
+  processes that differ from process 0."""
   try:
     value, error = make(), None
-    code = fingerprint(key(value))
+    code = 0 if key is None else fingerprint(key(value))
   except Exception as e:  # pylint: disable=broad-except  (re-raised, on every process)
     value, error, code = None, e, _FAILED
   codes = outcomes(code)
@@ -135,18 +130,7 @@ def process0_says(what: str, question: Callable[[], bool]) -> bool:
   """Process 0's answer to ``question`` (asked there alone), for every process: one decision where
   each process's own look at a shared store could differ. If it raised there, its error there and
   a ProcessError elsewhere."""
-  if jax.process_count() == 1:
-    return bool(question())
-  code, error = 0, None
-  if jax.process_index() == 0:
-    try:
-      code = int(bool(question()))
-    except Exception as e:  # pylint: disable=broad-except  (re-raised, on every process)
-      code, error = _FAILED, e
-  code = int(multihost_utils.broadcast_one_to_all(np.asarray(code, np.int32)))
-  if code == _FAILED:
-    _failed_elsewhere(what, [_FAILED], error)
-  return bool(code)
+  return bool(process0_json(what, lambda: bool(question())))
 
 
 def process0_json(what: str, make: Callable[[], Any]) -> Any:
