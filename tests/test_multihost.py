@@ -15,15 +15,17 @@ from t5x_variants.train.metrics import MetricsLogger
 
 
 def two_processes(monkeypatch):
-  """Makes this process process 0 of 2; ``.codes`` of what it returns are the codes process 1
-  contributes to the next exchanges, in order ('end' of a batch iterator: None's code)."""
+  """Makes this process one of 2 (process 0 unless ``jax.process_index`` is patched); ``.codes``
+  of what it returns are the codes the other contributes to the next exchanges, in order ('end'
+  of a batch iterator: None's code)."""
   class Other:
     codes = []
   monkeypatch.setattr(jax, 'process_count', lambda: 2)
 
   def allgather(x):
     code = Other.codes.pop(0)
-    return np.asarray([int(x), multihost.fingerprint(None) if code == 'end' else code])
+    codes = [int(x), multihost.fingerprint(None) if code == 'end' else code]
+    return np.asarray(codes[::-1] if jax.process_index() == 1 else codes)
   monkeypatch.setattr(multihost.multihost_utils, 'process_allgather', allgather)
   return Other
 
@@ -201,3 +203,27 @@ def test_processes_that_read_other_metadata_of_a_checkpoint_stop_together(monkey
   with pytest.raises(ValueError, match=r'^the processes disagree on the arrays saved in .*'
                      r'checkpoint_1: process 0 has one, process 1 has another'):
     checkpoints.saved_tree(path)
+
+
+def test_closing_the_records_fails_on_every_process_or_on_none(other, tmp_path, monkeypatch):
+  """On an object store metrics.jsonl is uploaded when it is closed: a close that fails on
+  process 0 raises on every process (before, process 0 alone exited with an error), except on
+  an error path, where process 0 closes alone."""
+  other.codes = [0]
+  logger = MetricsLogger(str(tmp_path), console=False)
+  def lost():
+    raise OSError('the upload failed')
+  monkeypatch.setattr(logger._jsonl, 'close', lost)  # pylint: disable=protected-access
+  other.codes = [0]
+  with pytest.raises(OSError, match='the upload failed'):
+    logger.close()
+  with pytest.raises(OSError, match='the upload failed'):
+    logger.close(agreed=False)  # nothing exchanged: no code of the other's is left to take
+  monkeypatch.setattr(jax, 'process_index', lambda: 1)
+  other.codes = [-2]  # process 0's close failed
+  follower = MetricsLogger.__new__(MetricsLogger)
+  follower.model_dir, follower.enabled = str(tmp_path), False
+  with pytest.raises(multihost.ProcessError,
+                     match=r'^closing .*metrics.jsonl failed on process 0 \(its log says why\)'):
+    follower.close()
+  follower.close(agreed=False)  # nothing to close, nothing exchanged

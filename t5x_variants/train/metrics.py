@@ -1,10 +1,10 @@
 """The run's record: ``metrics.jsonl`` (one JSON object per logged train step and per eval),
 TensorBoard scalars and a console progress line with throughput and ETA. Only process 0 writes,
 to a local run directory or an object store (``storage``). A write that fails there stops every
-process at a record that all log together (an eval, the diagnostics, a checkpoint's flush and
-the check before a checkpoint is saved); a train step's record is not agreed at each log step,
-which would hold the host until the device has run the step: a failure to write one is held on
-process 0 until the next of those."""
+process at a record that all log together (an eval, the diagnostics, a checkpoint's flush, the
+check before a checkpoint is saved, the close); a train step's record is not agreed at each log
+step, which would hold the host until the device has run the step: a failure to write one is held
+on process 0 until the next of those."""
 import itertools
 import json
 import math
@@ -156,7 +156,16 @@ class MetricsLogger:
       write()
     multihost.process0_does(what, act)
 
-  def close(self):
-    if self.enabled:
-      self._jsonl.close()
-      self._tb.close()
+  def close(self, agreed: bool = True):
+    """Closes the files on process 0 (on an object store: their last upload). Every process calls
+    it, so a close that fails there raises on all; on an error path (``agreed=False``), where
+    another process may never come here, process 0 closes them alone."""
+    def close_files():
+      try:
+        self._jsonl.close()
+      finally:
+        self._tb.close()
+    if agreed:
+      multihost.process0_does(f'closing {self.model_dir}/metrics.jsonl', close_files)
+    elif self.enabled:
+      close_files()

@@ -160,11 +160,12 @@ class _Run:
       self.logger.flush()
       self.meter.resume()
 
-  def close(self):
+  def close(self, agreed: bool = True):
+    """Commits a checkpoint save in flight and closes the records (``MetricsLogger.close``)."""
     try:
       self.ckpt.close()
     finally:
-      self.logger.close()
+      self.logger.close(agreed)
 
 
 class Evaluator:
@@ -299,7 +300,7 @@ def _close_after(run: _Run):
   store holds them in memory); an error of its own (a full disk) is dropped: the error raised is
   the first one."""
   try:
-    run.close()
+    run.close(agreed=False)
   except Exception:  # pylint: disable=broad-except
     pass
 
