@@ -413,9 +413,15 @@ def test_benchmark_averages_are_t5s_best_step_and_each_tasks_best_step():
                                        'glue_mrpc': {'value': 95.0, 'step': 40}}
   # step 10: (75 + 20 + 61) / 3 = 52; step 20: (76 + 10 + 69) / 3 = 51.67; 30 and 40 lack a task
   assert (averages['GLUE']['value'], averages['GLUE']['step']) == (pytest.approx(52.0), 10)
+  # A mean over fewer than the benchmark's tasks says which are missing (T5 gives no score).
+  assert averages['GLUE']['missing'] == ['qnli', 'qqp', 'rte', 'sst2', 'stsb']
   assert averages['SuperGLUE'] == {'value': 55.0, 'step': 10,
-                                   'tasks': {'super_glue_cb': {'value': 55.0, 'step': 10}}}
+                                   'tasks': {'super_glue_cb': {'value': 55.0, 'step': 10}},
+                                   'missing': ['boolq', 'copa', 'multirc', 'record', 'rte', 'wic', 'wsc']}
   assert set(averages) == {'GLUE', 'SuperGLUE'}
+  every = {f'glue_{t}_local': {'accuracy': 50.0} for t in eval_cli.BENCHMARK_TASKS['GLUE']}
+  every['glue_mnli_mismatched_local'] = {'accuracy': 50.0}
+  assert eval_cli.benchmark_averages({'10': every})['GLUE']['missing'] == []
 
 
 def test_results_written_before_the_split_key_are_read_as_validation(tmp_path):

@@ -151,6 +151,15 @@ def super_glue_dir(tmp_path):
           'target': {'span1_text': span1, 'span1_index': 0, 'span2_text': 'it', 'span2_index': 8}}
          for i, (span1, label) in enumerate([('The trophy', True), ('the suitcase', False)])]
   _jsonl(root / 'WSC/train.jsonl', wsc)
+  farley = ('When they had eventually calmed down a bit , and had gotten home, Mr. Farley put the magic '
+            'pebble in an iron safe . Some day they might want to use it , but really for now, what more '
+            'could they wish for?')
+  _jsonl(root / 'WSC/val.jsonl', [  # the dataset's index of 'it' here points at 'use'
+      {'text': farley, 'idx': 0, 'label': False, 'target': {
+          'span1_text': 'an iron safe', 'span1_index': 20, 'span2_text': 'it',
+          'span2_index': farley.split(' ').index('use')}},
+      {'text': 'the man  said hello. He smiled.', 'idx': 1, 'label': True, 'target': {  # 'The man.': TFDS fixes it
+          'span1_text': 'The man.', 'span1_index': 0, 'span2_text': 'He', 'span2_index': 5}}])
   return root
 
 
@@ -196,6 +205,12 @@ def test_local_super_glue_tasks(register, super_glue_dir):
   wsc = _examples('super_glue_wsc_local')  # train keeps only the correct referent
   assert [(_text(e, 'inputs'), _text(e, 'targets')) for e in wsc] == [
       ("wsc: The trophy didn't fit in the suitcase because *it* was too big.", 'The trophy')]
+  # As T5: its hand-marked text, words counted at single spaces, spans as TFDS's wsc.fixed.
+  assert [(_text(e, 'inputs'), _text(e, 'targets')) for e in _examples('super_glue_wsc_local', 'validation')] == [
+      ('wsc: When they had eventually calmed down a bit , and had gotten home, Mr. Farley put the magic pebble '
+       'in an iron safe . Some day they might want to use *it* , but really for now, what more could they '
+       'wish for?', 'an iron safe'),
+      ('wsc: the man  said hello. *He* smiled.', 'the man')]
 
 
 def test_missing_local_file_names_it(register, glue_dir):
@@ -242,8 +257,14 @@ def test_postprocessors():
   wsc = {'targets_pretokenized': b'The city councilmen', 'label': 0}
   assert sg.wsc_postprocess('the councilmen', example=wsc) == 1
   assert sg.wsc_postprocess('the demonstrators', example=wsc) == 0
-  # No content word: -1, which never equals a label (an empty answer must not score label 0).
-  assert sg.wsc_postprocess('', example=wsc) == sg.wsc_postprocess('the .', example=wsc) == -1
+  # Nothing but determiners: -1, which never equals a label (an empty answer must not score label 0).
+  assert sg.wsc_postprocess('', example=wsc) == sg.wsc_postprocess('The many', example=wsc) == -1
+  # As T5's wsc_simple: punctuation is part of a word, and a possessive names another thing.
+  for predicted, candidate, score in [('the dog.', 'the dog', 0), ('Mr Smith', 'Mr. Smith', 0),
+                                      ('Bob', "Bob's hat", 0), ('hat', "Bob's hat", 0),
+                                      ("bob's", "Bob's hat", 1), ('its', 'the owner', 0),
+                                      ('each boy', 'the boy', 1), ('the .', 'the dog', 0)]:
+    assert sg.wsc_postprocess(predicted, example={'targets_pretokenized': candidate.encode()}) == score
   assert sg.wsc_postprocess('The city councilmen', example=wsc, is_target=True) == 0
 
 

@@ -43,6 +43,9 @@ BEST = 'best'  # eval_results.json's key for the best value of each metric over 
 SETTINGS = 'settings'  # its key for how each task's results were made
 AVERAGE = 'average'  # its key for the benchmarks' averages (benchmark_averages)
 BENCHMARKS = {'super_glue_': 'SuperGLUE', 'glue_': 'GLUE'}  # task name prefix: benchmark
+# The tasks whose mean is a benchmark's score (T5's eval_utils; GLUE's without WNLI).
+BENCHMARK_TASKS = {'GLUE': ('cola', 'sst2', 'mrpc', 'stsb', 'qqp', 'mnli', 'qnli', 'rte'),
+                   'SuperGLUE': ('boolq', 'cb', 'copa', 'multirc', 'record', 'rte', 'wic', 'wsc')}
 # Figures every task gets (teacher-forced) and a continuation's: not a task's own metrics.
 NOT_TASK_METRICS = ('loss', 'z_loss', 'log_perplexity', 'token_accuracy', 'num_tokens',
                   'continuation_exact_match', 'continuation_log_perplexity')
@@ -140,10 +143,12 @@ def benchmark_averages(results) -> dict:
   metric_group_max): a task's score at a step is the mean of its metrics (MRPC's F1 and accuracy,
   STS-B's two correlations, MNLI's matched and mismatched accuracies, ...), the benchmark's the
   mean over its tasks at a step where every task evaluated has a score; reported are the best
-  step's benchmark score and each task's best step's score. WNLI is left out, as T5; a metric
-  that is undefined (NaN) leaves its task without a score at that step."""
+  step's benchmark score and each task's best step's score, and under 'missing' the benchmark's
+  tasks not evaluated (T5 gives no score then: the mean is of fewer tasks). WNLI is left out, as
+  T5; a metric that is undefined (NaN) leaves its task without a score at that step."""
   raw = {}  # benchmark -> step -> task -> its metrics' values
   benchmark_of = lambda task: next((n for p, n in BENCHMARKS.items() if task.startswith(p)), None)
+  short = lambda task: task.split('glue_', 1)[1].removesuffix('_local')  # glue_mnli_local: mnli
   for step, by_task in results.items():
     if not step.isdigit():
       continue
@@ -170,7 +175,8 @@ def benchmark_averages(results) -> dict:
     if full:
       step = max(full, key=lambda k: first_best((full[k], k)))
       out[benchmark] = {'value': full[step], 'step': step,
-                        'tasks': {t: {'value': v, 'step': k} for t, (v, k) in sorted(best.items())}}
+                        'tasks': {t: {'value': v, 'step': k} for t, (v, k) in sorted(best.items())},
+                        'missing': sorted(set(BENCHMARK_TASKS[benchmark]) - set(map(short, groups)))}
   return out
 
 
@@ -271,10 +277,12 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
     print(f'best of {evaluated} checkpoint(s), {task} ({split}): ' + ', '.join(
         f'{name} {m["value"]:.4g} (step {m["step"]})' for name, m in sorted(metrics.items())))
   for name, average in sorted(results.get(AVERAGE, {}).items()):
+    missing = average['missing']
+    of = (f'{len(average["tasks"])} of its tasks, not its score: {", ".join(missing)} not '
+          'evaluated' if missing else f'its {len(average["tasks"])} tasks')
     print(f'{name} average ({split}, as T5 scores it: each task its metrics\' mean, the mean over '
-          f'{len(average["tasks"])} task(s)): {average["value"]:.2f} at its best step '
-          f'{average["step"]}; ' + ', '.join(f'{t} {v["value"]:.2f} (step {v["step"]})'
-                                            for t, v in average['tasks'].items()))
+          f'{of}): {average["value"]:.2f} at its best step {average["step"]}; '
+          + ', '.join(f'{t} {v["value"]:.2f} (step {v["step"]})' for t, v in average['tasks'].items()))
   return new
 
 

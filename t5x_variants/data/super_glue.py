@@ -5,7 +5,6 @@ the raw features TFDS's ``super_glue`` yields, so one preprocessor serves both s
 registered by ``glue.register_glue_tasks``.
 """
 import json
-import re
 from typing import Iterator, Sequence
 
 import seqio
@@ -15,7 +14,23 @@ from t5x_variants.data import tasks
 
 NO_LABEL = '<unk>'
 _BOOL_NAMES = ('False', 'True')
-_DETERMINERS = frozenset('a an the this that these those his her its their my our your some'.split())
+# The words T5's WSC scoring (its postprocessor wsc_simple) ignores in a noun phrase.
+_DETERMINERS = frozenset('a an each every few her his many much my our some that the their these '
+                         'this those which whose your'.split())
+# Two texts whose pronoun T5 marks by hand (its _wsc_inputs): in the first the pronoun's word
+# carries punctuation; in the second the dataset's index points at the word before the pronoun.
+_WSC_MARKED = {
+    'The boy continued to whip the pony , and eventually the pony threw him over. John laughed '
+    'out quite loud. "Good for him," he said. ':
+        'The boy continued to whip the pony , and eventually the pony threw him over. John laughed '
+        'out quite loud. "Good for *him* ," he said.',
+    'When they had eventually calmed down a bit , and had gotten home, Mr. Farley put the magic '
+    'pebble in an iron safe . Some day they might want to use it , but really for now, what more '
+    'could they wish for?':
+        'When they had eventually calmed down a bit , and had gotten home, Mr. Farley put the magic '
+        'pebble in an iron safe . Some day they might want to use *it* , but really for now, what '
+        'more could they wish for?',
+}
 
 
 def _jsonl(path: str) -> Iterator[dict]:
@@ -32,12 +47,31 @@ def _label_id(label, label_names: Sequence[str]) -> int:
   return label_names.index(label) if isinstance(label, str) else int(label)
 
 
+def wsc_fixed(row: dict) -> dict:
+  """TFDS's ``super_glue/wsc.fixed`` (the WSC T5 trains on) from an original row: a span whose
+  text is not in the text takes the case of the text's word at its index and loses a trailing '.'
+  and its newlines; the two spans with words between theirs stay as they are."""
+  row = dict(row)
+  for span in ('span1', 'span2'):
+    text, index = row[f'{span}_text'], row[f'{span}_index']
+    if text in row['text'] or text in ('Kamenev and Zinoviev', 'Kamenev, Zinoviev, and Stalin'):
+      continue
+    if 'theyscold' in text:  # as TFDS: span2's index becomes 10, the text keeps 'theyscold'
+      row['span2_index'] = 10
+    first = row['text'].split()[index]
+    text = (text[0].lower() if first[0].islower() else text[0].upper()) + text[1:]
+    row[f'{span}_text'] = text.rstrip('.').replace('\n', ' ')
+  return row
+
+
 def flat_reader(fields: Sequence[str], label_names: Sequence[str] = _BOOL_NAMES):
-  """Reader for tasks with one example per line; WSC's span fields are under ``target``."""
+  """Reader for tasks with one example per line; WSC's span fields (under ``target``) as
+  ``wsc_fixed`` gives them."""
   def read(path, split):
     del split
     for row in _jsonl(path):
-      row = {**row, **row.get('target', {})}
+      if 'target' in row:
+        row = wsc_fixed({**row, **row['target']})
       yield {**{k: row[k] for k in fields}, 'idx': row['idx'],
              'label': _label_id(row.get('label'), label_names)}
   return read
@@ -87,15 +121,19 @@ def record(ex):
 
 
 def _mark_pronoun(text, index, pronoun):
-  """Wraps the words of ``pronoun`` starting at word ``index`` of ``text`` in asterisks (trailing
-  punctuation stays outside)."""
-  words = tf.strings.split(text)
+  """Wraps the words of ``pronoun`` starting at word ``index`` of ``text`` (its words separated by
+  single spaces, as the dataset counts them) in asterisks, trailing punctuation outside; the texts
+  of ``_WSC_MARKED`` as T5 marks them."""
+  words = tf.strings.split(text, sep=' ')
   n = tf.size(words)
   start = tf.clip_by_value(index, 0, n)
   stop = tf.minimum(start + tf.size(tf.strings.split(pronoun)), n)
   span = tf.strings.reduce_join(words[start:stop], separator=' ')
   span = tf.strings.regex_replace(span, r'^(.*?)(\W*)$', r'*\1*\2')
-  return tf.strings.reduce_join(tf.concat([words[:start], [span], words[stop:]], 0), separator=' ')
+  marked = tf.strings.reduce_join(tf.concat([words[:start], [span], words[stop:]], 0), separator=' ')
+  for original, by_hand in _WSC_MARKED.items():
+    marked = tf.where(tf.equal(text, original), by_hand, marked)
+  return marked
 
 
 @seqio.map_over_dataset
@@ -125,18 +163,23 @@ def record_postprocess(output: str, example=None, is_target: bool = False):
   return [tasks.text(a) for a in example['answers']] if is_target else output
 
 
-def _content_words(text: str) -> set:
-  return {w for w in re.findall(r"[\w']+", text.lower()) if w not in _DETERMINERS}
+def _without_determiners(text: str) -> str:
+  return ' '.join(w for w in text.strip().lower().split(' ') if w not in _DETERMINERS)
 
 
 def wsc_postprocess(output: str, example=None, is_target: bool = False) -> int:
-  """Targets: the example's label. Predictions: 1 if the predicted noun phrase matches the
-  candidate (one's content words contain the other's), else 0; -1, never a label, if the
-  prediction has no content word (as T5's wsc_simple: an empty answer must not match label 0)."""
+  """Targets: the example's label. Predictions, as T5's wsc_simple scores them: 1 if the
+  predicted noun phrase names the candidate (lower-cased, split at spaces, punctuation kept,
+  determiners dropped: one's words contain the other's, and both or neither has an apostrophe:
+  'Bob' does not name "Bob's hat"), else 0; -1, never a label, if nothing is left of the
+  prediction (an empty answer must not match label 0)."""
   if is_target:
     return int(example['label'])
-  predicted = _content_words(output)
+  predicted = _without_determiners(output)
   if not predicted:
     return -1
-  candidate = _content_words(tasks.text(example['targets_pretokenized']))
-  return int(bool(candidate) and (predicted <= candidate or candidate <= predicted))
+  candidate = _without_determiners(tasks.text(example['targets_pretokenized']))
+  if ("'" in predicted) != ("'" in candidate):
+    return 0
+  predicted, candidate = set(predicted.split(' ')), set(candidate.split(' '))
+  return int(predicted <= candidate or candidate <= predicted)
