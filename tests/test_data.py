@@ -264,6 +264,28 @@ def test_local_corpus_from_txt_and_jsonl(tmp_path, capsys):
     list(corpus.read_documents(corpus.local_corpus_files(str(tmp_path)), 'train'))
 
 
+def test_documents_come_in_a_new_order_each_epoch_and_resume_exactly(tmp_path):
+  """A local corpus's documents are shuffled anew each time seqio repeats the source (before, the
+  first epoch's order came back every epoch), deterministically by seed, and a saved iterator
+  resumes within the second epoch where the unbroken one goes on."""
+  import tensorflow as tf
+  (tmp_path / 'a.txt').write_text('\n'.join(f'document {i}' for i in range(60)))
+  files = corpus.local_corpus_files(str(tmp_path))
+  source = tasks._text_source(lambda: files)  # pylint: disable=protected-access
+  make = lambda: iter(source.get_dataset('train', shuffle=True, seed=5).repeat(3))
+  docs = [x['text'].numpy() for x in make()]
+  n = len(docs) // 3
+  epochs = [docs[i * n:(i + 1) * n] for i in range(3)]
+  assert all(sorted(e) == sorted(epochs[0]) for e in epochs) and len(set(map(tuple, epochs))) == 3
+  assert [x['text'].numpy() for x in make()] == docs
+  first = make()
+  _take(first, n + 3)
+  path = tf.train.Checkpoint(iterator=first).write(str(tmp_path / 'iterator'))
+  resumed = make()
+  tf.train.Checkpoint(iterator=resumed).read(path)
+  assert [x['text'].numpy() for x in resumed] == docs[n + 3:]
+
+
 def test_span_corruption_targets_length_follows_the_inputs_length(capsys):
   assert data_main(['--task=embedded_span_corruption', '--inputs_length=1024', '--n=4']) == 0
   out = capsys.readouterr().out

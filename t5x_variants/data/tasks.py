@@ -11,7 +11,6 @@ gin-bound vocabulary.
 import contextlib
 import functools
 import os
-import random
 from typing import List, Mapping, Optional
 
 import gin
@@ -33,14 +32,19 @@ class DataNotFoundError(FileNotFoundError):
 
 def _text_source(files_fn) -> seqio.DataSource:
   """Documents of local files, read into memory at dataset time (so the tf.data iterator can be
-  checkpointed); for corpora of many GB prepare a TFDS dataset instead."""
+  checkpointed); for corpora of many GB prepare a TFDS dataset instead. Shuffled, they come in a
+  new order each epoch (seqio repeats the source), before they are concatenated into chunks; the
+  iterator's state holds the order as indices, not the documents."""
   def dataset_fn(split, shuffle_files, seed=None):
     docs = list(corpus.read_documents(files_fn(), split))
     if not docs:
       raise corpus.CorpusError(f'the {split} split of {files_fn()} holds no documents')
-    if shuffle_files:  # documents, before they are concatenated into chunks
-      random.Random(seed).shuffle(docs)
-    return tf.data.Dataset.from_tensor_slices({'text': tf.constant(docs)})
+    if not shuffle_files:
+      return tf.data.Dataset.from_tensor_slices({'text': tf.constant(docs)})
+    texts = tf.constant(docs)
+    order = tf.data.Dataset.range(len(docs)).shuffle(len(docs), seed=seed,
+                                                       reshuffle_each_iteration=True)
+    return order.map(lambda i: {'text': tf.gather(texts, i)})
   return seqio.FunctionDataSource(dataset_fn, splits=corpus.SPLITS)
 
 
