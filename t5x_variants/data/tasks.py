@@ -33,18 +33,20 @@ class DataNotFoundError(FileNotFoundError):
 def _text_source(files_fn) -> seqio.DataSource:
   """Documents of local files, read into memory at dataset time (so the tf.data iterator can be
   checkpointed); for corpora of many GB prepare a TFDS dataset instead. Shuffled, they come in a
-  new order each epoch (seqio repeats the source), before they are concatenated into chunks; the
-  iterator's state holds the order as indices, not the documents."""
+  new order each epoch (seqio repeats the source), before they are concatenated into chunks: a
+  permutation drawn from a seed that ``seed`` draws anew at each repetition, so the iterator's
+  state holds that seed and a position, not a shuffle buffer."""
   def dataset_fn(split, shuffle_files, seed=None):
     docs = list(corpus.read_documents(files_fn(), split))
     if not docs:
       raise corpus.CorpusError(f'the {split} split of {files_fn()} holds no documents')
-    if not shuffle_files:
-      return tf.data.Dataset.from_tensor_slices({'text': tf.constant(docs)})
     texts = tf.constant(docs)
-    order = tf.data.Dataset.range(len(docs)).shuffle(len(docs), seed=seed,
-                                                       reshuffle_each_iteration=True)
-    return order.map(lambda i: {'text': tf.gather(texts, i)})
+    if not shuffle_files:
+      return tf.data.Dataset.from_tensor_slices({'text': texts})
+    permutation = lambda s: tf.data.Dataset.from_tensor_slices(
+        tf.random.experimental.stateless_shuffle(tf.range(len(docs)), seed=tf.stack([s, 0])))
+    epoch_seed = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).take(1)
+    return epoch_seed.flat_map(permutation).map(lambda i: {'text': tf.gather(texts, i)})
   return seqio.FunctionDataSource(dataset_fn, splits=corpus.SPLITS)
 
 
