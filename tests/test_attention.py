@@ -24,6 +24,17 @@ def test_t5_relative_position_buckets(rel, bidirectional, bucket):
   assert int(relative_position_bucket(jnp.asarray(rel), bidirectional, 32, 128)) == bucket
 
 
+@pytest.mark.parametrize('rel,bidirectional,num_buckets,max_distance,bucket', [
+    (-80, False, 128, 100, 96), (20, True, 8, 200, 7), (-20, True, 8, 200, 3)])
+def test_relative_position_buckets_at_an_exact_log_boundary(rel, bidirectional, num_buckets,
+                                                            max_distance, bucket):
+  """log(n / max_exact) / log(max_distance / max_exact) exactly an integer / (num_buckets -
+  max_exact) (80/64 = 1.25 = sqrt(100/64)): the bucket T5's and transformers' float32 division
+  gives; XLA's multiplication by the reciprocal gave one less, under jit and eagerly."""
+  fn = lambda r: relative_position_bucket(r, bidirectional, num_buckets, max_distance)
+  assert int(fn(jnp.asarray(rel))) == int(jax.jit(fn)(jnp.asarray(rel))) == bucket
+
+
 def _x(b=2, l=6, d=32, seed=0):
   return jnp.asarray(np.random.RandomState(seed).randn(b, l, d), jnp.float32)
 

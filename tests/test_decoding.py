@@ -135,6 +135,18 @@ def test_beam_search_of_width_one_offers_every_eos_candidate_to_the_finished(arc
   assert take_exit.any()  # the case the rule decides
 
 
+def test_a_beam_search_that_finishes_nothing_returns_its_best_alive_log_p_as_t5x():
+  """No hypothesis ends (an EOS id the model never emits): width 1 follows greedy's path, and the
+  score is its log p, not divided by a length penalty (as T5X returns an unfinished row)."""
+  s = setup('decoder_only')
+  never = s.config.vocab_size + 1
+  greedy, greedy_scores = s.decode(max_decode_length=M, eos_id=never)
+  beam, scores = s.decode(max_decode_length=M, method='beam', num_beams=1, length_penalty=0.6,
+                          eos_id=never)
+  np.testing.assert_array_equal(beam, greedy)
+  np.testing.assert_allclose(scores, greedy_scores, rtol=1e-5)
+
+
 @pytest.mark.parametrize('arch', ARCHS)
 def test_beam_search_is_exact_on_a_tiny_problem(arch):
   """Vocab 5, 3 steps, 80 beams: a step has at most 5 * 4^2 = 80 candidates (extensions of the

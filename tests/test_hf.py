@@ -16,6 +16,7 @@ import transformers
 
 from conftest import jit_apply, needs_data_layer, tiny
 from t5x_variants.cli import hf as hf_cli
+from t5x_variants.layers.position import relative_position_bucket
 from t5x_variants.models import build_model, hf_t5
 from t5x_variants.models.config import TransformerConfig
 from t5x_variants.train import checkpoints, pretrained
@@ -29,6 +30,24 @@ HF_TINY = dict(vocab_size=64, d_model=32, d_kv=D_KV, d_ff=48, num_layers=2, num_
 INPUTS = np.array([[5, 9, 23, 7, 1, 0, 0], [11, 12, 13, 14, 15, 16, 1], [40, 1, 0, 0, 0, 0, 0]])
 DECODER = np.array([[0, 8, 9, 10, 3], [0, 30, 31, 1, 0], [0, 2, 60, 61, 62]])
 FFNS = ['relu', 'gelu', 'swish', 'glu', 'bilinear', 'reglu', 'geglu', 'swiglu']
+
+
+@pytest.mark.parametrize('bidirectional', [True, False])
+def test_relative_position_buckets_are_transformers(bidirectional):
+  """Every relative position in [-4096, 4096] falls in transformers' bucket, for bucket counts and
+  max distances around T5's (32, 128), at exact log boundaries too (128 buckets, max distance 100:
+  80 / 64 = sqrt(100 / 64))."""
+  rel = np.arange(-4096, 4097)
+  for num_buckets in (8, 32, 128):
+    for max_distance in (16, 100, 128, 200, 2048):
+      if max_distance <= num_buckets // 2:
+        continue
+      theirs = transformers.models.t5.modeling_t5.T5Attention._relative_position_bucket(  # pylint: disable=protected-access
+          torch.tensor(rel), bidirectional=bidirectional, num_buckets=num_buckets,
+          max_distance=max_distance).numpy()
+      ours = jax.jit(lambda r, nb=num_buckets, md=max_distance: relative_position_bucket(
+          r, bidirectional, nb, md))(jnp.asarray(rel))
+      np.testing.assert_array_equal(np.asarray(ours), theirs, err_msg=f'{num_buckets}, {max_distance}')
 
 
 def hf_model(tmp_path, ffn='relu', tied=True, seed=0, **kw):
@@ -212,6 +231,8 @@ REFUSED = {
     'tanh': (dict(ffn=('tanh',)), "ffn ('tanh',)"),
     'unscaled_tied': (dict(tie_embeddings=True, scale_tied_logits=False),
                       'tie_embeddings without scale_tied_logits'),
+    'bidirectional_decoder_buckets': (dict(relative_attention_bidirectional=True),
+                                      'relative_attention_bidirectional=True'),
 }
 
 

@@ -73,6 +73,11 @@ def test_existing_batches_are_kept_and_a_short_source_is_refused(tmp_path):
   with pytest.raises(ValueError, match='ended after 3 of the 5 training batches'):
     prebuilt.write(str(tmp_path), describe(steps=5), lambda: batches(3), dict, {}, None)
   assert sorted(os.listdir(tmp_path)) == [prebuilt.key(desc)]  # the failed write left nothing
+  # An empty eval split is refused when written (its reader had no array to take a length from).
+  with pytest.raises(ValueError, match=r'^the evaluation data of t is empty'):
+    prebuilt.write(str(tmp_path), describe(steps=6), lambda: batches(6), lambda: {'t': iter(())},
+                   {}, None)
+  assert sorted(os.listdir(tmp_path)) == [prebuilt.key(desc)]
   # The data layer's bindings are not in the key (a reader cannot see them): batches written
   # with others are refused, not reused.
   corpus = {'local_corpus_files': {'pattern': '/data/a/*.txt'}}

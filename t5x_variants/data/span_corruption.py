@@ -78,8 +78,10 @@ def random_spans_noise_mask(length, noise_density: float, mean_noise_span_length
 def split_tokens(dataset: tf.data.Dataset, length: int, feature: str = 'targets') -> tf.data.Dataset:
   """Concatenates ``feature`` over the stream of documents and cuts it into ``length``-token chunks.
 
-  As T5 does, documents are joined (no separator) and a final partial chunk is dropped; only
-  ``feature`` is kept, since other features cannot follow tokens across document borders.
+  Documents are joined (no separator) into one stream and a final partial chunk is dropped (T5
+  joins a random chunk of each document, 128 documents at a time, and keeps a partial last
+  chunk); only ``feature`` is kept, since other features cannot follow tokens across document
+  borders.
   """
   tokens = dataset.map(lambda ex: ex[feature], num_parallel_calls=tf.data.AUTOTUNE).unbatch()
   return tokens.batch(length, drop_remainder=True).map(lambda chunk: {feature: chunk})

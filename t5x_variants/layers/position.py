@@ -16,6 +16,20 @@ import numpy as np
 POSITION_EMBEDDINGS = ('relative', 'sinusoidal', 'learned', 'none')
 
 
+def _log_bucket_starts(num_buckets: int, max_exact: int, max_distance: int) -> np.ndarray:
+  """The distance at which each logarithmic bucket after the first begins: T5's float32 formula
+  max_exact + int(log(n / max_exact) / log(max_distance / max_exact) * (num_buckets - max_exact))
+  evaluated once on the host for n up to ``max_distance`` (past it, the last bucket), so the
+  buckets are those of T5's and transformers' float32 ops even where the ratio is exactly an
+  integer (XLA multiplies by the reciprocal instead of dividing, one bucket low there)."""
+  n = np.arange(max_exact, max(max_distance, max_exact + 1) + 1)
+  scale = np.float32(np.log(max_distance / max_exact))
+  log_ratio = np.log(n.astype(np.float32) / np.float32(max_exact)) / scale
+  large = np.minimum(max_exact + (log_ratio * np.float32(num_buckets - max_exact)).astype(np.int32),
+                     num_buckets - 1)
+  return np.array([n[large >= b][0] for b in range(max_exact + 1, num_buckets)], np.int32)
+
+
 def relative_position_bucket(relative_position, bidirectional: bool, num_buckets: int,
                              max_distance: int):
   """Bucket of ``relative_position = key_pos - query_pos``: exact for small distances, then
@@ -29,10 +43,9 @@ def relative_position_bucket(relative_position, bidirectional: bool, num_buckets
   else:
     n = jnp.maximum(n, 0)
   max_exact = num_buckets // 2
-  log_ratio = jnp.log(jnp.maximum(n, 1).astype(jnp.float32) / max_exact) / np.log(max_distance / max_exact)
-  large = max_exact + (log_ratio * (num_buckets - max_exact)).astype(jnp.int32)
-  large = jnp.minimum(large, num_buckets - 1)
-  return bucket + jnp.where(n < max_exact, n, large)
+  starts = _log_bucket_starts(num_buckets, max_exact, max_distance)
+  large = max_exact + jnp.searchsorted(starts, n, side='right', method='compare_all')
+  return bucket + jnp.where(n < max_exact, n, large).astype(jnp.int32)
 
 
 class RelativePositionBias(nn.Module):

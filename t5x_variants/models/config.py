@@ -212,6 +212,12 @@ class TransformerConfig:
       if not isinstance(value, int) or isinstance(value, bool) or value < least:
         raise ValueError(f'TransformerConfig.{name} must be a {("positive", "non-negative")[least == 0]} '
                          f'integer, not {value!r}')
+    buckets, distance = self.relative_attention_num_buckets, self.relative_attention_max_distance
+    if self.position_embedding == 'relative' and not (buckets >= 4 and distance > buckets // 2):
+      raise ValueError('relative position buckets (exact up to half the buckets, logarithmic up to '
+                       'the max distance) need relative_attention_num_buckets >= 4 and '
+                       'relative_attention_max_distance > num_buckets // 2, not '
+                       f'{buckets} and {distance}')
     ffn.resolve_activations(self.ffn)
     attention.resolve_components(self.self_attention)
     for stack in self.stacks:

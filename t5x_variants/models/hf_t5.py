@@ -67,6 +67,8 @@ def inexpressible(config: TransformerConfig) -> Optional[str]:
        f'ffn {config.ffn!r}: no transformers feed_forward_proj computes it'),
       (config.position_embedding == 'relative',
        f'position embedding {config.position_embedding!r}: transformers T5 has relative position bias'),
+      (not config.bidirectional_buckets(causal=True), 'relative_attention_bidirectional=True: '
+       "transformers T5's decoder buckets are causal"),
       (not config.use_bias, 'use_bias: transformers T5 has no biases'),
       (not config.scale_embeddings, 'scale_embeddings: transformers T5 does not scale its embeddings'),
       (not config.tie_embeddings or config.scale_tied_logits, 'tie_embeddings without '

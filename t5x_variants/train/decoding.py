@@ -86,7 +86,8 @@ def _beam_search(step, cache, prompt, lengths, start, max_len, beams, alpha, eos
   n counting EOS (the generated tokens: a decoder-only prompt is not counted). Of each step's
   2 * beams best candidates, the best ``beams`` not ending in EOS stay alive, and every one
   ending in EOS is offered to the finished set (as T5X; fairseq finishes only those within the
-  top ``beams``). Rows with no finished hypothesis at the end return their best alive one."""
+  top ``beams``). Rows with no finished hypothesis at the end return their best alive one and its
+  log p, unpenalised (as T5X)."""
   batch = prompt.shape[0]
   penalty = lambda n: ((5.0 + n) / 6.0)**alpha
   take = jax.vmap(lambda x, i: x[i])  # per row: x (hyps, ...)[i (k,)]
@@ -117,11 +118,11 @@ def _beam_search(step, cache, prompt, lengths, start, max_len, beams, alpha, eos
             hold(fin, new_fin))
 
   def running(state):
-    """Stop when no alive hypothesis can beat a row's worst finished one: log p only falls, so
-    log p / max_n lp(n) bounds its score."""
+    """Stop when no alive hypothesis can beat or tie a row's worst finished one (as T5X): log p
+    only falls, so log p / max_n lp(n) bounds its score."""
     i, logp, fin = state[0], state[4], state[6]
     bound = jnp.max(logp, -1) / jnp.maximum(penalty(1), penalty(max_len))
-    return ~jnp.all((i - first[:, 0] >= max_len) | (jnp.min(fin, -1) >= bound))
+    return ~jnp.all((i - first[:, 0] >= max_len) | (jnp.min(fin, -1) > bound))
 
   seqs = jnp.zeros((batch, beams, max_len), jnp.int32)
   logp = jnp.tile(jnp.where(jnp.arange(beams) == 0, 0.0, -jnp.inf), (batch, 1))
@@ -129,7 +130,7 @@ def _beam_search(step, cache, prompt, lengths, start, max_len, beams, alpha, eos
   _, _, _, seqs, logp, fin_seqs, fin = jax.lax.while_loop(running, body, init)
   has_fin = fin[:, 0] > -jnp.inf  # top_k keeps both sets sorted, best first
   tokens = jnp.where(has_fin[:, None], fin_seqs[:, 0], seqs[:, 0])
-  return tokens, jnp.where(has_fin, fin[:, 0], logp[:, 0] / penalty(max_len))
+  return tokens, jnp.where(has_fin, fin[:, 0], logp[:, 0])
 
 
 def decode(model, config, params, *, encoder_input_tokens=None, prompt_tokens=None,

@@ -113,6 +113,10 @@ def write(root: str, desc: Mapping, train: Callable[[], Iterator],
       os.makedirs(os.path.join(tmp, f'eval{i}'))
       counts[name] = _write_split(os.path.join(tmp, f'eval{i}'),
                                   itertools.islice(batches, desc['eval_batches']), None)
+      if not counts[name]:
+        raise ValueError(f'the evaluation data of {name} is empty (its split holds no whole '
+                         'example at these lengths): evaluate on another task or split, or set '
+                         'train.eval_period = 0')
     for name, path in files.items():
       shutil.copyfile(path, os.path.join(tmp, name))
     meta = dict(desc, eval_tasks=list(eval_sets), eval_counts=counts, files=sorted(files),
