@@ -5,7 +5,9 @@ seeds and paired differences against a baseline, the report's tables and plots; 
 writes its batches once and trains 4 runs from them through the real trainer. (The suite's sweep
 and report end to end through the real trainer, on a bucket: tests/test_gcs.py.)"""
 import json
+import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -218,20 +220,65 @@ def test_spearman_matches_scipy_with_ties():
     assert statistics.spearman(a, b) == pytest.approx(stats.spearmanr(a, b).statistic)
 
 
-def test_ranking_names_the_flipped_pairs(tmp_path):
-  ours = {'relu': 5.0, 'geglu': 4.8, 'swiglu': 4.7, 'bilinear': 4.9}  # paper: 1.997 1.942 1.944 1.960
+def test_ranking_names_a_flipped_pair_only_where_its_paired_interval_excludes_0(tmp_path):
+  """rho over the means of the seeds every variant finished; a pair our means order otherwise
+  than the paper is named as a flip only where its paired 95% interval excludes 0 (before, any
+  difference of the means was)."""
+  ours = {'relu': [5.0, 5.02, 4.98], 'geglu': [4.8, 4.82, 4.79], 'swiglu': [4.7, 4.73, 4.68],
+          'bilinear': [5.3, 4.8, 5.0]}  # paper: 1.997 1.942 1.944 1.960
   dirs = []
-  for name, value in ours.items():
-    d = tmp_path / f'{name}-seed0'
-    write_metrics(d, [train_record(4, 5.0), {'step': 4, 'kind': 'eval', 'task': 't',
-                                             'log_perplexity': value}], total_steps=4)
-    dirs.append(str(d))
+  for name, values in ours.items():
+    for seed, value in enumerate(values):
+      d = tmp_path / f'{name}-seed{seed}'
+      write_metrics(d, [train_record(4, 5.0), {'step': 4, 'kind': 'eval', 'task': 't',
+                                               'log_perplexity': value}], total_steps=4)
+      dirs.append(str(d))
   group = report.run_dirs_group(dirs, paper='glu')
   rho, flips, n = report.ranking(group)
   assert n == 4
-  assert flips == [('geglu', 'swiglu')]
-  assert rho == pytest.approx(stats.spearmanr(list(ours.values()), [1.997, 1.942, 1.944, 1.960]).statistic)
-  assert rho == pytest.approx(0.8)
+  assert [(a, b) for a, b, _ in flips] == [('relu', 'bilinear'), ('geglu', 'swiglu')]
+  assert statistics.verdict(flips[0][2]).startswith('not distinguishable')  # +0.3, -0.22, +0.02
+  assert statistics.verdict(flips[1][2]) == 'worse'  # geglu - swiglu: +0.10, +0.09, +0.11
+  means = [np.mean(v) for v in ours.values()]
+  assert rho == pytest.approx(stats.spearmanr(means, [1.997, 1.942, 1.944, 1.960]).statistic)
+  text = ' '.join(report.ranking_lines(group, resamples=10))
+  assert ('excluding 0: geglu/swiglu (geglu - swiglu: +0.100 [+0.075, +0.125] (n=3)); 1 other '
+          'pair(s) ordered differently by the means alone, not distinguishable.') in text
+
+
+def test_runs_of_one_variant_and_seed_from_two_sweeps_are_refused_not_merged(tmp_path):
+  for sweep in ('a', 'b'):
+    write_metrics(tmp_path / sweep / 'relu-seed0', [train_record(4, 5.0)], total_steps=4)
+  with pytest.raises(ValueError, match=r'a/relu-seed0 and .*b/relu-seed0 are both relu seed 0'):
+    report.run_dirs_group([str(tmp_path / s / 'relu-seed0') for s in ('a', 'b')])
+
+
+def test_a_run_without_the_eval_of_its_last_step_is_not_finished_nor_given_an_earlier_value(
+    tmp_path):
+  """A run stopped between its last checkpoint and that step's eval: its last eval is of an
+  earlier step, which is not its final value; it is unfinished (a rerun redoes the eval), so a
+  sweep reruns it. A non-finite held-out value (written as null) is a divergence there."""
+  evals = [{'step': s, 'kind': 'eval', 'task': 't', 'log_perplexity': 5.0} for s in (2, 4)]
+  write_metrics(tmp_path / 'stopped', [train_record(6, 4.0)] + evals, total_steps=6)
+  stopped = runs.read_run(str(tmp_path / 'stopped'))
+  assert (stopped.finished(), stopped.final_eval(), stopped.best_eval()) == (False, None, 5.0)
+  nan = dict(evals[1], step=6, log_perplexity=None)
+  write_metrics(tmp_path / 'nan', [train_record(6, 4.0)] + evals + [nan], total_steps=6)
+  run = runs.read_run(str(tmp_path / 'nan'))
+  assert run.finished() and math.isnan(run.final_eval()) and run.best_eval() == 5.0
+  assert run.diverged_at() == 6
+  trial = report.run_dirs_group([str(tmp_path / 'nan')]).trials[0]
+  assert trial.status == 'done' and report.final_value(trial) is None
+  write_metrics(tmp_path / 'no_evals', [train_record(6, 4.0)], total_steps=6)
+  assert runs.read_run(str(tmp_path / 'no_evals')).finished()  # a run that does not evaluate
+  # A sweep that recorded such a run done (as t5xv-sweep did) reruns it; a finished one stays.
+  base, relu = gin_files(tmp_path, 'base.gin', 'relu.gin')
+  sweep = grid.Sweep.build(str(tmp_path / 's'), [base], [relu], seeds=2)
+  for run, evaluated in zip(sweep.runs, (evals, evals + [dict(evals[1], step=6)])):
+    write_metrics(sweep.model_dir(run), [train_record(6, 4.0)] + evaluated, total_steps=6)
+    run.status = 'done'
+  sweep.update_from_run_dirs()
+  assert [r.status for r in sweep.runs] == ['interrupted', 'done']
 
 
 def assert_png(png):
@@ -408,8 +455,8 @@ def test_paired_table_against_a_baseline():
   # subln: -0.05, -0.06, -0.05: mean -0.0533, s 0.00577, t(0.975, 2) 4.3027: ± 0.0143
   assert lines[2:] == [
       '| subln | 0, 1, 2 | 3 | -0.0533 | [-0.0677, -0.0390] | better |',
-      '| post_ln | 0, 2 | 2 | +0.0000 | [-1.2706, 1.2706] | not distinguishable at n=2 seeds |',
-      '| deepnorm | 0, 1, 2 | 3 | +0.2000 | [0.1752, 0.2248] | worse |',
+      '| post_ln | 0, 2 | 2 | +0.0000 | [-1.2706, +1.2706] | not distinguishable at n=2 seeds |',
+      '| deepnorm | 0, 1, 2 | 3 | +0.2000 | [+0.1752, +0.2248] | worse |',
       '| rmsnorm | 0 | 1 | -0.1000 | n=1, no interval | not distinguishable at n=1 seeds |']
 
 
@@ -477,7 +524,8 @@ def test_ranking_lines_carry_the_bootstrap_interval_and_its_n():
   values = {'relu': [5.0, 5.1], 'geglu': [4.8, 4.85], 'swiglu': [4.7, 4.9], 'bilinear': [4.9, 4.95]}
   trials = [trial(v, s, x) for v, xs in values.items() for s, x in enumerate(xs)]
   text = report.ranking_lines(report.Group('glu', trials, papers.GLU))[0]
-  assert text.startswith('Ranking against the paper\'s "65,536 steps" column: Spearman rho = ')
+  assert text.startswith('Ranking against the paper\'s "65,536 steps" column, by our means over '
+                         'the 2 seeds finished in every variant: Spearman rho = ')
   assert 'Bootstrap 95% interval of rho over seeds: [' in text
   assert '(n = 2 seeds finished in every variant, resampled with replacement 1000 times' in text
   one_seed = [t for t in trials if t.variant != 'bilinear' or t.seed == 0]  # bilinear: seed 0 only
@@ -693,9 +741,10 @@ def test_plot_band_and_error_bar_are_the_report_t_interval():
     vertices = band.get_paths()[0].vertices
     at_10 = vertices[vertices[:, 0] == 10][:, 1]
     assert (at_10.min(), at_10.max()) == (pytest.approx(interval.low), pytest.approx(interval.high))
-  # the final chart's error bar: the same interval over the last evaluations (3.0, 3.2, 4.4)
+  # the final chart's error bar: the same interval over the evaluations of the last step (3.0,
+  # 3.2; the third seed's eval of step 10 is not its final value)
   fig = plots.final_figure(report.Group('g', trials), report.final_values)
-  last = statistics.t_interval([3.0, 3.2, 4.4])
+  last = statistics.t_interval([3.0, 3.2])
   ((_, y_low), (_, y_high)), = fig.axes[0].containers[0].lines[2][0].get_segments()
   assert (y_low, y_high) == (pytest.approx(last.low), pytest.approx(last.high))
   # 1 seed: the line alone, the point alone
@@ -755,8 +804,24 @@ def test_lr_sensitivity_is_wortsman_et_al_s_formula(tmp_path):
   assert [p.rate for p in post.points] == [1e-3, 1e-2, 1e-1]
   assert post.sensitivity() == pytest.approx((6.0 + 5.0 + 8.0) / 3 - 5.0)
   assert pre.sensitivity() == pytest.approx((7.9 + 5.5 + 8.0) / 3 - 5.5)
-  assert [p.stalled for p in pre.points] == [True, False, True]  # 0.1 and -0.5 of a 3.0 fall
-  assert [p.stalled for p in post.points] == [False, False, False]
+  assert [p.stalled for p in pre.points] == [1, 0, 1]  # 0.1 and -0.5 of a 3.0 fall
+  assert [p.stalled for p in post.points] == [0, 0, 0]
+  # Stalled is a run's state (as documented), not the mean of a rate's runs (a second seed at
+  # 1e-2 that fell 0.1 stalls beside one that fell 2.5); a run still going counts as missing,
+  # not diverged, whatever its loss has done so far.
+  rate_run(tmp_path / 'pre+base=1e-2-seed1', 8.0, final=7.9)
+  rate_run(tmp_path / 'pre+base=1e-3-seed1', 8.0, diverged_at=4)
+  more = report.run_dirs_group(sorted(str(p) for p in tmp_path.iterdir()), name='lr')
+  for t in more.trials:
+    if t.variant == 'pre+base=1e-3' and t.seed == 1:
+      t.status = 'running'
+  pre = {c.label: c for c in stability.curves(more, report.final_value, report.diverged_step)}['pre']
+  assert [(p.stalled, p.all_stalled(), p.diverged, p.missing) for p in pre.points] == [
+      (1, True, 0, 1), (1, False, 0, 0), (1, True, 0, 0)]
+  assert '| pre | 8.000 | 7.900 stalled | 6.700 (1 stalled) | 8.500 stalled |' in (
+      '\n'.join(stability.table([pre])))
+  for name in ('pre+base=1e-2-seed1', 'pre+base=1e-3-seed1'):
+    shutil.rmtree(tmp_path / name)
   os.makedirs(tmp_path / 'out')
   text = '\n'.join(report.group_markdown(group, str(tmp_path / 'out')))
   assert '| post | 8.000 | 6.000 | 5.000 | diverged | 0.01 | 5.000 | 1.333 |' in text
@@ -869,7 +934,7 @@ def test_lr_sensitivity_per_seed_and_paired_against_a_baseline_curve(tmp_path):
   diffs = [by_hand['b'][s] - by_hand['a'][s] for s in range(3)]
   interval = statistics.t_interval(diffs)
   assert report.sensitivity_table(list(curves.values()), 'a')[2] == (
-      f'| b | 0, 1, 2 | 3 | {np.mean(diffs):+.4f} | [{interval.low:.4f}, {interval.high:.4f}] | '
+      f'| b | 0, 1, 2 | 3 | {np.mean(diffs):+.4f} | [{interval.low:+.4f}, {interval.high:+.4f}] | '
       f'{statistics.verdict(interval)} |')
   text = report.write_report([group], str(tmp_path / 'out'), baseline='a')
   assert 'mean difference of LR sensitivity (curve - a)' in text

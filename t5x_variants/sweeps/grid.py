@@ -238,10 +238,18 @@ class Sweep:
     self.paper = self.paper or old.paper
 
   def update_from_run_dirs(self):
-    """Marks done the unfinished runs whose directory reached its last step (trained elsewhere)."""
+    """Marks done the unfinished runs whose directory reached its last step (trained elsewhere),
+    and interrupted a done one whose directory lacks the eval of its last step (recorded done
+    before that counted: a rerun redoes the eval)."""
     for run in self.all_runs():
-      if run.status not in FINISHED and run_records.read_run(self.model_dir(run)).finished():
+      if run.status == 'diverged':
+        continue
+      record = run_records.read_run(self.model_dir(run))
+      if run.status != 'done' and record.finished():
         run.status, run.reason = 'done', None
+      elif run.status == 'done' and record.trained() and not record.finished():
+        run.status, run.reason = 'interrupted', 'no eval of its last step (a rerun redoes it)'
+
 
 
 def _same_file(a: str, b: str) -> bool:

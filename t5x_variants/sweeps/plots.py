@@ -118,7 +118,8 @@ def curves_figure(group) -> Figure:
     trials = group.of(v)
     train = [[(r['step'], r['loss']) for r in t.record.train if r.get('loss') is not None]
              for t in trials]
-    evals = [t.record.eval_curve() for t in trials]
+    evals = [[(step, value) for step, value in t.record.eval_curve() if math.isfinite(value)]
+             for t in trials]
     seeds = max(sum(1 for c in train if c), sum(1 for c in evals if c))
     _band(train_ax, train, f'{v} (n={seeds})', i)
     _band(eval_ax, evals, f'{v} (n={seeds})', i)
@@ -296,7 +297,7 @@ def diagnostics_plot(group, out_dir: str) -> str:
 def stability_figure(curves, title: str) -> Figure:
   """Final loss against learning rate (log), one line per curve (``stability.Curve``): the mean
   over seeds of min(l(eta), l_0), as in the LR sensitivity; an x where a run diverged (a point
-  where all did sits at l_0, dotted), a hollow marker where the runs stalled."""
+  where all did sits at l_0, dotted), a hollow marker where every converged run stalled."""
   fig = Figure(figsize=(7, 3.8), layout='constrained')
   ax = fig.subplots()
   for i, curve in enumerate(curves):
@@ -308,7 +309,7 @@ def stability_figure(curves, title: str) -> Figure:
     for p, y in points:
       if p.diverged:
         ax.plot([p.rate], [y], 'x', color=colour, ms=10, mew=2)
-      elif p.stalled:
+      elif p.all_stalled():
         ax.plot([p.rate], [y], marker=marker, ms=9, mfc='white', mec=colour, mew=1.5)
     if curve.initial is not None and any(p.diverged for p in curve.points):
       ax.axhline(curve.initial, color=colour, lw=0.8, ls=':')

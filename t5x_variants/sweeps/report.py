@@ -59,16 +59,25 @@ def sweep_group(sweep_dir: str) -> Group:
 
 
 def run_dirs_group(run_dirs: Sequence[str], name: str = 'runs', paper: Optional[str] = None) -> Group:
-  """Run directories named ``<variant>-seed<N>`` (others: the whole name is the variant, seed 0)."""
-  trials = []
+  """Run directories named ``<variant>-seed<N>`` (others: the whole name is the variant, seed 0);
+  two of the same variant and seed (from two sweeps) are refused, not merged. A run is done,
+  diverged (stopped by a non-finite loss) or incomplete."""
+  trials, seen = [], {}
   for d in run_dirs:
     if not storage.path(d).exists():
       raise FileNotFoundError(f'--run_dirs: {d} does not exist')
     base = os.path.basename(os.path.normpath(d))
     found = re.fullmatch(r'(.+)-seed(\d+)', base)
+    variant, seed = (found.group(1), int(found.group(2))) if found else (base, 0)
+    if (variant, seed) in seen:
+      raise ValueError(f'--run_dirs: {seen[variant, seed]} and {d} are both {variant} seed {seed} '
+                       '(a directory\'s name says which): one table pairs runs by variant and '
+                       'seed; report the two sweeps separately (--sweep_dir each)')
+    seen[variant, seed] = d
     record = read_run(d)
-    trials.append(Trial(found.group(1) if found else base, int(found.group(2)) if found else 0,
-                        'done' if record.finished() else 'incomplete', record))
+    status = ('done' if record.finished() else
+              'diverged' if record.stopped_non_finite() else 'incomplete')
+    trials.append(Trial(variant, seed, status, record))
   return Group(name, trials, papers.TABLES.get(paper) if paper else None)
 
 
@@ -120,7 +129,7 @@ def _paired_lines(kind: str, difference: str,
     interval = t_interval([d for _, d in named])
     row = [name, ', '.join(str(s) for s, _ in named) or '—', str(len(named)),
            '—' if interval is None else f'{interval.mean:+.4f}',
-           format_interval(interval, 4, mean=False), verdict(interval)]
+           format_interval(interval, 4, mean=False, signed=True), verdict(interval)]
     lines.append('| ' + ' | '.join(row) + ' |')
   return lines
 
@@ -167,13 +176,17 @@ def ranked(group: Group) -> Tuple[List[str], List[List[float]], List[float]]:
 
 
 def ranking(group: Group):
-  """(rho, flipped pairs, number of variants) of our mean final log-perplexity against the
-  paper's rank column, over the variants both have; None if fewer than 3."""
-  names, values, theirs = ranked(group)
-  ours = [float(np.mean(v)) for v in values]
-  if len(names) < 3:
+  """(rho, flipped pairs, number of variants) of our mean final log-perplexity over the seeds
+  finished in every variant against the paper's rank column, over the variants both have; None
+  if fewer than 3. A flipped pair: (a, b, the 95% t interval of a - b paired by seed), where our
+  means order a and b otherwise than the paper."""
+  names, _, theirs = ranked(group)
+  paired = common_seeds(group, names)
+  if len(names) < 3 or not paired[0]:
     return None
-  flips = [(a, b) for (i, a), (j, b) in itertools.combinations(enumerate(names), 2)
+  ours = [float(np.mean(v)) for v in paired]
+  flips = [(a, b, t_interval(list(np.subtract(paired[i], paired[j]))))
+           for (i, a), (j, b) in itertools.combinations(enumerate(names), 2)
            if (ours[i] - ours[j]) * (theirs[i] - theirs[j]) < 0]
   return spearman(ours, theirs), flips, len(names)
 
@@ -216,13 +229,17 @@ def ranking_lines(group: Group, resamples: int = 1000) -> List[str]:
     return []
   rho, flips, n = found
   names, _, theirs = ranked(group)
-  lines = [f'Ranking against the paper\'s "{group.paper.columns[group.paper.rank_column]}" '
-           f'column: Spearman rho = '
-           f'{"undefined (all our values are equal)" if np.isnan(rho) else f"{rho:.2f}"} over {n} '
-           'variants; pairs ordered differently from the paper: '
-           + (', '.join(f'{a}/{b}' for a, b in flips) if flips else 'none') + '.']
   paired = common_seeds(group, names)
-  seeds = len(paired[0]) if paired else 0
+  seeds = len(paired[0])
+  shown = [f'{a}/{b} ({a} - {b}: {format_interval(i, 3, signed=True)})' for a, b, i in flips
+           if verdict(i) in ('better', 'worse')]
+  lines = [f'Ranking against the paper\'s "{group.paper.columns[group.paper.rank_column]}" '
+           f'column, by our means over the {seeds} seeds finished in every variant: Spearman rho = '
+           f'{"undefined (all our values are equal)" if np.isnan(rho) else f"{rho:.2f}"} over {n} '
+           'variants; pairs ordered differently from the paper with a paired 95% interval '
+           '(Student t over those seeds) excluding 0: ' + (', '.join(shown) or 'none')
+           + f'; {len(flips) - len(shown)} other pair(s) ordered differently by the means '
+           'alone, not distinguishable.']
   interval = bootstrap_spearman(paired, theirs, resamples)
   if interval is None:
     lines.append(f'No bootstrap interval for rho (n = {seeds} seeds finished in every variant: '

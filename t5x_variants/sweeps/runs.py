@@ -23,6 +23,7 @@ class RunRecord:
   diagnostics: List[dict]
   total_steps: Optional[int]
   params: Optional[int]
+  evaluates: bool = False  # the run evaluates as it trains (its own eval records, not t5xv-eval's)
 
   @property
   def step(self) -> int:
@@ -40,17 +41,20 @@ class RunRecord:
     return 'log_perplexity' if any('log_perplexity' in r for r in records) else 'loss'
 
   def eval_curve(self, task: Optional[str] = None) -> List[tuple]:
-    """(step, held-out log-perplexity, or loss for tasks without one) of every eval."""
-    records = self.evals.get(task or self.task, [])
-    return [(r['step'], r.get('log_perplexity', r.get('loss'))) for r in records
-            if r.get('log_perplexity', r.get('loss')) is not None]
+    """(step, held-out log-perplexity, or loss for tasks without one) of every eval; nan where
+    it was not finite (written as null)."""
+    metric = self.eval_metric(task)
+    return [(r['step'], math.nan if r[metric] is None else r[metric])
+            for r in self.evals.get(task or self.task, []) if metric in r]
 
   def final_eval(self) -> Optional[float]:
+    """The eval of the run's last step (``total_steps``, where known); None where there is none,
+    as in a run stopped between its last checkpoint and that eval (a rerun redoes the eval)."""
     curve = self.eval_curve()
-    return curve[-1][1] if curve else None
+    return curve[-1][1] if curve and curve[-1][0] >= (self.total_steps or self.step) else None
 
   def best_eval(self) -> Optional[float]:
-    values = [v for _, v in self.eval_curve()]
+    values = [v for _, v in self.eval_curve() if math.isfinite(v)]
     return min(values) if values else None
 
   def tokens_per_second(self) -> Optional[float]:
@@ -58,18 +62,33 @@ class RunRecord:
     values = [r['tokens_per_second'] for r in self.train[1:] if r.get('tokens_per_second')]
     return sum(values) / len(values) if values else None
 
-  def finished(self) -> bool:
+  def trained(self) -> bool:
+    """Trained to ``total_steps``."""
     return self.total_steps is not None and self.step >= self.total_steps
 
+  def finished(self) -> bool:
+    """Trained to ``total_steps`` and, if it evaluates as it trains, evaluated that step."""
+    return self.trained() and (not self.evaluates or self.final_eval() is not None)
+
+  def stopped_non_finite(self) -> bool:
+    """Whether its last logged step was not finite (the trainer stops a run there)."""
+    last = self.train[-1] if self.train else {}
+    return bool(last) and (last.get('loss') is None or not math.isfinite(last['loss'])
+                           or bool(last.get('skipped')))
+
   def diverged_at(self) -> Optional[int]:
+    """The first step of a divergence of its training loss (``BLOW_UP_NATS``) or of a non-finite
+    held-out value, whichever came first; None if neither."""
     lowest, blown_up = math.inf, None
     for r in self.train:
       loss = r.get('loss')
       if loss is None or not math.isfinite(loss) or r.get('skipped'):
-        return r['step']
+        blown_up = r['step']
+        break
       blown_up = (blown_up or r['step']) if loss > lowest + BLOW_UP_NATS else None  # or recovered
       lowest = min(lowest, loss)
-    return blown_up
+    nonfinite = [s for s, v in self.eval_curve() if not math.isfinite(v)]
+    return min([s for s in [blown_up] + nonfinite[:1] if s is not None], default=None)
 
 
 def _read(model_dir: str, name: str) -> str:
@@ -109,4 +128,4 @@ def read_run(model_dir: str) -> RunRecord:
   return RunRecord(model_dir, _last_by_step([r for r in records if r.get('kind') == 'train']),
                    {t: _evals_by_step(v) for t, v in evals.items()},
                    _last_by_step([r for r in records if r.get('kind') == 'diagnostics']),
-                   total_steps, params)
+                   total_steps, params, any('split' not in r for v in evals.values() for r in v))

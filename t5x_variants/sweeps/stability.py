@@ -25,14 +25,18 @@ STALL_FRACTION = 0.1
 class Point:
   """One rate of a curve over its seeds. ``runs``: (seed, l_0, l(eta), converged) of each finished
   run with a step-0 eval, l(eta) its final loss or, if it diverged, its l_0; ``finals``: the final
-  losses of the runs that did not diverge; ``missing``: runs unfinished or without a step-0
-  eval."""
+  losses of the runs that did not diverge; ``missing``: runs unfinished (a running run whose loss
+  blew up so far included) or without a step-0 eval; ``stalled``: how many of its converged runs
+  stalled."""
   rate: float
   runs: List[Tuple[int, float, float, bool]]
   finals: List[float]
   diverged: int
   missing: int
-  stalled: bool = False
+  stalled: int = 0
+
+  def all_stalled(self) -> bool:
+    return 0 < self.stalled == sum(ok for _, _, _, ok in self.runs)
 
   def loss(self) -> Optional[float]:
     """l(eta): the mean over seeds; None while a run is missing."""
@@ -107,12 +111,15 @@ def is_rate_sweep(group) -> bool:
 
 
 def initial_loss(trial) -> Optional[float]:
-  return next((v for s, v in trial.record.eval_curve() if s == 0), None)
+  return next((v for s, v in trial.record.eval_curve() if s == 0 and math.isfinite(v)), None)
 
 
 def _point(rate: float, trials, final_value, diverged_step) -> Point:
   point = Point(rate, [], [], 0, 0)
   for t in trials:
+    if t.status not in ('done', 'diverged'):
+      point.missing += 1
+      continue
     initial, final = initial_loss(t), final_value(t)
     converged = diverged_step(t) is None and t.status != 'diverged'
     if not converged:
@@ -130,8 +137,8 @@ def _point(rate: float, trials, final_value, diverged_step) -> Point:
 
 
 def curves(group, final_value, diverged_step) -> List[Curve]:
-  """The group's curves, rates ascending; a point is stalled if its runs fell from l_0 by less
-  than ``STALL_FRACTION`` of the largest fall of any run of the group."""
+  """The group's curves, rates ascending; a run is stalled if it fell from l_0 by less than
+  ``STALL_FRACTION`` of the largest fall of any run of the group."""
   by_label: Dict[str, List[Point]] = {}
   for v in group.variants():
     label, rate = rate_of(v)
@@ -140,13 +147,14 @@ def curves(group, final_value, diverged_step) -> List[Curve]:
   largest = max([i - l for p in points for _, i, l, ok in p.runs if ok], default=0.0)
   for p in points:
     fell = [i - l for _, i, l, ok in p.runs if ok]
-    p.stalled = bool(fell) and largest > 0 and float(np.mean(fell)) < STALL_FRACTION * largest
+    p.stalled = sum(f < STALL_FRACTION * largest for f in fell) if largest > 0 else 0
   return [Curve(label, sorted(ps, key=lambda p: p.rate)) for label, ps in by_label.items()]
 
 
 def _cell(p: Point) -> str:
   if p.finals:
-    text = f'{np.mean(p.finals):.3f}' + (' stalled' if p.stalled else '')
+    stalled = ' stalled' if p.all_stalled() else f' ({p.stalled} stalled)' if p.stalled else ''
+    text = f'{np.mean(p.finals):.3f}' + stalled
     return text + (f' ({p.diverged} diverged)' if p.diverged else '')
   if p.diverged:
     return 'diverged'

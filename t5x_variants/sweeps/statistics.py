@@ -51,16 +51,17 @@ def t_interval(values: Sequence[float]) -> Optional[Interval]:
   return Interval(mean, len(x), mean - half, mean + half)
 
 
-def format_interval(interval: Optional[Interval], digits: int = 3, mean: bool = True) -> str:
+def format_interval(interval: Optional[Interval], digits: int = 3, mean: bool = True,
+                    signed: bool = False) -> str:
   """``mean [low, high] (n=N)``, ``mean (n=1, no interval)`` or ``—``; without the mean if not
-  ``mean``."""
+  ``mean``; ``signed``: every number with its sign (a difference: +0.0000 is above 0)."""
   if interval is None:
     return '—'
-  head = f'{interval.mean:.{digits}f} ' if mean else ''
+  f = f'{"+" if signed else ""}.{digits}f'
+  head = f'{interval.mean:{f}} ' if mean else ''
   if interval.low is None:
     return f'{head}(n=1, no interval)' if mean else 'n=1, no interval'
-  return f'{head}[{interval.low:.{digits}f}, {interval.high:.{digits}f}]' + (
-      f' (n={interval.n})' if mean else '')
+  return f'{head}[{interval.low:{f}}, {interval.high:{f}}]' + (f' (n={interval.n})' if mean else '')
 
 
 def verdict(interval: Optional[Interval]) -> str:
