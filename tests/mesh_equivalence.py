@@ -1,5 +1,6 @@
 """Run in a subprocess with 8 host-platform devices: prints, per optimizer, the losses of 3 steps
-on a data=4 x model=2 mesh and on a single device, as JSON."""
+on a data=4 x model=2 mesh and on a single device, and those of 4 microbatches on data=8 (with
+the all-gathers of each compiled step), as JSON."""
 import json
 import os
 import sys
@@ -25,8 +26,26 @@ def losses(mesh, optimizer_fn):
   return out, [[str(s) for s in x.sharding.spec] for x in [kernel] + stats[:1]]
 
 
+def microbatched(mesh, num_microbatches):
+  """The losses of 3 steps of batch 32 in ``num_microbatches``, and the all-gathers of the
+  compiled step."""
+  state, step = setup(mesh, num_microbatches=num_microbatches)
+  batch = synthetic_batch(batch=32)
+  gathers = step.lower(state, partitioning.global_batch(batch, mesh),
+                       jax.random.PRNGKey(0)).compile().as_text().count(' all-gather(')
+  out = []
+  for i in range(3):
+    state, metrics = step(state, synthetic_batch(batch=32, seed=i), jax.random.PRNGKey(0))
+    out.append(float(metrics['loss']))
+  return out, gathers
+
+
 assert len(jax.devices()) == 8
 result = {}
+data8 = partitioning.make_mesh(data=8)
+result['microbatches'] = {
+    'one_device': microbatched(partitioning.make_mesh(devices=jax.devices()[:1]), 1)[0],
+    **{f'data8_nm{n}': microbatched(data8, n) for n in (1, 4)}}
 for name in ('adafactor', 'adam', 'adamw'):
   fn = getattr(optimizer, name)
   sharded, spec = losses(partitioning.make_mesh(data=4, model=2), fn)

@@ -91,6 +91,19 @@ def test_loss_falls_and_microbatches_equal_the_full_batch():
                          one.params, two.params)
 
 
+def test_a_skipped_step_logs_the_norm_of_the_parameters_kept():
+  """A NaN loss weight: the step is skipped, and its param_norm is of the parameters kept (it
+  was the rejected update's: nan)."""
+  mesh = partitioning.make_mesh(devices=jax.devices()[:1])
+  state, step = setup(mesh)
+  norm = float(optax.tree_utils.tree_norm(state.params))
+  batch = synthetic_batch()
+  batch['decoder_loss_weights'] = np.asarray(batch['decoder_loss_weights'], np.float32)
+  batch['decoder_loss_weights'][0, 0] = np.nan
+  _, m = step(state, batch, jax.random.PRNGKey(0))
+  assert int(m['skipped']) == 1 and float(m['param_norm']) == pytest.approx(norm, rel=1e-6)
+
+
 def test_a_non_finite_step_is_skipped():
   mesh = partitioning.make_mesh(devices=jax.devices()[:1])
   state, step = setup(mesh)
@@ -114,10 +127,15 @@ def test_a_non_finite_step_is_skipped():
 @pytest.mark.slow
 def test_sharded_mesh_matches_a_single_device():
   """data=4 x model=2 on 8 host-platform devices gives the losses of one device, with Adafactor,
-  Adam and AdamW; their statistics are sharded like the parameter."""
+  Adam and AdamW; their statistics are sharded like the parameter. Microbatches on data=8 too."""
   script = os.path.join(os.path.dirname(__file__), 'mesh_equivalence.py')
   out = subprocess.run([sys.executable, script], capture_output=True, text=True, check=True)
   results = json.loads(out.stdout.strip().splitlines()[-1])
+  micro = results.pop('microbatches')
+  # 4 microbatches on data=8: the full batch's losses, and no row gathered across devices (each
+  # device's rows hold its share of every microbatch; contiguous microbatches were all-gathered).
+  np.testing.assert_allclose(micro['data8_nm4'][0], micro['one_device'], rtol=1e-5)
+  assert micro['data8_nm4'][1] == micro['data8_nm1'][1]
   assert sorted(results) == ['adafactor', 'adam', 'adamw']
   for result in results.values():
     assert result['spec'] == ['None', 'None', 'model']  # (layers, embed, mlp): mlp over 'model'

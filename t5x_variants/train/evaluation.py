@@ -25,7 +25,9 @@ from t5x_variants.train.train_step import summed_loss
 
 def make_eval_step(model, config, param_sharding, mesh, z_loss: float = 0.0):
   """Jitted (params, batch) -> sums of loss, z_loss, correct and num_tokens (and a classification
-  head's per-example 'rows'), replicated on every device."""
+  head's per-example 'rows'), replicated on every device. The loss is the cross-entropy plus the
+  z-loss, without label smoothing (T5X's eval loss includes it): with ``train.label_smoothing``
+  the train and eval losses are on different scales; ``log_perplexity`` is the cross-entropy."""
   def step(params, batch):
     return summed_loss(model, config, params, batch, None, z_loss=z_loss, rows=True)[1]
   return partitioning.jit(step, mesh, in_shardings=(param_sharding, partitioning.batch_sharding(mesh)),

@@ -138,7 +138,11 @@ def train_step(state: TrainState, batch: Dict[str, jnp.ndarray], rng, *, model, 
   ``grad_norm`` is over the trained parameters (a frozen path's gradient updates nothing)."""
   grad_fn = jax.grad(functools.partial(summed_loss, model, config, label_smoothing=label_smoothing,
                                        z_loss=z_loss), argnums=0, has_aux=True)
-  micro = jax.tree_util.tree_map(lambda x: x.reshape((num_microbatches, -1) + x.shape[1:]), batch)
+  # Microbatch i holds rows i, i + n, i + 2n, ...: each device's contiguous share of the batch
+  # (its `data` shard) holds its rows of every microbatch, so no row moves between devices
+  # (contiguous microbatches would each sit on 1/n of the devices and be gathered to all).
+  micro = jax.tree_util.tree_map(
+      lambda x: x.reshape((-1, num_microbatches) + x.shape[1:]).swapaxes(0, 1), batch)
   rngs = jax.random.split(jax.random.fold_in(rng, state.step), num_microbatches)
 
   def accumulate(carry, xs):
@@ -156,13 +160,14 @@ def train_step(state: TrainState, batch: Dict[str, jnp.ndarray], rng, *, model, 
   metrics = {'loss': sums['loss'] / factor, 'z_loss': sums['z_loss'] / factor,
              'token_accuracy': sums['correct'] / jnp.maximum(sums['num_tokens'], 1.0),
              'num_tokens': sums['num_tokens'], 'learning_rate': schedule(state.step),
-             'grad_norm': tx.trained_norm(grads), 'param_norm': optax.tree_utils.tree_norm(new.params)}
+             'grad_norm': tx.trained_norm(grads)}
   finite = jnp.isfinite(metrics['loss']) & jnp.isfinite(metrics['grad_norm'])
   keep = lambda a, b: jax.tree_util.tree_map(lambda x, y: jnp.where(finite, x, y), a, b)
   # the step still counts (it consumed a batch): so do the optimizer's (optax's 'count' fields)
   counted = lambda path, x, y: x if getattr(path[-1], 'name', None) == 'count' else jnp.where(finite, x, y)
   new = TrainState(new.step, keep(new.params, state.params),
                    jax.tree_util.tree_map_with_path(counted, new.opt_state, state.opt_state))
+  metrics['param_norm'] = optax.tree_utils.tree_norm(new.params)  # of the parameters kept
   metrics['skipped'] = (~finite).astype(jnp.int32)
   return new, metrics
 
