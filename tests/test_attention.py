@@ -35,6 +35,14 @@ def test_relative_position_buckets_at_an_exact_log_boundary(rel, bidirectional, 
   assert int(fn(jnp.asarray(rel))) == int(jax.jit(fn)(jnp.asarray(rel))) == bucket
 
 
+def test_relative_position_buckets_of_a_huge_max_distance_cost_nothing_more():
+  """The bucket starts come from each bucket's real start, not a scan of every distance up to
+  max_distance (10^9 would take GBs): bidirectional, 8 exact buckets, bucket 8 + k begins near
+  8 (10^9 / 8)^(k / 8) (14: 9.4e6, 15: 9.7e7)."""
+  rel = jnp.asarray([-7, -8, -10**7, -10**8, 10**9 - 1])
+  assert np.asarray(relative_position_bucket(rel, True, 32, 10**9)).tolist() == [7, 8, 14, 15, 31]
+
+
 def _x(b=2, l=6, d=32, seed=0):
   return jnp.asarray(np.random.RandomState(seed).randn(b, l, d), jnp.float32)
 

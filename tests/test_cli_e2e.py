@@ -422,6 +422,9 @@ def test_benchmark_averages_are_t5s_best_step_and_each_tasks_best_step():
   every = {f'glue_{t}_local': {'accuracy': 50.0} for t in eval_cli.BENCHMARK_TASKS['GLUE']}
   every['glue_mnli_mismatched_local'] = {'accuracy': 50.0}
   assert eval_cli.benchmark_averages({'10': every})['GLUE']['missing'] == []
+  # a classification task is its benchmark's task too
+  assert 'rte' not in eval_cli.benchmark_averages(
+      {'10': {'glue_rte_cls_local': {'accuracy': 50.0}}})['GLUE']['missing']
 
 
 def test_results_written_before_the_split_key_are_read_as_validation(tmp_path):

@@ -267,24 +267,25 @@ def test_local_corpus_from_txt_and_jsonl(tmp_path, capsys):
 def test_documents_come_in_a_new_order_each_epoch_and_resume_exactly(tmp_path):
   """A local corpus's documents are shuffled anew each time seqio repeats the source (before, the
   first epoch's order came back every epoch), deterministically by seed, and a saved iterator
-  resumes within the second epoch where the unbroken one goes on; its state is a few KB, not a
-  shuffle buffer of every document (about 200 bytes each)."""
+  resumes within the second epoch where the unbroken one goes on. Its state holds the
+  permutation's seed and position (and what tf.data prefetched), not a shuffle buffer of every
+  document: such a buffer's state takes about 220 bytes a document, 2.2 MB here."""
   import glob
   import os
   import tensorflow as tf
-  (tmp_path / 'a.txt').write_text('\n'.join(f'document {i}' for i in range(3000)))
+  (tmp_path / 'a.txt').write_text('\n'.join(f'document {i}' for i in range(10_000)))
   files = corpus.local_corpus_files(str(tmp_path))
   source = tasks._text_source(lambda: files)  # pylint: disable=protected-access
-  make = lambda: iter(source.get_dataset('train', shuffle=True, seed=5).repeat(3))
+  make = lambda: iter(source.get_dataset('train', shuffle=True, seed=5).repeat(2))
   docs = [x['text'].numpy() for x in make()]
-  n = len(docs) // 3
-  epochs = [docs[i * n:(i + 1) * n] for i in range(3)]
-  assert all(sorted(e) == sorted(epochs[0]) for e in epochs) and len(set(map(tuple, epochs))) == 3
+  n = len(docs) // 2
+  first_epoch, second_epoch = docs[:n], docs[n:]
+  assert sorted(first_epoch) == sorted(second_epoch) and first_epoch != second_epoch
   assert [x['text'].numpy() for x in make()] == docs
   first = make()
   _take(first, n + 3)
   path = tf.train.Checkpoint(iterator=first).write(str(tmp_path / 'iterator'))
-  assert sum(os.path.getsize(f) for f in glob.glob(path + '*')) < 50_000
+  assert sum(os.path.getsize(f) for f in glob.glob(path + '*')) < 500_000
   resumed = make()
   tf.train.Checkpoint(iterator=resumed).read(path)
   assert [x['text'].numpy() for x in resumed] == docs[n + 3:]

@@ -227,3 +227,11 @@ def test_closing_the_records_fails_on_every_process_or_on_none(other, tmp_path, 
                      match=r'^closing .*metrics.jsonl failed on process 0 \(its log says why\)'):
     follower.close()
   follower.close(agreed=False)  # nothing to close, nothing exchanged
+  # A train record process 0 could not write (held) is raised at the close too, on every process.
+  monkeypatch.setattr(jax, 'process_index', lambda: 0)
+  other.codes = [0]
+  logger = MetricsLogger(str(tmp_path / 'held'), console=False)
+  logger._held = OSError('a train record was not written')  # pylint: disable=protected-access
+  other.codes = [0]
+  with pytest.raises(OSError, match='a train record was not written'):
+    logger.close()

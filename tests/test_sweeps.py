@@ -246,6 +246,21 @@ def test_ranking_names_a_flipped_pair_only_where_its_paired_interval_excludes_0(
           'pair(s) ordered differently by the means alone, not distinguishable.') in text
 
 
+def test_a_skipped_step_ends_a_run_only_under_on_nonfinite_stop(tmp_path):
+  """A run directory whose last record has a skipped step: diverged (stopped there) when it ran
+  with train.on_nonfinite='stop'; under 'skip' it went on (still going), unless every step of the
+  window was skipped (its loss not finite)."""
+  for mode in ('stop', 'skip'):
+    write_metrics(tmp_path / mode, [train_record(2, 5.0), train_record(4, 4.9, skipped=1.0)],
+                  total_steps=8)
+    with open(tmp_path / mode / 'config.gin', 'a') as f:
+      f.write(f"train.on_nonfinite = '{mode}'\n")
+  statuses = [t.status for t in report.run_dirs_group([str(tmp_path / m) for m in ('stop', 'skip')]).trials]
+  assert statuses == ['diverged', 'incomplete']
+  write_metrics(tmp_path / 'all', [train_record(2, 5.0), train_record(4, None, skipped=2.0)], total_steps=8)
+  assert report.run_dirs_group([str(tmp_path / 'all')]).trials[0].status == 'diverged'
+
+
 def test_runs_of_one_variant_and_seed_from_two_sweeps_are_refused_not_merged(tmp_path):
   for sweep in ('a', 'b'):
     write_metrics(tmp_path / sweep / 'relu-seed0', [train_record(4, 5.0)], total_steps=4)
@@ -271,6 +286,15 @@ def test_a_run_without_the_eval_of_its_last_step_is_not_finished_nor_given_an_ea
   assert trial.status == 'done' and report.final_value(trial) is None
   write_metrics(tmp_path / 'no_evals', [train_record(6, 4.0)], total_steps=6)
   assert runs.read_run(str(tmp_path / 'no_evals')).finished()  # a run that does not evaluate
+  at_start = [dict(evals[0], step=0)]  # train.eval_at_start alone: no eval of the last step due
+  write_metrics(tmp_path / 'at_start', [train_record(6, 4.0)] + at_start, total_steps=6)
+  assert runs.read_run(str(tmp_path / 'at_start')).finished()
+  # t5xv-eval's record of another task, logged first: the run's own task is its task
+  beside = [{'step': 2, 'kind': 'eval', 'task': 'u', 'split': 'validation', 'log_perplexity': 1.0}]
+  write_metrics(tmp_path / 'beside', [train_record(6, 4.0)] + beside + evals + [dict(evals[1], step=6)],
+                total_steps=6)
+  both = runs.read_run(str(tmp_path / 'beside'))
+  assert both.task == 't' and both.finished() and both.final_eval() == 5.0
   # A sweep that recorded such a run done (as t5xv-sweep did) reruns it; a finished one stays.
   base, relu = gin_files(tmp_path, 'base.gin', 'relu.gin')
   sweep = grid.Sweep.build(str(tmp_path / 's'), [base], [relu], seeds=2)

@@ -148,7 +148,8 @@ def benchmark_averages(results) -> dict:
   T5; a metric that is undefined (NaN) leaves its task without a score at that step."""
   raw = {}  # benchmark -> step -> task -> its metrics' values
   benchmark_of = lambda task: next((n for p, n in BENCHMARKS.items() if task.startswith(p)), None)
-  short = lambda task: task.split('glue_', 1)[1].removesuffix('_local')  # glue_mnli_local: mnli
+  # glue_mnli_local: mnli; a classification task (data/classification.SUFFIX): glue_rte_cls: rte
+  short = lambda task: task.split('glue_', 1)[1].removesuffix('_local').removesuffix('_cls')
   for step, by_task in results.items():
     if not step.isdigit():
       continue
@@ -276,7 +277,7 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
   for task, metrics in sorted(results.get(BEST, {}).items()):
     print(f'best of {evaluated} checkpoint(s), {task} ({split}): ' + ', '.join(
         f'{name} {m["value"]:.4g} (step {m["step"]})' for name, m in sorted(metrics.items())))
-  for name, average in sorted(results.get(AVERAGE, {}).items()):
+  for name, average in sorted(benchmark_averages(results).items()):  # (a file's may be older)
     missing = average['missing']
     of = (f'{len(average["tasks"])} of its tasks, not its score: {", ".join(missing)} not '
           'evaluated' if missing else f'its {len(average["tasks"])} tasks')

@@ -251,7 +251,6 @@ class Sweep:
         run.status, run.reason = 'interrupted', 'no eval of its last step (a rerun redoes it)'
 
 
-
 def _same_file(a: str, b: str) -> bool:
   return a == b or os.path.realpath(a) == os.path.realpath(b)
 

@@ -178,7 +178,7 @@ def ranked(group: Group) -> Tuple[List[str], List[List[float]], List[float]]:
 def ranking(group: Group):
   """(rho, flipped pairs, number of variants) of our mean final log-perplexity over the seeds
   finished in every variant against the paper's rank column, over the variants both have; None
-  if fewer than 3. A flipped pair: (a, b, the 95% t interval of a - b paired by seed), where our
+  if fewer than 3, or no seed finished in all of them. A flipped pair: (a, b, the 95% t interval of a - b paired by seed), where our
   means order a and b otherwise than the paper."""
   names, _, theirs = ranked(group)
   paired = common_seeds(group, names)

@@ -23,7 +23,8 @@ class RunRecord:
   diagnostics: List[dict]
   total_steps: Optional[int]
   params: Optional[int]
-  evaluates: bool = False  # the run evaluates as it trains (its own eval records, not t5xv-eval's)
+  evaluates: bool = False  # it evaluates as it trains (its own evals after step 0, not t5xv-eval's)
+  on_nonfinite: str = 'skip'  # train.on_nonfinite: 'stop' ends the run at a non-finite step
 
   @property
   def step(self) -> int:
@@ -31,7 +32,8 @@ class RunRecord:
 
   @property
   def task(self) -> Optional[str]:
-    """The evaluated task (the first, if several)."""
+    """The evaluated task (the first, if several; one the run evaluates itself before one only
+    t5xv-eval did)."""
     return next(iter(self.evals), None)
 
   def eval_metric(self, task: Optional[str] = None) -> str:
@@ -71,10 +73,11 @@ class RunRecord:
     return self.trained() and (not self.evaluates or self.final_eval() is not None)
 
   def stopped_non_finite(self) -> bool:
-    """Whether its last logged step was not finite (the trainer stops a run there)."""
+    """Whether the trainer stopped it at a non-finite step: its last record's loss is not finite
+    (every step of the window skipped), or it skipped one there under ``on_nonfinite='stop'``."""
     last = self.train[-1] if self.train else {}
     return bool(last) and (last.get('loss') is None or not math.isfinite(last['loss'])
-                           or bool(last.get('skipped')))
+                           or (self.on_nonfinite == 'stop' and bool(last.get('skipped'))))
 
   def diverged_at(self) -> Optional[int]:
     """The first step of a divergence of its training loss (``BLOW_UP_NATS``) or of a non-finite
@@ -123,9 +126,14 @@ def read_run(model_dir: str) -> RunRecord:
   found = re.search(r'^train\.total_steps = (\d+)', text, re.M) or re.search(
       r'^TRAIN_STEPS = (\d+)', text, re.M)
   total_steps = int(found.group(1)) if found else None
+  on_nonfinite = re.search(r"^train\.on_nonfinite = '(\w+)'", text, re.M)
   found = re.search(r'Total number of parameters: ([\d,]+)', _read(model_dir, 'model-info.txt'))
   params = int(found.group(1).replace(',', '')) if found else None
+  evaluates = any('split' not in r and r['step'] > 0 for v in evals.values() for r in v)
+  # the tasks the run evaluates itself first (``task``), then those only t5xv-eval did
+  evals = dict(sorted(evals.items(), key=lambda item: all('split' in r for r in item[1])))
   return RunRecord(model_dir, _last_by_step([r for r in records if r.get('kind') == 'train']),
                    {t: _evals_by_step(v) for t, v in evals.items()},
                    _last_by_step([r for r in records if r.get('kind') == 'diagnostics']),
-                   total_steps, params, any('split' not in r for v in evals.values() for r in v))
+                   total_steps, params, evaluates,
+                   on_nonfinite.group(1) if on_nonfinite else 'skip')

@@ -165,6 +165,8 @@ class MetricsLogger:
         self._jsonl.close()
       finally:
         self._tb.close()
+      if self._held:  # a train record it could not write
+        raise self._held
     if agreed:
       multihost.process0_does(f'closing {self.model_dir}/metrics.jsonl', close_files)
     elif self.enabled:
