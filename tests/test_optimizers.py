@@ -66,6 +66,18 @@ def test_global_norm_clip_and_frozen_paths():
   assert not np.asarray(u['token_embedder']['embedding']).any()
 
 
+def test_a_frozen_path_is_matched_by_whole_parts():
+  """'encoder/layers_1' freezes layers_1 alone (it also froze layers_10 and layers_11: a match
+  of any part of a name); a part matches wherever it sits in the path."""
+  params = {'encoder': {f'layers_{i}': {'w': 0.0} for i in (0, 1, 2, 10, 11)},
+            'token_embedder': {'embedding': 0.0}}
+  labels = optimizer.param_labels(params, frozen=['encoder/layers_1', 'embedding'])
+  assert {k: v['w'] for k, v in labels['encoder'].items()} == {
+      'layers_0': 'default', 'layers_1': 'frozen', 'layers_2': 'default', 'layers_10': 'default',
+      'layers_11': 'default'}
+  assert labels['token_embedder']['embedding'] == 'frozen'
+
+
 def test_grad_norm_is_over_the_trained_parameters():
   """The logged gradient norm leaves a frozen path's gradient out, as the clip does."""
   tx = optimizer.make_optimizer(PARAMS, 1.0, frozen=['token_embedder'])

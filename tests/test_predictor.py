@@ -27,6 +27,11 @@ def test_the_score_of_a_greedy_continuation_is_its_decoding_score(arch, tmp_path
   np.testing.assert_allclose(predictor.score(inputs, out), scores, rtol=1e-5, atol=1e-5)
   other = np.where(out > 0, (out + 1) % 50, 0)  # another continuation scores lower than greedy
   assert (predictor.score(inputs, other) < scores).all()
+  # Tokens after a target's EOS are not scored (the encoder-decoder's were)
+  ended = np.zeros_like(out)
+  ended[:, 0], ended[:, 1], ended[:, 2] = 7, EOS_ID, 9
+  np.testing.assert_allclose(predictor.score(inputs, ended),
+                             predictor.score(inputs, np.where(ended == 9, 0, ended)), rtol=1e-6)
 
 
 @pytest.mark.parametrize('options, message', [

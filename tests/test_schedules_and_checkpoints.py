@@ -399,3 +399,16 @@ def test_every_process_takes_process_0s_checkpoint_steps(monkeypatch):
   monkeypatch.setattr(multihost.multihost_utils, 'broadcast_one_to_all', broadcast)
   assert checkpoints._process0_steps(lambda: [10, 20, 30]) == [10, 20]  # pylint: disable=protected-access
   assert shapes == [(), (8,)]
+
+
+def test_a_checkpoint_of_scanned_layers_read_by_unrolled_ones_names_scan_layers():
+  """(it was told the checkpoint held encoder parameters the model had none of)"""
+  saved = {'encoder/layers/mlp/wi/kernel': (2, 4, 8), 'token_embedder/embedding': (10, 4)}
+  wanted = {'encoder/layers_0/mlp/wi/kernel': (4, 8), 'encoder/layers_1/mlp/wi/kernel': (4, 8),
+            'token_embedder/embedding': (10, 4)}
+  with pytest.raises(checkpoints.CheckpointError,
+                     match=r'saved with TransformerConfig.scan_layers=True; this model has scan_layers=False'):
+    pretrained._new_params('ckpt', saved, wanted)  # pylint: disable=protected-access
+  with pytest.raises(checkpoints.CheckpointError,
+                     match=r'scan_layers=False; this model has scan_layers=True'):
+    pretrained._new_params('ckpt', wanted, saved)  # pylint: disable=protected-access

@@ -119,6 +119,7 @@ class Predictor:
     continue them); both (n, L) and right-padded with 0."""
     n = len(targets)
     if self.config.architecture == 'encoder_decoder':
+      targets = pad_tokens([until_eos(t, keep_eos=True) for t in targets], targets.shape[1], n)
       batch = {'encoder_input_tokens': inputs, 'decoder_target_tokens': targets,
                'decoder_loss_weights': (targets != PAD_ID).astype(np.int32)}
     elif self.config.architecture == 'decoder_only':

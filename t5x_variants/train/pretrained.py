@@ -41,6 +41,11 @@ def _new_params(path, saved, wanted, fresh: Sequence[str] = ()):
   another shape; a CheckpointError if one is not under a ``fresh`` top-level name, or if
   ``saved`` has a stack ``wanted`` lacks."""
   new = sorted(k for k in wanted if saved.get(k) != wanted[k])
+  scanned = lambda names: any('layers' in k.split('/') for k in names)  # one stacked 'layers'
+  if saved and scanned(saved) != scanned(wanted):
+    raise CheckpointError(f'{path} was saved with TransformerConfig.scan_layers={scanned(saved)}; '
+                          f'this model has scan_layers={scanned(wanted)}, which stores its layers '
+                          'otherwise: set scan_layers as the checkpoint was saved')
   stacks = sorted({k.split('/')[0] for k in saved.keys() - wanted.keys()} & {'encoder', 'decoder'})
   if stacks:  # e.g. a trained encoder that a shared encoder-decoder would silently drop
     raise CheckpointError(f'{path} holds {" and ".join(stacks)} parameters this model has none of '
