@@ -234,8 +234,8 @@ def test_ranking_names_a_flipped_pair_only_where_its_paired_interval_excludes_0(
                                                'log_perplexity': value}], total_steps=4)
       dirs.append(str(d))
   group = report.run_dirs_group(dirs, paper='glu')
-  rho, flips, n = report.ranking(group)
-  assert n == 4
+  names, _, _, rho, flips = report.ranking(group)
+  assert len(names) == 4
   assert [(a, b) for a, b, _ in flips] == [('relu', 'bilinear'), ('geglu', 'swiglu')]
   assert statistics.verdict(flips[0][2]).startswith('not distinguishable')  # +0.3, -0.22, +0.02
   assert statistics.verdict(flips[1][2]) == 'worse'  # geglu - swiglu: +0.10, +0.09, +0.11

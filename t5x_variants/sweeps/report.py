@@ -160,27 +160,26 @@ def common_seeds(group: Group, names: Sequence[str]) -> List[List[float]]:
   return [[b[s] for s in seeds] for b in by_seed]
 
 
-def ranked(group: Group) -> Tuple[List[str], List[List[float]], List[float]]:
-  """(variants, their final log-perplexities over seeds, the paper's rank column as lower-is-
-  better) of the variants that both have."""
+def ranked(group: Group) -> Tuple[List[str], List[float]]:
+  """(variants, the paper's rank column as lower-is-better) of the variants that both have (ours
+  with a finished seed)."""
   table = group.paper
-  names, values, theirs = [], [], []
+  names, theirs = [], []
   for v in group.variants() if table and table.rows else ():
-    ours = final_values(group.of(v))
     published = table.rows.get(v, (None,) * len(table.columns))[table.rank_column]
-    if ours and published is not None:
+    if final_values(group.of(v)) and published is not None:
       names.append(v)
-      values.append(ours)
       theirs.append(published if table.lower_is_better else -published)
-  return names, values, theirs
+  return names, theirs
 
 
 def ranking(group: Group):
-  """(rho, flipped pairs, number of variants) of our mean final log-perplexity over the seeds
-  finished in every variant against the paper's rank column, over the variants both have; None
-  if fewer than 3, or no seed finished in all of them. A flipped pair: (a, b, the 95% t interval of a - b paired by seed), where our
-  means order a and b otherwise than the paper."""
-  names, _, theirs = ranked(group)
+  """(variants, their final log-perplexities at the seeds finished in every one, the paper's
+  rank column, rho, flipped pairs): the ranking of our means over those seeds against the
+  paper's, over the variants both have; None if fewer than 3, or no seed finished in all. A
+  flipped pair: (a, b, the 95% t interval of a - b paired by seed), where our means order a and
+  b otherwise than the paper."""
+  names, theirs = ranked(group)
   paired = common_seeds(group, names)
   if len(names) < 3 or not paired[0]:
     return None
@@ -188,7 +187,7 @@ def ranking(group: Group):
   flips = [(a, b, t_interval(list(np.subtract(paired[i], paired[j]))))
            for (i, a), (j, b) in itertools.combinations(enumerate(names), 2)
            if (ours[i] - ours[j]) * (theirs[i] - theirs[j]) < 0]
-  return spearman(ours, theirs), flips, len(names)
+  return names, paired, theirs, spearman(ours, theirs), flips
 
 
 def _status(trials: Sequence[Trial]) -> str:
@@ -227,10 +226,8 @@ def ranking_lines(group: Group, resamples: int = 1000) -> List[str]:
   found = ranking(group)
   if not found:
     return []
-  rho, flips, n = found
-  names, _, theirs = ranked(group)
-  paired = common_seeds(group, names)
-  seeds = len(paired[0])
+  names, paired, theirs, rho, flips = found
+  n, seeds = len(names), len(paired[0])
   shown = [f'{a}/{b} ({a} - {b}: {format_interval(i, 3, signed=True)})' for a, b, i in flips
            if verdict(i) in ('better', 'worse')]
   lines = [f'Ranking against the paper\'s "{group.paper.columns[group.paper.rank_column]}" '

@@ -90,8 +90,8 @@ class RunRecord:
         break
       blown_up = (blown_up or r['step']) if loss > lowest + BLOW_UP_NATS else None  # or recovered
       lowest = min(lowest, loss)
-    nonfinite = [s for s, v in self.eval_curve() if not math.isfinite(v)]
-    return min([s for s in [blown_up] + nonfinite[:1] if s is not None], default=None)
+    nonfinite = next((s for s, v in self.eval_curve() if not math.isfinite(v)), None)
+    return min((s for s in (blown_up, nonfinite) if s is not None), default=None)
 
 
 def _read(model_dir: str, name: str) -> str:

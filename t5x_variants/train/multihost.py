@@ -90,9 +90,9 @@ def fingerprint(value) -> int:
 def same(what: str, make: Callable[[], Any],
          key: Optional[Callable[[Any], Any]] = lambda value: value) -> Any:
   """``make()`` on every process, whose ``key`` (default: the value itself; None: nothing) must be
-  the same on every process (None included). If it raised anywhere: this process's own error where it raised,
-  a ProcessError where it did not; if the keys differ, a ValueError on every process naming the
-  processes that differ from process 0."""
+  the same on every process (None included). If it raised anywhere: this process's own error
+  where it raised, a ProcessError where it did not; if the keys differ, a ValueError on every
+  process naming the processes that differ from process 0."""
   try:
     value, error = make(), None
     code = 0 if key is None else fingerprint(key(value))
