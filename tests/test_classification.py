@@ -212,6 +212,19 @@ def test_finetuning_from_an_mlm_checkpoint(tmp_path, caplog):
   assert ev['token_accuracy'] == pytest.approx(ev['accuracy'] / 100)  # a fraction, of the same rows
 
 
+def test_a_new_head_with_the_checkpoints_optimizer_state_is_refused_by_name(tmp_path):
+  """init_optimizer restores every statistic; a fresh head has none saved: one error that says
+  to start the optimizer afresh (before: 'holds another model', as for a wrong checkpoint)."""
+  from t5x_variants.train import trainer
+  save_fresh_state(MLM, tmp_path / 'mlm', seed=7)
+  with pytest.raises(checkpoints.CheckpointError,
+                     match=r'no optimizer state for .*new head \(classifier/kernel, pooler/kernel\).*'
+                           r'init_optimizer=False'):
+    trainer.train(CLS, lambda: iter([_toy_batch()]), model_dir=str(tmp_path / 'ft'),
+                  total_steps=1, init_checkpoint=str(tmp_path / 'mlm'), init_optimizer=True)
+  assert not (tmp_path / 'ft' / 'checkpoint_0').exists()
+
+
 def test_a_checkpoint_of_another_model_is_refused(tmp_path):
   """Only the head may be missing: an encoder of another shape is a CheckpointError."""
   save_fresh_state(dataclasses.replace(MLM, d_ff=48), tmp_path, seed=0)

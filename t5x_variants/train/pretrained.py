@@ -124,14 +124,15 @@ def restore_params(path: str, abstract_params, fresh: Sequence[str] = ()):
   return restored['params']
 
 
-def restore_state(path: str, abstract_state):
+def restore_state(path: str, abstract_state, fresh: Sequence[str] = ()):
   """A checkpoint's parameters and optimizer state, laid out as ``abstract_state`` says (fine-
   tuning as T5 and T5X start it: Adafactor's statistics and their step count go on from the
   pretrained run); None if the checkpoint holds parameters only (t5xv-import's). Every statistic
   this run's optimizer keeps must be saved with its shape (a path this run freezes keeps none, so a
   checkpoint with more reads); else a CheckpointError names the first one missing. The state's
   step and the learning-rate schedules' counts are set to 0: the schedule counts the fine-tuning
-  steps, as ``TRAIN_STEPS`` does."""
+  steps, as ``TRAIN_STEPS`` does. A head under a ``fresh`` name that the checkpoint lacks is a
+  CheckpointError: it would need an optimizer state the checkpoint cannot give."""
   path = checkpoint_path(path)
   try:
     tree = saved_tree(path)
@@ -139,7 +140,13 @@ def restore_state(path: str, abstract_state):
     raise CheckpointError(f'cannot read the state of {path}: {error_reason(e)}') from e
   if 'opt_state' not in tree:
     return None
-  _new_params(path, array_shapes(tree['params']), array_shapes(abstract_state.params))
+  new = _new_params(path, array_shapes(tree['params']), array_shapes(abstract_state.params), fresh)
+  if new:
+    raise CheckpointError(
+        f'{path} has no optimizer state for this model\'s new head ({", ".join(new)}), which '
+        '--gin.train.init_optimizer=True would restore: fine-tune from its parameters alone, with '
+        'a fresh optimizer state, by --gin.train.init_optimizer=False (as '
+        'gin/runs/finetune_classification.gin does)')
   saved = array_shapes(tree)
   target = ocp.tree.serialize_tree(abstract_state, keep_empty_nodes=True)
   wanted = {'/'.join(map(str, k)): tuple(x.shape)

@@ -74,7 +74,8 @@ class ShardedModel:
       log.info('resumed from step %d in %s', restored[1], model_dir)
       return restored
     if init_checkpoint and init_optimizer:
-      state = pretrained.restore_state(init_checkpoint, self.layout.abstract)
+      state = pretrained.restore_state(init_checkpoint, self.layout.abstract,
+                                       fresh=fresh_head_params(self.config))
       if state is not None:
         return state, 0
       log.info('%s holds parameters only: the optimizer state starts fresh', init_checkpoint)
