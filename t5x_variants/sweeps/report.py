@@ -208,7 +208,8 @@ def table(group: Group) -> List[str]:
     total = next((r.total_steps for r in records if r.total_steps), None)
     params = next((r.params for r in records if r.params), None)
     speeds = [s for s in (r.tokens_per_second() for r in records) if s]
-    diverged = [diverged_step(t) for t in trials if diverged_step(t) is not None]
+    diverged = [diverged_step(t) for t in trials  # a running run's blow-up may still recover
+                if t.status in ('done', 'diverged') and diverged_step(t) is not None]
     row = [v, _status(trials), f'{steps}' + (f'/{total}' if total else ''),
            f'{params:,}' if params else '—', f'{np.mean(speeds):,.0f}' if speeds else '—',
            mean_std(final_values(trials)), format_interval(t_interval(final_values(trials))),
