@@ -78,8 +78,38 @@ def _spec_inputs_length(raw, density=0.15, mean_span=3.0):
   return raw - noise + spans + 1, noise + spans + 1
 
 
+def _t5_random_spans_helper(inputs_length, noise_density, mean_noise_span_length):
+  """T5's ``random_spans_helper`` (t5/data/preprocessors.py), restated: the largest raw length
+  whose unclipped inputs fit, one less at noise density 0.5 if its targets are the longer."""
+  def lengths(raw):
+    noise = int(round(raw * noise_density))
+    spans = int(round(noise / mean_noise_span_length))
+    return raw - noise + spans + 1, noise + spans + 1
+  raw = inputs_length - 1
+  while lengths(raw + 1)[0] <= inputs_length:
+    raw += 1
+  inputs, targets = lengths(raw)
+  if noise_density == 0.5 and targets > inputs:
+    raw, targets = raw - 1, targets - 1
+  return raw, targets
+
+
 def test_lengths_for_512_match_t5():
   assert input_and_target_lengths(512) == (568, 114)
+  assert input_and_target_lengths(512, 0.5, 3.0) == (766, 512)  # not (767, 513)
+
+
+@pytest.mark.parametrize('noise_density', [0.1, 0.15, 0.25, 0.5])
+@pytest.mark.parametrize('mean_noise_span_length', [1.0, 2.0, 3.0, 5.0, 10.0])
+def test_lengths_match_t5s_helper_from_64_tokens(noise_density, mean_noise_span_length):
+  """The same raw length from 64 tokens up (below, T5's helper leaves out the mask's clipping
+  to at least one noise token and span, and ours is the exact one); the same targets length,
+  except at 0.5 where T5 subtracts 1 from the dropped token's and ours is exact (not longer)."""
+  for inputs_length in range(64, 1100, 7):
+    raw, targets = input_and_target_lengths(inputs_length, noise_density, mean_noise_span_length)
+    t5_raw, t5_targets = _t5_random_spans_helper(inputs_length, noise_density, mean_noise_span_length)
+    assert raw == t5_raw, inputs_length
+    assert targets == t5_targets if noise_density != 0.5 else targets <= t5_targets, inputs_length
 
 
 @pytest.mark.parametrize('inputs_length', [3, 17, 128, 256, 1024])

@@ -29,7 +29,10 @@ def input_and_target_lengths(inputs_length: int, noise_density: float = 0.15,
 
   raw_tokens_length is the largest raw chunk whose inputs (non-noise tokens, one sentinel per
   span, EOS) fit. With noise_density <= 0.5 the inputs length grows by 0 or 1 per raw token, so
-  it hits ``inputs_length`` exactly. 512 gives (568, 114) as in T5.
+  it hits ``inputs_length`` exactly. 512 gives (568, 114) as in T5. At noise_density 0.5, where
+  the targets can come out one longer than the inputs, one raw token less, as T5's
+  ``random_spans_helper`` does (512 at mean span 3: (766, 512), not (767, 513)); the inputs may
+  then be one short.
   """
   if not 0 < noise_density < 1 or mean_noise_span_length < 1:
     raise ValueError(f'need 0 < noise_density < 1 and mean_noise_span_length >= 1, got '
@@ -41,6 +44,8 @@ def input_and_target_lengths(inputs_length: int, noise_density: float = 0.15,
                      f'span needs {lengths(raw)[0]} positions (a token, a sentinel and EOS)')
   while lengths(raw + 1)[0] <= inputs_length:
     raw += 1
+  if noise_density == 0.5 and raw > 2 and lengths(raw)[1] > lengths(raw)[0]:
+    raw -= 1
   return raw, lengths(raw)[1]
 
 
@@ -102,7 +107,8 @@ def span_corruption(dataset: tf.data.Dataset, sequence_length: Dict[str, int],
 
   Chunking: documents are concatenated and split into chunks of
   ``input_and_target_lengths(sequence_length['inputs'])[0]`` tokens, dropping the last partial
-  one, so every example's inputs plus EOS are exactly ``sequence_length['inputs']`` long. Random
+  one, so every example's inputs plus EOS are exactly ``sequence_length['inputs']`` long (at most
+  one short at noise_density 0.5). Random
   state comes from seqio's seed (``map_over_dataset`` seeds into stateless ops).
   """
   raw_length, targets_length = input_and_target_lengths(sequence_length['inputs'], noise_density,
