@@ -171,6 +171,22 @@ def test_sequence_longer_than_synthesizer_length_is_an_error(variant):
     build_model(c).init(jax.random.PRNGKey(0), tokens(1, 7))
 
 
+@pytest.mark.parametrize('variant', synth.SYNTHESIZERS)
+def test_a_position_past_the_synthesizer_length_gives_nan_logits_in_every_kind(variant):
+  """Positions of l or more (a caller's packed rows without positions) are NaN wherever they
+  address the table, never R's last row silently (random kinds clamped, dense ones gave NaN)."""
+  m = {'dense': lambda: synth.DenseSynthesizer(max_length=6),
+       'factorized_dense': lambda: synth.FactorizedDenseSynthesizer(max_length=6),
+       'random': lambda: synth.RandomSynthesizer(num_heads=2, max_length=6),
+       'fixed_random': lambda: synth.RandomSynthesizer(num_heads=2, max_length=6, fixed=True),
+       'factorized_random': lambda: synth.FactorizedRandomSynthesizer(num_heads=2, max_length=6)}[variant]()
+  pos = jnp.asarray([[4, 5, 6, 7]])
+  args = (_h(l=4), pos) if variant in synth.DENSE_SYNTHESIZERS else (_x(l=4), pos, pos)
+  logits = np.asarray(m.apply(m.init(jax.random.PRNGKey(0), *args), *args))
+  finite = np.isfinite(logits[0, 0])
+  assert finite[:2, :2].all() and not finite[:, 2:].any(), finite
+
+
 def test_invalid_attention_names():
   with pytest.raises(ValueError, match='dot_product, dense, random'):
     resolve_components('linformer')

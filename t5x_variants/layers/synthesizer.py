@@ -17,9 +17,10 @@ length and so below l).
                      ``shared_projection=False``, one per head (the paper's count d^2 + d l)
 - random:            B = R, R: l x l per head, trained
 - fixed_random:      B = R, R: l x l per head, never trained (a stop-gradient parameter). R starts
-                     near 0 (std 1/sqrt(l)), as TF's default initializer in the authors' code, so
-                     its attention is close to uniform: a fixed random synthesizer is nearly mean
-                     pooling over the keys, here as there.
+                     near 0 (std 1/sqrt(l)); the authors' code leaves it to TF's glorot-uniform
+                     default, smaller still (std 0.0027 for [l, heads, l] = [512, 12, 512], 16x
+                     less), so in both its attention is close to uniform: a fixed random
+                     synthesizer is nearly mean pooling over the keys, here as there.
 - factorized_dense:  B = H_A(A) * H_B(B), A = W_A h, B = W_B h, a x b = l, h as for dense
 - factorized_random: B = R_1 R_2^T, R_1, R_2: l x k per head (the code's ``factorized_dim`` k = 16)
 """
@@ -61,8 +62,14 @@ def _per_head(module, name, shape, axes, init):
   return module.param(name, nn.with_logical_partitioning(init, axes), shape, jnp.float32)
 
 
+def _at(table, index):
+  """``table[index]``, NaN at a position of l or more (as ``_gather_keys``), not clamped to l - 1."""
+  return table.at[index].get(mode='fill', fill_value=jnp.nan)
+
+
 def _gather_keys(table, k_positions):
-  """table (batch, heads, q_len, l) -> (batch, heads, q_len, k_len) at key positions."""
+  """table (batch, heads, q_len, l) -> (batch, heads, q_len, k_len) at key positions (NaN at a
+  position of l or more: packed rows without positions, or a cache decoded past its length)."""
   b = max(table.shape[0], k_positions.shape[0])
   idx = jnp.broadcast_to(k_positions[:, None, None, :], (b,) + table.shape[1:3] + k_positions.shape[-1:])
   return jnp.take_along_axis(jnp.broadcast_to(table, (b,) + table.shape[1:]), idx, axis=-1)
@@ -144,7 +151,7 @@ class RandomSynthesizer(nn.Module):
                   nn.initializers.variance_scaling(1.0, 'fan_in', 'normal', 2, 1, batch_axis=0))
     if self.fixed:
       r = jax.lax.stop_gradient(r)
-    logits = r[:, q_positions[:, :, None], k_positions[:, None, :]]  # (heads, batch, q, k)
+    logits = _at(r, (slice(None), q_positions[:, :, None], k_positions[:, None, :]))  # (h, b, q, k)
     return jnp.transpose(logits, (1, 0, 2, 3))
 
 
@@ -161,5 +168,5 @@ class FactorizedRandomSynthesizer(nn.Module):
     init = nn.initializers.variance_scaling(1.0, 'fan_in', 'normal', 2, 1, batch_axis=0)
     r1 = _per_head(self, 'random_factor_1', shape, ('heads', 'length', 'rank'), init)
     r2 = _per_head(self, 'random_factor_2', shape, ('heads', 'length', 'rank'), init)
-    return jnp.einsum('hbqr,hbkr->bhqk', r1[:, q_positions].astype(self.dtype),
-                      r2[:, k_positions].astype(self.dtype)).astype(jnp.float32)
+    return jnp.einsum('hbqr,hbkr->bhqk', _at(r1, (slice(None), q_positions)).astype(self.dtype),
+                      _at(r2, (slice(None), k_positions)).astype(self.dtype)).astype(jnp.float32)
