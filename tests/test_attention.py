@@ -187,6 +187,27 @@ def test_a_position_past_the_synthesizer_length_gives_nan_logits_in_every_kind(v
   assert finite[:2, :2].all() and not finite[:, 2:].any(), finite
 
 
+@pytest.mark.parametrize('architecture', ['encoder_decoder', 'decoder_only', 'encoder_only'])
+def test_packed_rows_without_positions_are_refused_with_a_synthesizer(architecture):
+  """Segment ids without positions: fine for dot-product attention (relative distances within a
+  segment do not depend on where it starts), refused for a synthesizer (absolute columns)."""
+  ids = jnp.asarray([[1, 1, 2, 2]])
+  for attention in ('dot_product', ('random', 'dot_product')):
+    c = tiny(architecture=architecture, self_attention=attention, encoder_max_length=4,
+             decoder_max_length=4)
+    toks = tuple(tokens(1, 4) for _ in c.stacks)
+    prefix = {'encoder_decoder': ('encoder', 'decoder'), 'decoder_only': ('decoder',),
+              'encoder_only': ('encoder',)}[architecture]
+    packed = {f'{p}_segment_ids': ids for p in prefix}
+    model = build_model(c)
+    params = model.init(jax.random.PRNGKey(0), *toks)
+    if attention == 'dot_product':
+      assert np.isfinite(np.asarray(model.apply(params, *toks, **packed))).all()
+    else:
+      with pytest.raises(ValueError, match='packed rows .* need their positions for a synthesizer'):
+        model.apply(params, *toks, **packed)
+
+
 def test_invalid_attention_names():
   with pytest.raises(ValueError, match='dot_product, dense, random'):
     resolve_components('linformer')

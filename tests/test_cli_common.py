@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import gin
 import pytest
 
 from t5x_variants.cli import common, hf, info, launch, report
@@ -118,13 +119,21 @@ def test_a_full_disk_under_metrics_jsonl_is_one_line_raised_once(capsys):
   with pytest.raises(OSError) as e:
     appended.write('{"step": 1}\n')
   appended.close()  # no second error
-  with pytest.raises(SystemExit) as exit_:
-    with common.clear_errors('t5xv-train'):
-      raise OSError(e.value.errno, os.strerror(e.value.errno), '/runs/r/metrics.jsonl')
-  err = capsys.readouterr().err
-  assert exit_.value.code == 2 and err == (
-      't5xv-train: error: No space left on device writing /runs/r/metrics.jsonl: free space and '
-      'rerun the same command (a training run resumes from its last checkpoint)\n')
+
+  @gin.configurable
+  def train():  # as trainer.train raises it: gin's re-raised copy keeps no errno
+    raise OSError(e.value.errno, os.strerror(e.value.errno), '/runs/r/metrics.jsonl')
+
+  def direct():
+    raise OSError(e.value.errno, os.strerror(e.value.errno), '/runs/r/metrics.jsonl')
+  for raise_it in (direct, train):
+    with pytest.raises(SystemExit) as exit_:
+      with common.clear_errors('t5xv-train'):
+        raise_it()
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err == (
+        't5xv-train: error: No space left on device writing /runs/r/metrics.jsonl: free space and '
+        'rerun the same command (a training run resumes from its last checkpoint)\n'), raise_it
 
 
 def test_a_closed_pipe_ends_a_command_quietly(capsys, monkeypatch):

@@ -47,6 +47,24 @@ def test_iterator_resume_gives_the_batches_of_an_uninterrupted_run(tmp_path):
       np.testing.assert_array_equal(a[k], b[k])
 
 
+def test_a_position_saved_with_other_batch_shapes_is_refused_before_reading(tmp_path):
+  """Another batch size (or feature lengths) on resume: one ValueError naming both shapes when
+  the position is restored (tf.data failed only at the first batch, after the run's files had
+  been rewritten with the refused settings)."""
+  make = lambda batch, lengths=SC_LENGTHS: pipeline.batches(
+      'embedded_span_corruption', lengths, 'encoder_decoder', global_batch_size=batch, seed=3)
+  saved = make(4)
+  next(saved)
+  prefix = saved.save(str(tmp_path / 'iterator'))
+  with pytest.raises(ValueError, match=r"its batches had decoder_input_tokens int32\[4, 14\], this "
+                     r"run's int32\[2, 14\] \(8 feature\(s\) differ: another batch size"):
+    make(2).restore(prefix)
+  with pytest.raises(ValueError, match=r"had encoder_input_tokens int32\[4, 64\], this run's "
+                     r'int32\[4, 32\] \(3 feature'):
+    make(4, {'inputs': 32, 'targets': 14}).restore(prefix)
+  make(4).restore(prefix)  # the same shapes: restored
+
+
 @pytest.fixture
 def short_pairs_task():
   """A task of short byte-level (inputs, targets) texts, so that packing has work to do."""

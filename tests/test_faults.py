@@ -188,6 +188,49 @@ def test_a_full_disk_at_save_stops_with_one_line_and_keeps_the_previous_checkpoi
   assert_nothing_lost(tmp_path, ['checkpoint_2'], before, ref)
 
 
+@pytest.fixture
+def small_disk(tmp_path):
+  """A 4 MB tmpfs at ``tmp_path/disk`` (a real file system that fills up); skipped where this
+  user may not mount one."""
+  disk = tmp_path / 'disk'
+  disk.mkdir()
+  mount = subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=4m', 'tmpfs', str(disk)],
+                         capture_output=True, text=True, check=False)
+  if mount.returncode:
+    pytest.skip(f'cannot mount a tmpfs here: {mount.stderr.strip()}')
+  try:
+    yield disk
+  finally:
+    subprocess.run(['umount', '-l', str(disk)], check=False)
+
+
+def test_a_real_full_disk_stops_with_one_line_and_the_rerun_is_exact(reference, small_disk, capsys):
+  """Steps 5-6 on a file system with 64 KB left: the save of checkpoint_6 fails, and so does the
+  close of the records after it (tensorboard's flush). The command's line is the save's (before,
+  the close's OSError replaced it, and gin's copy of that error had lost its errno: a bare
+  '[Errno 28]'); checkpoint_4 is intact and, with space freed, the rerun is exact."""
+  from t5x_variants.cli import common  # pylint: disable=g-import-not-at-top
+  _, ref = reference
+  run = small_disk / 'run'
+  run_train(run, 4, eval_data=eval_batches, eval_period=2)
+  free = os.statvfs(small_disk)
+  filler = small_disk / 'filler'
+  filler.write_bytes(b'\0' * (free.f_bavail * free.f_frsize - 64 * 1024))
+  capsys.readouterr()
+  with pytest.raises(SystemExit) as exit_:
+    with common.clear_errors('t5xv-train'):
+      run_train(run, STEPS, eval_data=eval_batches, eval_period=2)
+  line = capsys.readouterr().err.strip().splitlines()[-1]
+  assert exit_.value.code == 2 and 'No space left on device' in line, line
+  assert line.startswith(f't5xv-train: error: saving a checkpoint in {run} failed (') and (
+      'checkpoint_4 (and those before it) is intact' in line), line
+  assert committed(run) == ['checkpoint_2', 'checkpoint_4']
+  filler.unlink()
+  before = complete_records(run)
+  run_train(run, STEPS, eval_data=eval_batches, eval_period=2)
+  assert_nothing_lost(run, ['checkpoint_2', 'checkpoint_4'], before, ref)
+
+
 @pytest.mark.slow
 def test_an_error_mid_run_waits_for_the_checkpoint_being_saved(tmp_path, subprocess_train):
   """The first eval (step 2) raises just after checkpoint_2's asynchronous save started (its

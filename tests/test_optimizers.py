@@ -135,6 +135,15 @@ def test_an_adafactor_checkpoint_of_the_earlier_layout_resumes_with_combine_head
   assert run_train(tmp_path, 4, config=config)['step'] == 4
 
 
+def test_the_attention_layout_hint_only_for_a_statistic_saved_with_another_shape():
+  """Another optimizer (Adam's moments where Adafactor's are wanted) is not the attention layout:
+  no combine_heads hint there (it was given for any projection kernel's entry)."""
+  from t5x_variants.train import checkpoints  # pylint: disable=g-import-not-at-top
+  kernel = 'opt_state/0/v_row/encoder/layers/attention/query/kernel'
+  assert 'combine_heads' in checkpoints.optimizer_hint(f'{kernel}: saved (2, 128), this run (2, 2, 64)')
+  assert checkpoints.optimizer_hint(f'{kernel}: saved nothing, this run (2, 2, 64)') == ''
+
+
 def test_adamw_leaves_norms_and_biases_undecayed_as_bert_when_asked():
   """With zero gradients AdamW's update is the decay -lr wd theta alone: on every parameter by
   default (fairseq, PyTorch), on none of the norms' parameters and biases with

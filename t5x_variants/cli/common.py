@@ -349,6 +349,15 @@ def _stdout_closed() -> bool:
   return False
 
 
+def _unproxied(e: BaseException) -> BaseException:
+  """The exception that a gin configurable raised: gin re-raises it as a subclass instance of its
+  own whose attributes (an OSError's errno) are unset, the original as its context."""
+  inner = e.__context__
+  while inner is not None and e.__suppress_context__ and type(e).__bases__ == (type(inner),):
+    e, inner = inner, inner.__context__
+  return e
+
+
 @contextlib.contextmanager
 def clear_errors(prog: str):
   """Known failures (bad flags or gin, missing data or checkpoints, a file system's error,
@@ -362,9 +371,11 @@ def clear_errors(prog: str):
     if isinstance(e, BrokenPipeError) and _stdout_closed():  # its reader left (``| head``)
       sys.stdout = open(os.devnull, 'w')  # pylint: disable=consider-using-with  (for the exit's flush)
       raise SystemExit(1) from None
-    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):  # a full disk
-      e = ValueError(f'{e.strerror} writing {e.filename or "the run directory"}: free space and '
-                     'rerun the same command (a training run resumes from its last checkpoint)')
+    raised = _unproxied(e)
+    if isinstance(raised, OSError) and raised.errno in (errno.ENOSPC, errno.EDQUOT):  # a full disk
+      e = ValueError(f'{raised.strerror} writing {raised.filename or "the run directory"}: free '
+                     'space and rerun the same command (a training run resumes from its last '
+                     'checkpoint)')
     known = [ValueError, OSError, checkpoints.CheckpointError, nonfinite.NonFiniteLossError,
              multihost.ProcessError]
     tasks, tf = sys.modules.get('t5x_variants.data.tasks'), sys.modules.get('tensorflow')

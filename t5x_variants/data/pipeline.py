@@ -13,6 +13,8 @@ classification task (data/classification.py, encoder-only only) has its own
 ``BatchIterator`` saves and restores its exact position with tf.data iterator checkpointing, so
 a resumed run sees the same batches as an uninterrupted one.
 """
+import json
+import os
 from typing import Dict, Iterator, Mapping, Optional
 
 import numpy as np
@@ -175,12 +177,36 @@ class BatchIterator(Iterator[Dict[str, np.ndarray]]):
   def __next__(self) -> Dict[str, np.ndarray]:
     return {k: v.numpy() for k, v in next(self._iterator).items()}
 
+  def _shapes(self) -> Dict[str, list]:
+    return {k: [v.dtype.name] + v.shape.as_list() for k, v in self._iterator.element_spec.items()}
+
   def save(self, prefix: str) -> str:
-    """Writes the iterator position under ``prefix`` (a path stem); returns the written path."""
+    """Writes the iterator position under ``prefix`` (a path stem), and beside it the batches'
+    shapes (``restore`` compares them); returns the position's path."""
+    with open(f'{prefix}.batches.json', 'w') as f:
+      json.dump(self._shapes(), f)
     return self._checkpoint.write(prefix)
 
   def restore(self, prefix: str):
+    """The position saved under ``prefix``; a ValueError, before anything is read, if the saved
+    batches had other shapes (another batch size or feature lengths: tf.data would fail only at
+    the first batch)."""
+    if os.path.exists(f'{prefix}.batches.json'):  # written since the check exists
+      with open(f'{prefix}.batches.json') as f:
+        saved = json.load(f)
+      now = self._shapes()
+      differ = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k))
+      if differ:
+        k = differ[0]
+        raise ValueError(f'its batches had {k} {_spec_text(saved.get(k))}, this run\'s '
+                         f'{_spec_text(now.get(k))} ({len(differ)} feature(s) differ: another '
+                         'batch size or feature lengths)')
     self._checkpoint.read(prefix).assert_consumed()
+
+
+def _spec_text(spec) -> str:
+  """'int32[4, 64]' of a feature's [dtype, *shape] (per host); 'none' if the batches lack it."""
+  return f'{spec[0]}{spec[1:]}' if spec else 'none'
 
 
 def batches(name: str, task_feature_lengths: Mapping[str, int], architecture: str,

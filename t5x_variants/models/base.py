@@ -21,8 +21,17 @@ def prefix_lengths(valid, segment_ids):
   return jnp.sum(valid, axis=-1, dtype=jnp.int32)
 
 
-def default_positions(tokens, positions):
-  return token_index(tokens) if positions is None else positions
+def default_positions(config: TransformerConfig, tokens, positions, segment_ids=None):
+  """``positions``, else each token's index in its row. A synthesizer reads its table at absolute
+  positions, so packed rows (``segment_ids``) without theirs are refused: every segment after the
+  first would read another segment's columns."""
+  if positions is not None:
+    return positions
+  if segment_ids is not None and set(config.attention_components) - {'dot_product'}:
+    raise ValueError('packed rows (segment ids) need their positions for a synthesizer, whose '
+                     'table is read at each token\'s position in its segment: pass the positions '
+                     '(the data pipeline\'s packing writes them)')
+  return token_index(tokens)
 
 
 class LanguageModel(nn.Module):

@@ -22,7 +22,8 @@ class DecoderOnly(LanguageModel):
     a model whose inputs are causal (``inputs_bidirectional_attention`` False) ignores it."""
     if not self.config.inputs_bidirectional_attention:
       decoder_causal_attention = None
-    positions = default_positions(decoder_input_tokens, decoder_positions)
+    positions = default_positions(self.config, decoder_input_tokens, decoder_positions,
+                                  decoder_segment_ids)
     index = token_index(decoder_input_tokens)
     mask = causal_mask(index, index)
     if decoder_causal_attention is not None:

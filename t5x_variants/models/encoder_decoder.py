@@ -26,7 +26,8 @@ class EncoderDecoder(LanguageModel):
     n = prefix_lengths(valid, encoder_segment_ids)
     lengths = (n, n) if encoder_segment_ids is None else Segments(n, n)
     x = self.token_embedder(encoder_input_tokens)
-    positions = default_positions(encoder_input_tokens, encoder_positions)
+    positions = default_positions(self.config, encoder_input_tokens, encoder_positions,
+                                  encoder_segment_ids)
     if self.config.shared_encoder_decoder:
       return self.decoder(x, positions, mask, deterministic=not enable_dropout, self_lengths=lengths,
                           as_encoder=True)
@@ -36,7 +37,8 @@ class EncoderDecoder(LanguageModel):
              decoder_segment_ids=None, decoder_positions=None, enable_dropout: bool = False,
              decode: bool = False):
     """Logits (batch, target_length, vocab). With ``decode=True`` after cache init, one step."""
-    positions = default_positions(decoder_input_tokens, decoder_positions)
+    positions = default_positions(self.config, decoder_input_tokens, decoder_positions,
+                                  decoder_segment_ids)
     mask = causal_mask(token_index(decoder_input_tokens), token_index(decoder_input_tokens))
     cross = pair_mask(jnp.ones(decoder_input_tokens.shape, bool), encoder_input_tokens > 0)
     if decoder_segment_ids is not None:

@@ -48,8 +48,9 @@ class EncoderOnly(LanguageModel):
     if encoder_segment_ids is not None:
       mask = mask & segment_mask(encoder_segment_ids, encoder_segment_ids)
     n = prefix_lengths(valid, encoder_segment_ids)
-    x = self.encoder(self.token_embedder(encoder_input_tokens),
-                     default_positions(encoder_input_tokens, encoder_positions), mask,
+    positions = default_positions(self.config, encoder_input_tokens, encoder_positions,
+                                  encoder_segment_ids)
+    x = self.encoder(self.token_embedder(encoder_input_tokens), positions, mask,
                      deterministic=not enable_dropout,
                      self_lengths=(n, n) if encoder_segment_ids is None else Segments(n, n))
     if self.config.head == 'classification':

@@ -169,8 +169,9 @@ class Checkpointer:
     (a read that fails on every checkpoint may be this installation's, not the files')."""
     steps, damaged = _process0_steps(self.steps), []  # one listing for every process
     wanted = set(ocp.tree.serialize_tree(abstract_state, keep_empty_nodes=True))
-    retry = ('Resume with those settings, or start a new model_dir with '
-             'train.init_checkpoint pointing at it.')
+    retry = (f'Resume with those settings (its config.gin: '
+             f'--gin_file={storage.join(self.model_dir, "config.gin")}), or start a new model_dir '
+             'with train.init_checkpoint pointing at it.')
     for step in reversed(steps):
       path = ocp.step.build_step_path(self.model_dir, _NAME_FORMAT, step)
       saved = None
@@ -191,9 +192,10 @@ class Checkpointer:
           raise _outside_error(path, str(e)) from e
         if e.part == 'data':
           raise CheckpointError(
-              f'{path} has a readable state but its data position cannot be restored by this run '
-              f'({e}): the number of processes or the data pipeline differ from the run that '
-              f'wrote it, or its data file is damaged. {retry}') from e
+              f'{path} has a readable state but this run cannot take its data position ({e}): '
+              'another number of processes or other data settings than the run that wrote it? '
+              f'{retry} (If its data file is damaged, rename {path.name} to '
+              f'{path.name}.unreadable to resume from the checkpoint before it.)') from e
         mismatch = saved is not None and _saved_mismatch(saved, abstract_state, 'opt_state')
         if mismatch:
           raise CheckpointError(f'{path} holds the optimizer state of other optimizer settings '
@@ -253,7 +255,8 @@ class Checkpointer:
 def optimizer_hint(entry: str) -> str:
   """The setting that may make a saved optimizer state of other settings read, for the name of
   its first entry that differs ('opt_state/...'); '' if none is known."""
-  if any(f'/{name}/kernel' in entry for name in optimizer.PROJECTIONS):  # Adafactor's layout
+  both = 'nothing' not in entry  # saved with another shape, not another optimizer's statistic
+  if both and any(f'/{name}/kernel' in entry for name in optimizer.PROJECTIONS):  # Adafactor's layout
     return (' (an Adafactor state of the other attention layout: '
             '--gin.adafactor.combine_heads=False reads those saved before 49e9cc9, True those after)')
   if entry.startswith('opt_state/1/'):  # optax.chain(clip, ...): the statistics one level down
@@ -352,12 +355,13 @@ def outside_cause(e: Exception) -> bool:
 
 def error_reason(e: Exception, limit: int = 300) -> str:
   """'<type>: <first line>' of an exception, at most ``limit`` characters (tensorstore's messages
-  carry whole object reprs); a ReadError's own message, which is one already."""
+  carry whole object reprs and long paths): its start and its end, where the OS's reason is ('No
+  space left on device'); a ReadError's own message, which is one already."""
   if isinstance(e, ReadError):
     return str(e)
   first = str(e).splitlines()[0] if str(e) else ''
   reason = f'{type(e).__name__}: {first}' if first else type(e).__name__
-  return reason if len(reason) <= limit else reason[:limit - 3] + '...'
+  return reason if len(reason) <= limit else f'{reason[:limit * 2 // 3]} ... {reason[-(limit // 3):]}'
 
 
 def saved_tree(path: epath.Path):

@@ -162,11 +162,18 @@ class _Run:
       self.meter.resume()
 
   def close(self, agreed: bool = True):
-    """Commits a checkpoint save in flight and closes the records (``MetricsLogger.close``)."""
+    """Commits a checkpoint save in flight and closes the records (``MetricsLogger.close``). If
+    the commit fails, the records are closed as on an error path and the commit's error is the one
+    raised, not the close's own (a full disk fails both)."""
     try:
       self.ckpt.close()
-    finally:
-      self.logger.close(agreed)
+    except BaseException:
+      try:
+        self.logger.close(agreed=False)
+      except Exception as e:  # pylint: disable=broad-except
+        log.warning('closing the records after the failed checkpoint commit: %s', e)
+      raise
+    self.logger.close(agreed)
 
 
 class Evaluator:
