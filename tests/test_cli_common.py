@@ -110,6 +110,12 @@ def test_one_process_per_gpu_names_its_devices(monkeypatch, capsys):
       '(see --help)\n')
 
 
+@gin.configurable('test_cli_common_write')
+def _configurable_write(write):
+  """``write()`` as trainer.train runs: a configurable, which gin re-raises without errno."""
+  write()
+
+
 @pytest.mark.skipif(not os.path.exists('/dev/full'), reason='needs /dev/full (a device that is always full)')
 def test_a_full_disk_under_metrics_jsonl_is_one_line_raised_once(capsys):
   """metrics.jsonl appended on a full disk: the write raises once (nothing left buffered for
@@ -120,16 +126,12 @@ def test_a_full_disk_under_metrics_jsonl_is_one_line_raised_once(capsys):
     appended.write('{"step": 1}\n')
   appended.close()  # no second error
 
-  @gin.configurable
-  def train():  # as trainer.train raises it: gin's re-raised copy keeps no errno
+  def write(_=None):
     raise OSError(e.value.errno, os.strerror(e.value.errno), '/runs/r/metrics.jsonl')
-
-  def direct():
-    raise OSError(e.value.errno, os.strerror(e.value.errno), '/runs/r/metrics.jsonl')
-  for raise_it in (direct, train):
+  for raise_it in (write, _configurable_write):
     with pytest.raises(SystemExit) as exit_:
       with common.clear_errors('t5xv-train'):
-        raise_it()
+        raise_it(write)
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err == (
         't5xv-train: error: No space left on device writing /runs/r/metrics.jsonl: free space and '

@@ -321,8 +321,8 @@ def test_a_read_that_failed_on_another_process_raises_on_this_one_too(monkeypatc
     (ConnectionError('connection reset'), r'checkpoint_2 could not be read \(ConnectionError: '
                                           r'connection reset\), for a cause outside it: nothing was '
                                           'moved aside'),
-    (ValueError('not a position'), r'checkpoint_2 has a readable state but its data position cannot '
-                                   r'be restored by this run \(ValueError: not a position\)')])
+    (ValueError('not a position'), r'checkpoint_2 has a readable state but this run cannot take its '
+                                   r'data position \(ValueError: not a position\)')])
 def test_a_data_position_that_fails_to_read_says_why_and_moves_nothing(tmp_path, error, message):
   """A data position that fails to read for a cause outside the checkpoint (the bucket, the
   network) or that this run cannot take: each its own line; nothing moved aside."""
