@@ -188,6 +188,17 @@ def test_prefix_lm_rows_are_the_inputs_then_the_targets_with_the_loss_on_the_tar
     pipeline.get_dataset('embedded_lm', {'targets': 64}, 'prefix_lm')
 
 
+def test_task_examples_of_a_random_preprocessor_are_the_same_at_every_call():
+  """t5xv-infer and t5xv-eval's decoded examples of a span-corruption split: the same noise at
+  every call (and on every process, which must agree on them); unseeded, each call masked anew."""
+  task = tasks.get_task_or_mixture('embedded_span_corruption')
+  first, second = (tasks.task_examples(task, 'validation', SC_LENGTHS, max_examples=3)
+                   for _ in range(2))
+  for a, b in zip(first, second, strict=True):
+    np.testing.assert_array_equal(a['inputs'], b['inputs'])
+    np.testing.assert_array_equal(a['targets'], b['targets'])
+
+
 def test_prefix_lm_objective_cuts_each_chunk_once_at_a_uniform_point():
   """T5's LM objective: an example's inputs then targets are the LM task's chunk of the same
   stream (no token lost, added or moved), each with EOS, cut after n tokens, n uniform over

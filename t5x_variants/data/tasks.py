@@ -181,10 +181,12 @@ def without_autograph():
 
 
 def task_examples(task, split: str, lengths: Mapping[str, int],
-                  max_examples: Optional[int] = None) -> List[dict]:
-  """A seqio task's preprocessed examples in order (tokens trimmed to ``lengths``), as numpy."""
+                  max_examples: Optional[int] = None, seed: int = 0) -> List[dict]:
+  """A seqio task's preprocessed examples in order (tokens trimmed to ``lengths``), as numpy; a
+  random preprocessor (span corruption) seeded with ``seed``, so every call (and process) gets the
+  same examples."""
   with explain_missing_data(task), without_autograph():
-    ds = task.get_dataset(lengths, split=split, shuffle=False, num_epochs=1)
+    ds = task.get_dataset(lengths, split=split, shuffle=False, seed=seed, num_epochs=1)
     if max_examples:
       ds = ds.take(max_examples)
     return list(ds.as_numpy_iterator())
