@@ -148,6 +148,12 @@ def test_t5xv_info_prints_table_constants_and_total(capsys):
     (['--gin.TransformerConfig.inputs_bidirectional_attention=False'],
      'inputs_bidirectional_attention=False is for a model reading inputs then targets '
      '(prefix_lm=True; gin/architectures/language_model.gin sets both)'),
+    (['--gin.TransformerConfig.norm=rms'],  # unquoted: was 'Unable to parse value. (line 1)'
+     "--gin.TransformerConfig.norm=rms: rms is not a gin value (a number, a quoted string, @name, "
+     "%MACRO, or a list, tuple or dict of them); a string needs quotes: "
+     "--gin.TransformerConfig.norm=\"'rms'\""),
+    (['--gin.TransformerConfig.d_model=[8,'], '--gin.TransformerConfig.d_model=[8,: [8, is not a gin value'),
+    (['--gin.TransformerConfig.encoder_alpha=2.0'], 'encoder_alpha scales the residual only under DeepNorm'),
     # With a run file: the trainer's configurables are checked; only the data layer's are skipped.
     (['--gin_file=gin/runs/pretrain.gin', '--gin.train.z_los=1'], "doesn't have a parameter named 'z_los'"),
     (['--gin_file=gin/runs/pretrain.gin', '--gin.Transformer.d_model=8'], "No configurable matching 'Transformer'"),

@@ -52,6 +52,17 @@ def test_pre_and_post_have_unit_constants_and_gin_overrides_apply():
   assert consts['encoder'][1] == pytest.approx(0.87 * (2**4 * 2)**(-1 / 16))
 
 
+def test_an_override_the_model_would_ignore_is_refused():
+  """alpha outside DeepNorm (the residual has none) and a stack the architecture lacks: refused
+  (before, accepted, dropped, and model-info.txt showed the unused alpha)."""
+  with pytest.raises(ValueError, match="encoder_alpha scales the residual only under DeepNorm.*'post'"):
+    tiny(placement='post', encoder_alpha=3.0)
+  with pytest.raises(ValueError, match='encoder_gain is set but a decoder_only model has no encoder: '
+                                       'set decoder_gain'):
+    tiny(architecture='decoder_only', placement='subln', encoder_gain=0.5)
+  assert tiny(placement='subln', encoder_gain=0.5).residual_constants()['encoder'] == (1.0, 0.5)
+
+
 @pytest.mark.parametrize('placement,subln_cross', [('deepnorm', False), ('subln', False), ('subln', True)])
 def test_xavier_init_std_matches_the_gains(placement, subln_cross):
   """xavier-normal std = gain * sqrt(2 / (fan_in + fan_out)): gain beta (DeepNorm) or gamma

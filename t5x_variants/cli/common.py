@@ -225,6 +225,16 @@ def _is_uri_file(path: str) -> bool:
   return bool(storage.scheme(path)) and storage.path(path).exists()
 
 
+def _unparsable(bindings: Sequence[str]) -> Optional[str]:
+  """The first binding whose value gin cannot parse (an unquoted string), or None."""
+  for binding in bindings:
+    try:
+      list(gin.config_parser.ConfigParser(binding, gin.config.ParserDelegate(skip_unknown=True)))
+    except Exception:  # pylint: disable=broad-except  (SyntaxError, tokenize.TokenError)
+      return binding
+  return None
+
+
 def parse_gin(gin_files: List[str], bindings: List[str], search_paths: Sequence[str] = (),
               configurables: Mapping[str, Callable] = None, skip_unknown: bool = False):
   """Applies gin files then bindings; any failure becomes one GinConfigError naming the culprit.
@@ -242,6 +252,13 @@ def parse_gin(gin_files: List[str], bindings: List[str], search_paths: Sequence[
     raise GinConfigError(f'cannot read gin file: {e}. Paths are resolved against the working '
                          f'directory, --gin_search_paths and {PACKAGE_DIR}') from e
   except (ValueError, SyntaxError, NameError, TypeError, KeyError) as e:
+    bad = _unparsable(bindings)
+    if bad:
+      key, _, value = bad.partition('=')
+      key, value = key.strip(), value.strip()
+      raise GinConfigError(f'--gin.{key}={value}: {value} is not a gin value (a number, a quoted '
+                           f'string, @name, %MACRO, or a list, tuple or dict of them); a string '
+                           f'needs quotes: --gin.{key}="\'{value}\'"', detail=str(e)) from e
     known = {**CONFIGURABLES, **(configurables or {})}
     raise GinConfigError(f'invalid gin configuration: {_explain(_one_line(str(e)), known)}',
                          detail=str(e)) from e

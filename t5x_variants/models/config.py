@@ -49,7 +49,8 @@ class TransformerConfig:
     subln_cross_attention: give cross-attention Sub-LN's inner LN and gain gamma too; off by
       default, as in Magneto's code (DeepNorm's beta always applies to cross-attention).
     encoder_alpha, encoder_gain, decoder_alpha, decoder_gain: override the placement's residual
-      scale alpha and init gain (DeepNorm beta / Sub-LN gamma); None uses the papers' formulas.
+      scale alpha (DeepNorm only) and init gain (DeepNorm beta / Sub-LN gamma) of a stack the
+      model has; None uses the papers' formulas.
     synthesizer_factor: a in a x b = l for factorized dense; None picks a near sqrt(l).
     synthesizer_rank: k of the factorized random synthesizer (16: the authors' code).
     synthesizer_shared_projection: the dense synthesizer's W_2 (d_h x l) shared by all heads, as
@@ -192,6 +193,15 @@ class TransformerConfig:
                        'the decoder\'s residual constants (placement '
                        f'{self.placement!r}{", " + ", ".join(per_stack) if per_stack else ""}); '
                        'use placement pre or post without per-stack alpha / gain')
+    for name in per_stack:
+      stack, kind = name.split('_')
+      if stack not in self.stacks:
+        raise ValueError(f'{name} is set but a {self.architecture} model has no {stack}: set '
+                         f'{" / ".join(f"{s}_{kind}" for s in self.stacks)}')
+      if name.endswith('alpha') and self.placement != 'deepnorm':
+        raise ValueError(f'{name} scales the residual only under DeepNorm (x + f(x) -> '
+                         f'LN(alpha x + f(x))); placement {self.placement!r} has no alpha: unset '
+                         'it or use placement deepnorm')
     sized = self.position_embedding == 'learned' or self.attention_components != ('dot_product',)
     if self.shared_encoder_decoder and sized and self.encoder_max_length != self.decoder_max_length:
       raise ValueError('shared_encoder_decoder with learned positions or a synthesizer (parameters '
