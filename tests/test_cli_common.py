@@ -93,6 +93,18 @@ def test_multiprocess_flags_missing_are_one_error():
     common.initialize_processes(args)
 
 
+@pytest.mark.parametrize('flags,message', [
+    (['--multiprocess_gpu', '--multiprocess_tpu'], '--multiprocess_tpu and --multiprocess_gpu exclude'),
+    (['--local_device_ids=0'], '--local_device_ids names the GPUs of one of several processes'),
+    (['--multiprocess_tpu'], '--multiprocess_tpu found no Cloud TPU pod to join'),  # a CPU host
+])
+def test_multiprocess_flags_that_cannot_work_here_are_one_error(flags, message):
+  """Before: both flags took the TPU path (jax's 'coordinator_address should be defined'), and
+  --local_device_ids alone was ignored."""
+  with pytest.raises(common.UsageError, match=message):
+    common.initialize_processes(common.parser('t5xv-x', 'doc').parse_args(flags))
+
+
 def test_one_process_per_gpu_names_its_devices(monkeypatch, capsys):
   """--local_device_ids reaches jax.distributed.initialize (one process per GPU of a host)."""
   import jax  # pylint: disable=g-import-not-at-top

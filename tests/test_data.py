@@ -259,6 +259,8 @@ def test_t5xv_data_prints_examples_and_statistics(capsys):
 
 @pytest.mark.parametrize('argv,message', [
     (['--task=nope'], "unknown task or mixture 'nope'; registered: "),
+    (['--task=glue_nosuch_local'], 'a task of local files is registered when the directory of its '
+                                   'benchmark is set: GLUE_DIR, SUPER_GLUE_DIR, SQUAD_DIR'),
     (['--task=local_lm', '--gin.local_corpus_files.pattern="/nonexistent/dir"'], 'no .txt or .jsonl files match'),
     (['--task=embedded_span_corruption', '--inputs_length=2'], 'too short for span corruption'),
     (['--task=embedded_span_corruption', '--targets_length=100'], 'makes targets of 114 tokens, but'),

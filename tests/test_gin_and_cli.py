@@ -197,6 +197,17 @@ def test_a_missing_gin_macro_is_one_line_and_the_rest_at_verbosity_1(command, ar
   assert e.value.code == 2 and f'{command}: error: {message}\n' in err and detail in err, err
 
 
+@needs_data_layer
+def test_t5xv_train_without_a_gin_file_says_what_to_give(capsys):
+  """Was 'unknown task or mixture None; registered: ...'."""
+  from t5x_variants.cli import train  # pylint: disable=g-import-not-at-top
+  with pytest.raises(SystemExit) as e:
+    train.main([])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and err.startswith('t5xv-train: error: no --gin_file: give a run file '
+                                              'and a model (--gin_file=gin/runs/pretrain.gin'), err
+
+
 @pytest.mark.parametrize('files,summary', [
     (['gin/experiments/glu_variants/relu.gin'], ['architecture: encoder_decoder', 'ffn: relu']),
     (['gin/experiments/foundation/lm.gin', 'gin/variants/norm/subln.gin'],

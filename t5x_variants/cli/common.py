@@ -158,9 +158,20 @@ def set_verbosity(verbosity: int):
 def initialize_processes(args):
   """Joins the other processes, if the flags ask for it. Must run before any other jax call."""
   import jax  # pylint: disable=g-import-not-at-top
-  if getattr(args, 'multiprocess_tpu', False):
-    jax.distributed.initialize()
-  elif getattr(args, 'multiprocess_gpu', False):
+  tpu, gpu = getattr(args, 'multiprocess_tpu', False), getattr(args, 'multiprocess_gpu', False)
+  if tpu and gpu:
+    raise UsageError('--multiprocess_tpu and --multiprocess_gpu exclude each other: give the one '
+                     "of this host's accelerators")
+  if not gpu and getattr(args, 'local_device_ids', None) is not None:
+    raise UsageError('--local_device_ids names the GPUs of one of several processes: give it with '
+                     '--multiprocess_gpu and its coordinator flags, or leave it out')
+  if tpu:
+    try:
+      jax.distributed.initialize()
+    except ValueError as e:  # no TPU pod's environment to find the coordinator in
+      raise UsageError(f'--multiprocess_tpu found no Cloud TPU pod to join ({e}): run the command '
+                       'on every host of a TPU pod slice, or without the flag on one host') from e
+  elif gpu:
     missing = [f for f in ('coordinator_address', 'process_count', 'process_index')
                if getattr(args, f) is None]
     if missing:

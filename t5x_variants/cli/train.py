@@ -236,6 +236,10 @@ def main(argv=None):
     p.add_argument('--write_batches', action='store_true',
                    help='with --batches_dir: write the run\'s batches under ROOT and stop')
     args, config = common.setup(p, argv, with_data=lambda a: not a.batches_dir or a.write_batches)
+    if not args.gin_file:
+      raise common.UsageError('no --gin_file: give a run file and a model (--gin_file=gin/runs/'
+                              'pretrain.gin --gin_file=gin/models/t5_base.gin), a recipe of '
+                              'gin/experiments/, or a run\'s config.gin; t5xv-quickstart needs none')
     if args.write_batches and not args.batches_dir:
       raise common.UsageError('--write_batches needs --batches_dir=ROOT (where to write them)')
     if args.batches_dir:

@@ -134,6 +134,10 @@ def get_task_or_mixture(name: str):
   known = sorted(set(seqio.TaskRegistry.names()) | set(seqio.MixtureRegistry.names()))
   if name in known:
     return seqio.get_mixture_or_task(name)
+  if '_local' in name:  # registered only where the files are said to be
+    raise ValueError(f'unknown task or mixture {name!r}: a task of local files is registered when '
+                     'the directory of its benchmark is set: GLUE_DIR, SUPER_GLUE_DIR, SQUAD_DIR '
+                     '(all three for the mixture of the three), in the environment')
   raise ValueError(f'unknown task or mixture {name!r}; registered: {", ".join(known)}')
 
 
