@@ -166,12 +166,14 @@ def test_damaged_input_files_of_an_import_are_one_error_naming_the_file(tmp_path
     config.write_text(text)
     with pytest.raises(ValueError, match=message):
       hf_cli.import_checkpoint(str(hf_dir), str(tmp_path / 'run'))
-  out = subprocess.run([os.path.join(os.path.dirname(sys.executable), 't5xv-import'),
-                        f'--hf_dir={config}', f'--model_dir={tmp_path / "run"}'],
-                       capture_output=True, text=True)
-  assert out.returncode == 2 and out.stderr.count('\n') == 1, out.stderr
-  assert out.stderr.startswith('t5xv-import: error: [Errno 20] Not a directory'), out.stderr
-  assert not (tmp_path / 'run').exists()
+  for not_a_dir in (config, tmp_path / 'nonexistent'):  # a file; nothing (was a bare [Errno 2])
+    out = subprocess.run([os.path.join(os.path.dirname(sys.executable), 't5xv-import'),
+                          f'--hf_dir={not_a_dir}', f'--model_dir={tmp_path / "run"}'],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and out.stderr.count('\n') == 1, out.stderr
+    assert out.stderr.startswith(f't5xv-import: error: {not_a_dir}/config.json does not exist: '
+                                 '--hf_dir must be a directory that save_pretrained'), out.stderr
+    assert not (tmp_path / 'run').exists()
 
 
 def test_tied_is_judged_against_the_encoders_embedding_where_there_is_no_shared_weight():

@@ -154,7 +154,7 @@ def test_schedule_errors():
     optimizer.learning_rate_schedule('rsqrt', decay_fraction=0.1)
   with pytest.raises(ValueError, match="'cosine' needs learning_rate_schedule.total_steps"):
     optimizer.learning_rate_schedule('cosine')
-  with pytest.raises(ValueError, match=r'warmup_steps 1000 must be in \[0, total_steps 1000\)'):
+  with pytest.raises(ValueError, match=r'learning_rate_schedule.warmup_steps = 1000 must be in \[0, total_steps 1000\)'):
     optimizer.learning_rate_schedule('linear', warmup_steps=1000, total_steps=1000)
 
 

@@ -83,6 +83,9 @@ def _load_torch(path):
 
 def _read_config(path) -> dict:
   """A transformers config.json as a dict; ValueError naming the file if it is not one."""
+  if not path.exists():
+    raise FileNotFoundError(f'{path} does not exist: --hf_dir must be a directory that '
+                            'save_pretrained (transformers) wrote, with config.json and the weights')
   try:
     hf = json.loads(path.read_text())
   except json.JSONDecodeError as e:

@@ -81,7 +81,8 @@ def learning_rate_schedule(name: str = 'rsqrt', base: float = 1.0, warmup_steps:
     raise ValueError(f'schedule {name!r}' + (' with decay_fraction' if decay_fraction else '') +
                      ' needs learning_rate_schedule.total_steps')
   if name in ('linear', 'cosine') and not 0 <= warmup_steps < total_steps:
-    raise ValueError(f'warmup_steps {warmup_steps} must be in [0, total_steps {total_steps})')
+    raise ValueError(f'learning_rate_schedule.warmup_steps = {warmup_steps} must be in [0, '
+                     f'total_steps {total_steps}) for schedule {name!r}: lower it (or train longer)')
   if name == 'constant':
     lr = optax.constant_schedule(base)
   elif name == 'rsqrt':

@@ -38,7 +38,8 @@ def make_mesh(data: int = -1, model: int = 1, devices: Sequence = None) -> Mesh:
     data = len(devices) // model
   if data * model != len(devices):
     raise ValueError(f'mesh data={data} x model={model} needs {data * model} devices, '
-                     f'found {len(devices)}')
+                     f'found {len(devices)}: set --gin.MeshConfig.data=-1 (the devices left after '
+                     'model) or a product equal to the devices')
   return Mesh(np.asarray(devices).reshape(data, model), MESH_AXES)
 
 
