@@ -101,6 +101,9 @@ def test_every_tpu_generation_and_gpu_gets_its_published_peak():
     assert targets.tpu_target(spec).peak_tflops == peak, spec
   assert targets.published_peak('NVIDIA H100 80GB HBM3') == 989.0
   assert targets.published_peak('NVIDIA H100 80GB HBM3', bf16=False) == 495.0  # TF32
+  assert targets.published_peak('NVIDIA H100 PCIe') == 756.0  # not the SXM card's 989
+  assert targets.published_peak('NVIDIA H200 NVL', bf16=False) == 417.5
+  assert targets.published_peak('TPU v5', bf16=False) == 459.0  # f32 matmuls: one bf16 pass
   assert targets.published_peak('cpu') is None
 
 

@@ -142,6 +142,9 @@ def main(argv=None):
     print(_table(result))
     if 'traffic' in result:
       print(hlo_traffic.table(result['traffic']))
+      if config.scan_layers and not unroll:
+        print('  (scanned layers: the loop body is counted once, not once per layer; --estimate '
+              'adds an unrolled compile that counts every layer)')
     if args.suggest or result['fits'] is False:
       print(f'configurations that fit {target.name}, cheapest first '
             f'(at most {args.max_compiles} compiles):')

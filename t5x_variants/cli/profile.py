@@ -20,7 +20,8 @@ import jax
 from t5x_variants.train import hlo_traffic
 
 CATEGORIES = (  # first match wins, on the instruction's HLO text (or the kernel's name)
-    ('fused attention', r'fmha|flash|cudnn\$|dot_product_attention'),
+    # The project's Pallas kernels (tpu_custom_call) are its attention kernels (layers/).
+    ('fused attention', r'fmha|flash|cudnn\$|dot_product_attention|tpu_custom_call'),
     ('matmul', r'gemm|\bdot\(|convolution\(|cublas|nvjet|xmma|cutlass|matmul'),
     ('collectives', r'all-reduce|all-gather|reduce-scatter|collective-permute|all-to-all|nccl'),
     ('copies', r'copy|transpose|dynamic[-_]update[-_]slice|memcpy|memset'),

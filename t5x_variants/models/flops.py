@@ -2,7 +2,8 @@
 
 Counted, per token of every stack: the attention projections (query, key, value, out; the
 Synthesizers' W_1 where they have one, ``synthesizer_hidden``, and W_2 or factor projections), the
-attention products (Q K^T, or the factorized random R_1 R_2^T, and probabilities times values),
+attention products (Q K^T, or the factorized random R_1 R_2^T, once per layer as it depends on
+no input, and probabilities times values),
 over the full length with no discount for causal masking, the FFN matrices (two or three), the
 logits layer (and the encoder-only MLM transform; a classification head: its pooler and
 classifier on the first token). A training step is 3x the forward pass (the backward pass is
@@ -38,8 +39,8 @@ def attention_flops(config: TransformerConfig, tokens_q: int, q_len: int, kv_len
     elif c in dense:
       width = synth_length if c == 'dense' else sum(factor_pair(synth_length, config.synthesizer_factor))
       flops += 2 * tokens_q * hd * width
-    elif c == 'factorized_random':
-      flops += 2 * batch * config.num_heads * q_len * kv_len * config.synthesizer_rank
+    elif c == 'factorized_random':  # R_1 R_2^T depends on no input: once per layer
+      flops += 2 * config.num_heads * q_len * kv_len * config.synthesizer_rank
   return flops
 
 

@@ -29,11 +29,13 @@ TPU_GENERATIONS = {
 
 # Published dense peak TFLOP/s per device, (bf16, fp32), by jax's ``device_kind``: a TPU's exactly
 # ('TPU v5' is a v5p chip, 'TPU v5 lite' a v5e), a GPU's by its model in the name ('NVIDIA H100
-# 80GB HBM3'). A GPU's fp32 is its TF32 tensor-core peak: what JAX's default precision gives a
-# float32 matmul there; a TPU's fp32 is taken as half its bf16.
+# 80GB HBM3'; the first match in this order, so a PCIe or NVL card before the SXM one). The fp32
+# peak is what JAX's default matmul precision gives a float32 matmul: a GPU's TF32 tensor-core
+# peak, a TPU's bf16 peak (one bfloat16 pass).
 PUBLISHED_PEAKS = {
-    'TPU v4': (275.0, 137.5), 'TPU v5 lite': (197.0, 98.5), 'TPU v5': (459.0, 229.5),
-    'TPU v6 lite': (918.0, 459.0),
+    'TPU v4': (275.0, 275.0), 'TPU v5 lite': (197.0, 197.0), 'TPU v5': (459.0, 459.0),
+    'TPU v6 lite': (918.0, 918.0),
+    'H100 PCIe': (756.0, 378.0), 'H100 NVL': (835.0, 417.5), 'H200 NVL': (835.0, 417.5),
     'H100': (989.0, 495.0), 'H200': (989.0, 495.0), 'A100': (312.0, 156.0),
 }
 
