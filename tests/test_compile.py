@@ -223,6 +223,20 @@ def test_candidate_plans_are_ordered_and_divide(v5e_2x2):
   assert not any(p.mesh.fsdp and p.mesh.data == 1 for p in plans)
 
 
+@needs_libtpu
+def test_a_model_axis_wider_than_a_host_is_refused_for_a_multi_host_slice():
+  """A v5litepod-16 is 4 hosts of 4 chips: a model axis of 8 spans hosts, which the run refuses
+  ('each process must hold whole shards'); compiling for it from one process refused nothing and
+  --suggest offered model 8 and 16."""
+  pod = targets.tpu_target('v5e:4x4')
+  assert len({d.process_index for d in pod.devices}) == 4
+  plans = aot.candidate_plans(_plan(num_heads=16, head_dim=8), pod, 64)
+  assert {p.mesh.model for p in plans} == {1, 2, 4}
+  mesh = partitioning.MeshConfig(data=2, model=8).mesh(pod.devices)
+  with pytest.raises(ValueError, match="over 4 processes: each process must hold whole shards"):
+    partitioning.check_batch(64, mesh)
+
+
 def _compile_cli(*args):
   return run(os.path.join(BIN, 't5xv-compile'), *args)
 

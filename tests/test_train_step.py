@@ -82,6 +82,12 @@ def test_loss_falls_and_microbatches_equal_the_full_batch():
     state, m = step(state, batch, rng)
     first = first if first is not None else float(m['loss'])
   assert float(m['loss']) < 0.8 * first and int(state.step) == 20
+  # Microbatches with unequal numbers of target tokens (the odd rows, one microbatch, keep 2):
+  # the full batch's mean over its tokens, not a mean of the microbatches' means (T5X's sum of
+  # per-microbatch normalised losses would weight the short one's tokens more).
+  weights = np.array(batch['decoder_loss_weights'])
+  weights[1::2, 2:] = 0
+  batch = {**batch, 'decoder_loss_weights': weights}
   one, step1 = setup(mesh)
   two, step2 = setup(mesh, num_microbatches=2)
   one, m1 = step1(one, batch, rng)

@@ -181,8 +181,8 @@ def candidate_plans(plan: Plan, target: Target, batch: int) -> List[Plan]:
   """Plans that vary remat, FSDP, the model-axis size and the microbatch count, in order of the
   work they add: a rank of 0 for no remat, data parallelism and one microbatch, +1 per remat step
   (minimal, dots_and_probs, full), +1 for FSDP, +log2(model) for a model axis, +log2(microbatches);
-  ties: less remat first. Meshes that split a parameter or the batch unevenly are left out (no
-  compile needed to know)."""
+  ties: less remat first. Meshes that split a parameter or the batch unevenly, or a 'data' shard
+  over the slice's hosts, are left out (no compile needed to know)."""
   boxed = summary.abstract_params(plan.config)
   n = target.num_devices
   ranked = []
@@ -192,6 +192,7 @@ def candidate_plans(plan: Plan, target: Target, batch: int) -> List[Plan]:
       mesh = mesh_config.mesh(target.devices)
       try:
         partitioning.check_mesh(boxed, mesh, mesh_config.rules())
+        partitioning.check_processes(mesh)  # a model axis within one host of the slice
       except ValueError:
         continue
       k = 1

@@ -102,8 +102,10 @@ def check_processes(mesh: Mesh, process_count: Optional[int] = None):
   """With several processes, each must feed the rows of its own contiguous block of 'data', in
   process order (what ``global_batch`` and ``host_rows`` assume); else one ValueError: a data
   shard that spans processes (a 'model' axis wider than a host's devices) would get other rows
-  from each (replicas that disagree, eval rows counted once, predictions lost)."""
-  count = jax.process_count() if process_count is None else process_count
+  from each (replicas that disagree, eval rows counted once, predictions lost). The processes
+  are those of the mesh's devices: a run's, or the hosts of a slice compiled for ahead of time."""
+  count = (len({d.process_index for d in mesh.devices.flat}) if process_count is None
+           else process_count)
   if count == 1:
     return
   axis, data = mesh.axis_names.index('data'), mesh.shape['data']
