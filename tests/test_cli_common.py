@@ -98,9 +98,14 @@ def test_multiprocess_flags_missing_are_one_error():
     (['--local_device_ids=0'], '--local_device_ids names the GPUs of one of several processes'),
     (['--multiprocess_tpu'], '--multiprocess_tpu found no Cloud TPU pod to join'),  # a CPU host
 ])
-def test_multiprocess_flags_that_cannot_work_here_are_one_error(flags, message):
+def test_multiprocess_flags_that_cannot_work_here_are_one_error(flags, message, monkeypatch):
   """Before: both flags took the TPU path (jax's 'coordinator_address should be defined'), and
   --local_device_ids alone was ignored."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  def off_a_pod():  # what jax.distributed.initialize() raises off a pod, before any other jax call
+    raise ValueError('coordinator_address should be defined.')
+  monkeypatch.setattr(jax.distributed, 'initialize', off_a_pod)
   with pytest.raises(common.UsageError, match=message):
     common.initialize_processes(common.parser('t5xv-x', 'doc').parse_args(flags))
 
