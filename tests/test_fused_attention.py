@@ -188,6 +188,25 @@ def test_packed_rows_through_the_tpu_kernels_equal_the_reference_path(arch, tpu_
   assert_close(ref, got, rtol=1e-4, atol=1e-5)
 
 
+def test_a_packed_example_without_inputs_gets_zeros_from_the_tpu_kernels(tpu_kernel):
+  """Packed cross-attention where a decoder segment has no encoder tokens (an example with empty
+  inputs): its queries come out as zeros, as an unpacked example's with no valid key (they got
+  softmax over the row's padded tile: its keys' mean times 12/128); the other queries as the
+  reference's."""
+  rng = np.random.default_rng(0)
+  q, k, v = (jnp.asarray(rng.normal(size=(1, n, 2, 8)), jnp.float32) for n in (6, 12, 12))
+  segments = fused_attention.Segments(jnp.asarray([[1, 1, 2, 2, 3, 3]]),
+                                      jnp.asarray([[1] * 5 + [3] * 4 + [0] * 3]))  # no 2 in the keys
+  out = np.asarray(fused_attention.attend(q, k, v, lengths=segments, implementation='pallas'))
+  assert not out[0, 2:4].any()
+  mask = np.asarray(segments.q)[0, :, None] == np.asarray(segments.k)[0, None, :]
+  logits = np.where(mask[None], np.einsum('bqhd,bkhd->bhqk', q, k) / np.sqrt(8), -1e30)
+  p = np.exp(logits - logits.max(-1, keepdims=True))
+  want = np.einsum('bhqk,bkhd->bqhd', p / p.sum(-1, keepdims=True), v)
+  keep = [0, 1, 4, 5]
+  np.testing.assert_allclose(out[:, keep], want[:, keep], rtol=1e-5, atol=1e-6)
+
+
 PALLAS_ON_A_MESH = """
 import os, sys
 sys.path.insert(0, sys.argv[1])
@@ -269,6 +288,14 @@ def test_kernel_choice_and_limits(monkeypatch):
   assert 'packed segments' in fused_attention.unsupported(**packed)
   assert fused_attention.unsupported(**{**packed, 'implementation': 'pallas'}) is None
   assert fused_attention.cudnn_unsupported(jnp.bfloat16, 64, 512, 512, True) is None
+  # JAX's flash kernel (rows past the row kernel's budget) takes head_dim <= 128 or k * 128: 192
+  # failed to compile under 'auto' instead of taking the reference path
+  assert 'head_dim 192' in fused_attention.pallas_unsupported(jnp.bfloat16, 192, 1024, 1024, True)
+  assert fused_attention.pallas_unsupported(jnp.bfloat16, 192, 512, 512, True) is None  # row kernel
+  assert fused_attention.pallas_unsupported(jnp.bfloat16, 256, 1024, 1024, True) is None
+  q = jnp.ones((2, 4, 1, 8))
+  with pytest.raises(ValueError, match=r'bias of shape \(2, 1, 4, 4\): one \(1, heads, q, k\)'):
+    fused_attention.attend(q, q, q, bias=jnp.ones((2, 1, 4, 4)), implementation='pallas')
   assert '16-bit' in fused_attention.cudnn_unsupported(jnp.float32, 64, 512, 512, True)
   assert 'head_dim 12' in fused_attention.cudnn_unsupported(jnp.bfloat16, 12, 512, 512, True)
   # cuDNN's training kernel refuses a bias with an odd length (jax's check_is_flash_attention):

@@ -85,9 +85,16 @@ def cudnn_unsupported(dtype, head_dim: int, queries: int, keys: int, biased: boo
 
 
 def pallas_unsupported(dtype, head_dim: int, queries: int, keys: int, biased: bool) -> Optional[str]:
-  """Why the TPU Pallas kernel cannot (None when it can): one query is a cached decode step."""
-  del dtype, head_dim, keys, biased
-  return 'a single query (a cached decode step)' if queries == 1 else None
+  """Why the TPU Pallas kernels cannot (None when they can): one query is a cached decode step;
+  rows too long for the row kernel go to JAX's flash kernel, which takes a head_dim of at most 128
+  or a multiple of 128."""
+  del dtype, biased
+  if queries == 1:
+    return 'a single query (a cached decode step)'
+  padded = lambda n: -(-n // _TPU_BLOCK) * _TPU_BLOCK
+  if not row_attention.fits(padded(queries), padded(keys)) and head_dim > 128 and head_dim % 128:
+    return f'head_dim {head_dim} (JAX\'s flash kernel, for rows of {queries} x {keys}: at most 128 or a multiple of 128)'
+  return None
 
 
 LIMITS = {'cudnn': cudnn_unsupported, 'pallas': pallas_unsupported}
@@ -127,13 +134,18 @@ def attend(query, key, value, bias=None, lengths: Tuple = (None, None), causal: 
   ``lengths``: (query lengths, key lengths), each (batch,) int32 or None for every position, or
   a packed row's ``Segments`` (the TPU kernels only); ``causal``: key index <= query index. Rows
   past a query length come out as zeros, and so do the queries of an example with no valid key
-  (an all-padding input under cross-attention): the kernels leave softmax over an empty set
+  (an all-padding input under cross-attention, or a packed example without inputs; before, those
+  got softmax over the tile's padding too): the kernels leave softmax over an empty set
   undefined (cuDNN's gradient there was garbage on an H100 and an H200), so such an example's
   query length is set to 0. The reference path gives those queries the mean of the values
   instead; no loss reaches them unless an example has targets but no inputs."""
+  if bias is not None and bias.shape[0] != 1:  # one bias for every example (the row kernel's)
+    raise ValueError(f'attend: bias of shape {bias.shape}: one (1, heads, q, k) for every example')
   bias = None if bias is None else bias.astype(query.dtype)
-  if isinstance(lengths, Segments):
-    return _tpu_flash(query, key, value, bias, None, None, causal, lengths)
+  if isinstance(lengths, Segments):  # a query whose example has no key (no inputs): segment 0
+    has_key = (lengths.q[:, :, None] == lengths.k[:, None, :]).any(-1)
+    segments = Segments(jnp.where(has_key, lengths.q, 0), lengths.k)
+    return _tpu_flash(query, key, value, bias, None, None, causal, segments)
   q_lengths, k_lengths = (None if n is None else n.astype(jnp.int32) for n in lengths)
   if k_lengths is not None:
     q_lengths = jnp.where(k_lengths == 0, 0, query.shape[1] if q_lengths is None else q_lengths)
