@@ -100,6 +100,18 @@ def test_text_to_text_fine_tuning_goes_on_with_the_optimizer_state_bert_starts_a
   assert gin.query_parameter('train.init_optimizer') is continues
 
 
+def test_bert_fine_tuning_binds_its_schedule_and_clip_whatever_the_pretraining_run_set():
+  """The pretraining run's bindings come first (its config.gin): a run without warmup and with
+  clip 2.0 (the no-warmup arm of foundation/mlm.gin) must not leave fine-tuning without BERT's
+  warmup or with its clip (before: both inherited); no frozen paths either."""
+  parse_recipe(['gin/experiments/foundation/mlm.gin', 'gin/experiments/vanilla/no_warmup.gin',
+                'gin/runs/finetune_classification.gin'],
+               ['INITIAL_CHECKPOINT_PATH = "/tmp/x"', 'MODEL_DIR = "/tmp/y"'])
+  assert gin.query_parameter('learning_rate_schedule.warmup_ramp') is True
+  assert gin.query_parameter('make_optimizer.global_norm_clip') == 1.0
+  assert gin.query_parameter('make_optimizer.frozen') == []
+
+
 def test_base_geglu_uses_d_ff_2048_and_relu_3072():
   for ffn, width in (('relu', 3072), ('geglu', 2048)):
     gin.clear_config()

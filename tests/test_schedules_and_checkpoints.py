@@ -156,6 +156,9 @@ def test_schedule_errors():
     optimizer.learning_rate_schedule('cosine')
   with pytest.raises(ValueError, match=r'learning_rate_schedule.warmup_steps = 1000 must be in \[0, total_steps 1000\)'):
     optimizer.learning_rate_schedule('linear', warmup_steps=1000, total_steps=1000)
+  for name in ('rsqrt', 'noam'):  # lr inf at the first step (rsqrt), a ZeroDivisionError (noam)
+    with pytest.raises(ValueError, match=f"warmup_steps = 0: schedule '{name}' divides by"):
+      optimizer.learning_rate_schedule(name, warmup_steps=0)
 
 
 class State(flax.struct.PyTreeNode):

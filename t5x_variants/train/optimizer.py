@@ -62,7 +62,9 @@ def learning_rate_schedule(name: str = 'rsqrt', base: float = 1.0, warmup_steps:
   - 'constant': base;
   - 'noam': linear warmup to step ``warmup_steps``, then inverse square root (``_noam``);
   - 'linear' / 'cosine': linear warmup from 0 to ``base`` over ``warmup_steps``, then linear or
-    cosine (Loshchilov & Hutter 2017; optax's) decay to ``end_value`` at ``total_steps``.
+    cosine (Loshchilov & Hutter 2017; optax's) decay to ``end_value`` at ``total_steps``, from the
+    peak after the warmup (fairseq's polynomial_decay, Hugging Face's linear schedule; BERT's code
+    decays base * (1 - step / total_steps) from step 0, the warmup overriding it).
 
   With ``warmup_ramp=False`` the rate is lr(max(step, warmup_steps)): the peak from the first step
   and the warmed-up schedule after ``warmup_steps``, a no-warmup arm at its twin's rate level
@@ -83,6 +85,9 @@ def learning_rate_schedule(name: str = 'rsqrt', base: float = 1.0, warmup_steps:
   if name in ('linear', 'cosine') and not 0 <= warmup_steps < total_steps:
     raise ValueError(f'learning_rate_schedule.warmup_steps = {warmup_steps} must be in [0, '
                      f'total_steps {total_steps}) for schedule {name!r}: lower it (or train longer)')
+  if name in ('rsqrt', 'noam') and warmup_steps < 1:  # 1/sqrt(0) at the first step: inf
+    raise ValueError(f'learning_rate_schedule.warmup_steps = {warmup_steps}: schedule {name!r} '
+                     'divides by the square root of the warmup; it must be at least 1')
   if name == 'constant':
     lr = optax.constant_schedule(base)
   elif name == 'rsqrt':
