@@ -32,7 +32,8 @@ def _inverse_sqrt(base: float, warmup_steps: int):
 def _noam(base: float, warmup_steps: int, d_model: Optional[int]):
   """base * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (Vaswani et al. 2017, Eq. 3);
   without d_model the factor is sqrt(warmup), so the peak at step = warmup is ``base`` (fairseq's
-  inverse_sqrt, as DeepNet and Magneto ran it)."""
+  inverse_sqrt, as DeepNet and Magneto ran it). ``step`` counts the updates done, as fairseq's
+  num_updates (the first update gets 0); tensor2tensor's noam counts from 1, a step earlier."""
   scale = d_model**-0.5 if d_model else warmup_steps**0.5
   def lr(step):
     s = jnp.asarray(step, jnp.float32)
