@@ -36,11 +36,13 @@ for job in "$@"; do
     h128) run "$job" 500 "${FULL[@]}" "${BENCH[@]}" --batch=128 --hf --hf_compile --profile --output="$OUT/$job.json" ;;
     h128a) run "$job" 500 "${FULL[@]}" "${BENCH[@]}" --batch=128 --hf --hf_compile \
              --gin.make_optimizer.optimizer=@adamw --output="$OUT/$job.json" ;;
-    x128) run "$job" 300 "${FULL[@]}" "${BENCH[@]}" --batch=128 --profile \
+    # x128, r*, d128 and p128 without --profile: it turns XLA's command buffers off for the whole
+    # process (~4% of a step), so that they time alike; h32/h128 profile (and say so in the JSON)
+    x128) run "$job" 300 "${FULL[@]}" "${BENCH[@]}" --batch=128 \
             --gin.TransformerConfig.attention_kernel="'xla'" --output="$OUT/$job.json" ;;
     r[0-9]*_*) batch=${job%%_*}; run "$job" 300 "${FULL[@]}" "${BENCH[@]}" --batch="${batch#r}" \
               --gin.TransformerConfig.remat="'${job#*_}'" --output="$OUT/$job.json" ;;
-    p128) run "$job" 300 "${FULL[@]}" "${BENCH[@]}" --batch=128 --packed --profile --output="$OUT/$job.json" ;;
+    p128) run "$job" 300 "${FULL[@]}" "${BENCH[@]}" --batch=128 --packed --output="$OUT/$job.json" ;;
     d128) run "$job" 300 "${FULL[@]}" T5XV_DENSE_CONTRACTION=dot_general "${BENCH[@]}" --batch=128 \
             --output="$OUT/$job.json" ;;
     gpu_tests) run "$job" 300 env JAX_PLATFORMS=cuda python3 -m pytest -v -p no:cacheprovider \

@@ -189,22 +189,25 @@ def test_a_position_past_the_synthesizer_length_gives_nan_logits_in_every_kind(v
 
 @pytest.mark.parametrize('architecture', ['encoder_decoder', 'decoder_only', 'encoder_only'])
 def test_packed_rows_without_positions_are_refused_with_a_synthesizer(architecture):
-  """Segment ids without positions: fine for dot-product attention (relative distances within a
-  segment do not depend on where it starts), refused for a synthesizer (absolute columns)."""
+  """Segment ids without positions: fine for dot-product attention with T5's relative bias
+  (distances within a segment do not depend on where it starts), refused for a synthesizer
+  (absolute columns) and for learned position embeddings."""
   ids = jnp.asarray([[1, 1, 2, 2]])
-  for attention in ('dot_product', ('random', 'dot_product')):
+  for attention, position in (('dot_product', 'relative'), (('random', 'dot_product'), 'relative'),
+                              ('dot_product', 'learned')):
     c = tiny(architecture=architecture, self_attention=attention, encoder_max_length=4,
-             decoder_max_length=4)
+             decoder_max_length=4, position_embedding=position)
     toks = tuple(tokens(1, 4) for _ in c.stacks)
     prefix = {'encoder_decoder': ('encoder', 'decoder'), 'decoder_only': ('decoder',),
               'encoder_only': ('encoder',)}[architecture]
     packed = {f'{p}_segment_ids': ids for p in prefix}
     model = build_model(c)
     params = model.init(jax.random.PRNGKey(0), *toks)
-    if attention == 'dot_product':
+    if (attention, position) == ('dot_product', 'relative'):
       assert np.isfinite(np.asarray(model.apply(params, *toks, **packed))).all()
     else:
-      with pytest.raises(ValueError, match='packed rows .* need their positions for a synthesizer'):
+      what = 'a synthesizer' if position == 'relative' else 'learned position embeddings'
+      with pytest.raises(ValueError, match=f'packed rows .* need their positions for {what}'):
         model.apply(params, *toks, **packed)
 
 

@@ -82,6 +82,9 @@ def test_bench_runs_end_to_end_on_cpu(tmp_path, capsys):
   result = json.loads(out.read_text())
   assert result['tokens_per_second'] == pytest.approx(2 * 24 / result['median_step_seconds'])
   assert result['train_flops_per_step'] == 3 * result['flops_breakdown_forward']['total']
+  # what the HF ratio's comparison needs to know of our step (the trainer's default z-loss)
+  assert (result['z_loss'], result['label_smoothing'], result['attention_kernel']) == (1e-4, 0.0, 'auto')
+  assert result['parameters'] > 0 and result['dense_contraction'] == "the platform's"
   assert 0 < result['mfu'] < 1 and result['compile_seconds'] > 0 and result['peak_memory_bytes'] > 0
   assert 'measured' in result['peak_source'] and 'MFU' in capsys.readouterr().out
   assert result['host_huge_pages'] == launch.huge_pages_on()
@@ -174,6 +177,8 @@ def test_the_hf_ratio_names_what_our_step_does_that_the_peers_does_not():
   assert bench.unlike({'dropout': True, 'num_microbatches': 4, 'packed': True}, {'optimizer': 'adamw'},
                       'adafactor') == (' (different optimizers, dropout on in ours only, 4 microbatches '
                                        'in ours, packed rows in ours)')
+  assert bench.unlike({**same, 'z_loss': 1e-4, 'label_smoothing': 0.1}, {'optimizer': 'adafactor'},
+                      'adafactor') == ' (z-loss 0.0001 in ours, label smoothing 0.1 in ours)'
 
 
 def test_profile_turns_command_buffers_off_only_for_a_cuda_backend():

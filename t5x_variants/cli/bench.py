@@ -32,6 +32,7 @@ import jax
 import numpy as np
 
 from t5x_variants.cli import common, launch, profile, ranges
+from t5x_variants.layers import dense
 from t5x_variants.models import flops
 from t5x_variants.train import aot, partitioning, targets, train_step, trainer
 
@@ -115,6 +116,10 @@ def bench(config, batch: int, lengths, steps: int = 10, warmup: int = 2,
       'architecture': config.architecture, 'dtype': str(config.dtype), 'batch': batch,
       'num_microbatches': num_microbatches, 'dropout': config.uses_dropout, 'packed': packed,
       'remat': config.remat_policy(jax.default_backend()),
+      'attention_kernel': config.attention_kernel, 'z_loss': options['z_loss'],
+      'label_smoothing': options['label_smoothing'],
+      'dense_contraction': os.environ.get(dense.CONTRACTION, "the platform's"),
+      'parameters': sum(int(x.size) for x in jax.tree_util.tree_leaves(state.params)),
       'lengths': dict(lengths), 'steps': steps, 'median_step_seconds': median,
       'step_seconds': times, 'tokens_per_second': tokens / median,
       'sequences_per_second': batch / median, 'train_flops_per_step': flop,
@@ -142,7 +147,9 @@ def unlike(result, hf, ours: str) -> str:
   differ = ([] if hf['optimizer'] == ours else ['different optimizers']) + (
       ['dropout on in ours only'] if result['dropout'] else []) + (
       [f"{result['num_microbatches']} microbatches in ours"] if result['num_microbatches'] > 1 else []) + (
-      ['packed rows in ours'] if result.get('packed') else [])
+      ['packed rows in ours'] if result.get('packed') else []) + (
+      [f"z-loss {result['z_loss']:g} in ours"] if result.get('z_loss') else []) + (
+      [f"label smoothing {result['label_smoothing']:g} in ours"] if result.get('label_smoothing') else [])
   return f" ({', '.join(differ)})" if differ else ''
 
 

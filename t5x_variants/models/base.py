@@ -22,15 +22,20 @@ def prefix_lengths(valid, segment_ids):
 
 
 def default_positions(config: TransformerConfig, tokens, positions, segment_ids=None):
-  """``positions``, else each token's index in its row. A synthesizer reads its table at absolute
-  positions, so packed rows (``segment_ids``) without theirs are refused: every segment after the
-  first would read another segment's columns."""
+  """``positions``, else each token's index in its row. A synthesizer's table and learned or
+  sinusoidal position embeddings are read at absolute positions, so packed rows (``segment_ids``)
+  without theirs are refused: every segment after the first would read other positions (T5's
+  relative bias needs none: a distance within a segment is the same either way)."""
   if positions is not None:
     return positions
-  if segment_ids is not None and set(config.attention_components) - {'dot_product'}:
-    raise ValueError('packed rows (segment ids) need their positions for a synthesizer, whose '
-                     'table is read at each token\'s position in its segment: pass the positions '
-                     '(the data pipeline\'s packing writes them)')
+  absolute = [what for what, used in (
+      ('a synthesizer', set(config.attention_components) - {'dot_product'}),
+      (f'{config.position_embedding} position embeddings',
+       config.position_embedding in ('learned', 'sinusoidal'))) if used]
+  if segment_ids is not None and absolute:
+    raise ValueError(f'packed rows (segment ids) need their positions for {" and ".join(absolute)}, '
+                     'read at each token\'s position in its segment: pass the positions (the data '
+                     'pipeline\'s packing writes them)')
   return token_index(tokens)
 
 

@@ -2,8 +2,9 @@
 
 Counted, per token of every stack: the attention projections (query, key, value, out; the
 Synthesizers' W_1 where they have one, ``synthesizer_hidden``, and W_2 or factor projections), the
-attention products (Q K^T, or the factorized random R_1 R_2^T, once per layer as it depends on
-no input, and probabilities times values),
+attention products (Q K^T, or the factorized random R_1 R_2^T once per layer, as it depends on
+no input: the code computes it per row of a packed batch, work not counted; and probabilities
+times values),
 over the full length with no discount for causal masking, the FFN matrices (two or three), the
 logits layer (and the encoder-only MLM transform; a classification head: its pooler and
 classifier on the first token). A training step is 3x the forward pass (the backward pass is

@@ -209,7 +209,7 @@ def table(group: Group) -> List[str]:
     params = next((r.params for r in records if r.params), None)
     speeds = [s for s in (r.tokens_per_second() for r in records) if s]
     diverged = [diverged_step(t) for t in trials  # a running run's blow-up may still recover
-                if t.status in ('done', 'diverged') and diverged_step(t) is not None]
+                if t.status in grid.FINISHED and diverged_step(t) is not None]
     row = [v, _status(trials), f'{steps}' + (f'/{total}' if total else ''),
            f'{params:,}' if params else '—', f'{np.mean(speeds):,.0f}' if speeds else '—',
            mean_std(final_values(trials)), format_interval(t_interval(final_values(trials))),

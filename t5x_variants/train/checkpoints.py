@@ -199,7 +199,8 @@ class Checkpointer:
         mismatch = saved is not None and _saved_mismatch(saved, abstract_state, 'opt_state')
         if mismatch:
           raise CheckpointError(f'{path} holds the optimizer state of other optimizer settings '
-                                f'({mismatch}). {retry}{optimizer_hint(mismatch)}') from e
+                                f'({mismatch}). {retry}'
+                                f'{optimizer_hint(mismatch, ": saved nothing" not in mismatch)}') from e
         logging.error('checkpoint %s cannot be read (%s); falling back to the previous one', path,
                       e)
         damaged.append((path, e))
@@ -252,11 +253,11 @@ class Checkpointer:
     return state
 
 
-def optimizer_hint(entry: str) -> str:
+def optimizer_hint(entry: str, reshaped: bool) -> str:
   """The setting that may make a saved optimizer state of other settings read, for the name of
-  its first entry that differs ('opt_state/...'); '' if none is known."""
-  both = 'nothing' not in entry  # saved with another shape, not another optimizer's statistic
-  if both and any(f'/{name}/kernel' in entry for name in optimizer.PROJECTIONS):  # Adafactor's layout
+  its first entry that differs ('opt_state/...'), ``reshaped`` if the checkpoint holds it with
+  another shape (not another optimizer's statistic); '' if none is known."""
+  if reshaped and any(f'/{name}/kernel' in entry for name in optimizer.PROJECTIONS):  # Adafactor's layout
     return (' (an Adafactor state of the other attention layout: '
             '--gin.adafactor.combine_heads=False reads those saved before 49e9cc9, True those after)')
   if entry.startswith('opt_state/1/'):  # optax.chain(clip, ...): the statistics one level down
@@ -361,7 +362,8 @@ def error_reason(e: Exception, limit: int = 300) -> str:
     return str(e)
   first = str(e).splitlines()[0] if str(e) else ''
   reason = f'{type(e).__name__}: {first}' if first else type(e).__name__
-  return reason if len(reason) <= limit else f'{reason[:limit * 2 // 3]} ... {reason[-(limit // 3):]}'
+  tail = limit // 3
+  return reason if len(reason) <= limit else f'{reason[:limit - tail - 5]} ... {reason[-tail:]}'
 
 
 def saved_tree(path: epath.Path):

@@ -156,8 +156,8 @@ def restore_state(path: str, abstract_state, fresh: Sequence[str] = ()):
       raise CheckpointError(
           f'{path} holds no {name} of shape {shape} (saved: {saved.get(name, "nothing")}): its '
           'run trained with other optimizer settings (another optimizer, or paths frozen there '
-          f'that this run trains){optimizer_hint(name)}. Start from its parameters alone with '
-          '--gin.train.init_optimizer=False')
+          f'that this run trains){optimizer_hint(name, name in saved)}. Start from its '
+          'parameters alone with --gin.train.init_optimizer=False')
   try:
     restored = _read(path, target)
   except Exception as e:
