@@ -98,14 +98,22 @@ def check_mesh(boxed_params, mesh: Mesh, rules):
           f"{mesh.size} devices: {', '.join(map(str, fits))} (set MeshConfig.{axis})")
 
 
+def _process_count(mesh) -> int:
+  """The processes of the mesh's devices; this run's for a mesh without devices (abstract)."""
+  try:
+    devices = mesh.devices
+  except (AttributeError, ValueError):  # jax's AbstractMesh raises ValueError
+    return jax.process_count()
+  return len({d.process_index for d in np.asarray(devices).flat})
+
+
 def check_processes(mesh: Mesh, process_count: Optional[int] = None):
   """With several processes, each must feed the rows of its own contiguous block of 'data', in
   process order (what ``global_batch`` and ``host_rows`` assume); else one ValueError: a data
   shard that spans processes (a 'model' axis wider than a host's devices) would get other rows
   from each (replicas that disagree, eval rows counted once, predictions lost). The processes
   are those of the mesh's devices: a run's, or the hosts of a slice compiled for ahead of time."""
-  count = (len({d.process_index for d in mesh.devices.flat}) if process_count is None
-           else process_count)
+  count = _process_count(mesh) if process_count is None else process_count
   if count == 1:
     return
   axis, data = mesh.axis_names.index('data'), mesh.shape['data']
