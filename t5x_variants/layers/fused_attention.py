@@ -91,8 +91,7 @@ def pallas_unsupported(dtype, head_dim: int, queries: int, keys: int, biased: bo
   del dtype, biased
   if queries == 1:
     return 'a single query (a cached decode step)'
-  padded = lambda n: -(-n // _TPU_BLOCK) * _TPU_BLOCK
-  if not row_attention.fits(padded(queries), padded(keys)) and head_dim > 128 and head_dim % 128:
+  if not row_attention.fits(_tiled(queries), _tiled(keys)) and head_dim > 128 and head_dim % 128:
     return f'head_dim {head_dim} (JAX\'s flash kernel, for rows of {queries} x {keys}: at most 128 or a multiple of 128)'
   return None
 
@@ -156,6 +155,11 @@ def attend(query, key, value, bias=None, lengths: Tuple = (None, None), causal: 
       query_seq_lengths=q_lengths, key_value_seq_lengths=k_lengths, implementation=implementation)
 
 
+def _tiled(n: int) -> int:
+  """``n`` rounded up to the TPU kernels' tile."""
+  return -(-n // _TPU_BLOCK) * _TPU_BLOCK
+
+
 def _lengths(lengths, batch: int, n: int):
   """(batch,) int32 valid positions of each row: ``n`` for every row when ``lengths`` is None."""
   return jnp.full((batch,), n, jnp.int32) if lengths is None else jnp.minimum(lengths, n)
@@ -172,7 +176,7 @@ def _tpu_flash(query, key, value, bias, q_lengths, k_lengths, causal, segments=N
   name (the heads where they divide)."""
   b, q, h, d = query.shape
   k = key.shape[1]
-  pq, pk = (-(-n // _TPU_BLOCK) * _TPU_BLOCK for n in (q, k))
+  pq, pk = _tiled(q), _tiled(k)
   if segments is None:
     q_mask, k_mask = _lengths(q_lengths, b, q), _lengths(k_lengths, b, k)
   else:  # padding gets segment 0, its own: its queries come out as zeros
