@@ -260,8 +260,8 @@ def parse_gin(gin_files: List[str], bindings: List[str], search_paths: Sequence[
     with _quiet_search():
       gin.parse_config_files_and_bindings(gin_files, bindings, skip_unknown=skip_unknown)
   except (IOError, OSError) as e:
-    raise GinConfigError(f'cannot read gin file: {str(e).rstrip(".")}. Paths are resolved against the working '
-                         f'directory, --gin_search_paths and {PACKAGE_DIR}') from e
+    raise GinConfigError(f'cannot read gin file: {str(e).rstrip(".")}. Paths are resolved '
+                         f'against the working directory, --gin_search_paths and {PACKAGE_DIR}') from e
   except (ValueError, SyntaxError, NameError, TypeError, KeyError) as e:
     bad = _unparsable(bindings)
     if bad:

@@ -92,7 +92,8 @@ def pallas_unsupported(dtype, head_dim: int, queries: int, keys: int, biased: bo
   if queries == 1:
     return 'a single query (a cached decode step)'
   if not row_attention.fits(_tiled(queries), _tiled(keys)) and head_dim > 128 and head_dim % 128:
-    return f'head_dim {head_dim} (JAX\'s flash kernel, for rows of {queries} x {keys}: at most 128 or a multiple of 128)'
+    return (f'head_dim {head_dim} (JAX\'s flash kernel, for rows of {queries} x {keys}: at most '
+            '128 or a multiple of 128)')
   return None
 
 

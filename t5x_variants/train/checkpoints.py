@@ -257,7 +257,8 @@ def optimizer_hint(entry: str, reshaped: bool) -> str:
   """The setting that may make a saved optimizer state of other settings read, for the name of
   its first entry that differs ('opt_state/...'), ``reshaped`` if the checkpoint holds it with
   another shape (not another optimizer's statistic); '' if none is known."""
-  if reshaped and any(f'/{name}/kernel' in entry for name in optimizer.PROJECTIONS):  # Adafactor's layout
+  projection = any(f'/{name}/kernel' in entry for name in optimizer.PROJECTIONS)
+  if reshaped and projection:  # Adafactor's layout of an attention projection's statistics
     return (' (an Adafactor state of the other attention layout: '
             '--gin.adafactor.combine_heads=False reads those saved before 49e9cc9, True those after)')
   if entry.startswith('opt_state/1/'):  # optax.chain(clip, ...): the statistics one level down
