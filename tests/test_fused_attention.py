@@ -195,16 +195,41 @@ def test_a_packed_example_without_inputs_gets_zeros_from_the_tpu_kernels(tpu_ker
   reference's."""
   rng = np.random.default_rng(0)
   q, k, v = (jnp.asarray(rng.normal(size=(1, n, 2, 8)), jnp.float32) for n in (6, 12, 12))
-  segments = fused_attention.Segments(jnp.asarray([[1, 1, 2, 2, 3, 3]]),
-                                      jnp.asarray([[1] * 5 + [3] * 4 + [0] * 3]))  # no 2 in the keys
+  q_segments = np.asarray([[1, 1, 2, 2, 3, 3]])
+  segments = fused_attention.cross_segments(jnp.asarray(q_segments),
+                                            jnp.asarray([[1] * 5 + [3] * 4 + [0] * 3]))  # no 2
   out = np.asarray(fused_attention.attend(q, k, v, lengths=segments, implementation='pallas'))
   assert not out[0, 2:4].any()
-  mask = np.asarray(segments.q)[0, :, None] == np.asarray(segments.k)[0, None, :]
+  mask = q_segments[0, :, None] == np.asarray(segments.k)[0, None, :]
   logits = np.where(mask[None], np.einsum('bqhd,bkhd->bhqk', q, k) / np.sqrt(8), -1e30)
   p = np.exp(logits - logits.max(-1, keepdims=True))
   want = np.einsum('bhqk,bkhd->bqhd', p / p.sum(-1, keepdims=True), v)
   keep = [0, 1, 4, 5]
   np.testing.assert_allclose(out[:, keep], want[:, keep], rtol=1e-5, atol=1e-6)
+
+
+def test_the_cross_attention_of_a_packed_example_without_inputs_gets_segment_0(monkeypatch):
+  """The encoder-decoder hands the TPU kernels cross-attention ``Segments`` in which a decoder
+  example with no encoder tokens has segment 0 (its queries then come out as zeros, the test
+  above), and self-attention the segment ids as they are."""
+  monkeypatch.setattr(fused_attention, 'platform', lambda: 'tpu')
+  calls = []
+  monkeypatch.setattr(fused_attention, 'attend', lambda q, k, v, bias, lengths, *a: (
+      calls.append(lengths), jnp.zeros_like(q))[1])
+  enc_seg = np.array([[1] * 6 + [3] * 4 + [0] * 2])  # example 2 has no inputs
+  dec_seg = np.array([[1] * 3 + [2] * 3 + [3] * 2])
+  enc, dec = (np.where(seg > 0, np.array(tokens(1, seg.shape[1])), 0) for seg in (enc_seg, dec_seg))
+  packed = tuple(jnp.asarray(x) for x in (enc, dec, enc_seg, dec_seg))
+  _, params = init_params(tiny(attention_kernel='xla', scan_layers=False), *packed)
+  build_model(tiny(attention_kernel='pallas', scan_layers=False)).apply({'params': params}, *packed)
+  assert len(calls) == 3 * 2  # per layer: the encoder's self, the decoder's self and cross
+  crosses = [s for s in calls if s.k.shape != s.q.shape]
+  assert len(crosses) == 2
+  for segments in crosses:
+    np.testing.assert_array_equal(segments.q, [[1] * 3 + [0] * 3 + [3] * 2])
+  for segments in calls:
+    if segments.k.shape == segments.q.shape:
+      assert (np.asarray(segments.q) > 0).sum() in (8, 10)
 
 
 PALLAS_ON_A_MESH = """

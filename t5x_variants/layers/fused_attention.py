@@ -51,6 +51,14 @@ class Segments(NamedTuple):
   k: jnp.ndarray
 
 
+def cross_segments(q_segments, k_segments) -> Segments:
+  """Packed cross-attention's ``Segments``: a query whose example has no key (a packed example
+  without inputs) gets segment 0, so the kernels give it zeros (``attend``). Built once per model
+  call; in self-attention every query has its own key."""
+  has_key = (q_segments[:, :, None] == k_segments[:, None, :]).any(-1)
+  return Segments(jnp.where(has_key, q_segments, 0), k_segments)
+
+
 def platform() -> str:
   """The platform of the mesh being traced (``partitioning.jit``), else JAX's default backend."""
   mesh = jax.sharding.get_abstract_mesh()
@@ -133,19 +141,17 @@ def attend(query, key, value, bias=None, lengths: Tuple = (None, None), causal: 
   (batch, k, heads, d_h), all in the compute dtype. ``bias``: (1, heads, q, k) or None;
   ``lengths``: (query lengths, key lengths), each (batch,) int32 or None for every position, or
   a packed row's ``Segments`` (the TPU kernels only); ``causal``: key index <= query index. Rows
-  past a query length come out as zeros, and so do the queries of an example with no valid key
-  (an all-padding input under cross-attention, or a packed example without inputs; before, those
-  got softmax over the tile's padding too): the kernels leave softmax over an empty set
-  undefined (cuDNN's gradient there was garbage on an H100 and an H200), so such an example's
-  query length is set to 0. The reference path gives those queries the mean of the values
-  instead; no loss reaches them unless an example has targets but no inputs."""
+  past a query length, and queries of segment 0, come out as zeros, and so do the queries of an
+  example with no valid key (an all-padding input under cross-attention; a packed example
+  without inputs when its ``Segments`` come from ``cross_segments``): the kernels leave softmax
+  over an empty set undefined (cuDNN's gradient there was garbage on an H100 and an H200), so
+  such an example's query length is set to 0. The reference path gives those queries the mean of
+  the values instead; no loss reaches them unless an example has targets but no inputs."""
   if bias is not None and bias.shape[0] != 1:  # one bias for every example (the row kernel's)
     raise ValueError(f'attend: bias of shape {bias.shape}: one (1, heads, q, k) for every example')
   bias = None if bias is None else bias.astype(query.dtype)
-  if isinstance(lengths, Segments):  # a query whose example has no key (no inputs): segment 0
-    has_key = (lengths.q[:, :, None] == lengths.k[:, None, :]).any(-1)
-    segments = Segments(jnp.where(has_key, lengths.q, 0), lengths.k)
-    return _tpu_flash(query, key, value, bias, None, None, causal, segments)
+  if isinstance(lengths, Segments):
+    return _tpu_flash(query, key, value, bias, None, None, causal, lengths)
   q_lengths, k_lengths = (None if n is None else n.astype(jnp.int32) for n in lengths)
   if k_lengths is not None:
     q_lengths = jnp.where(k_lengths == 0, 0, query.shape[1] if q_lengths is None else q_lengths)

@@ -3,7 +3,7 @@
 import jax.numpy as jnp
 
 from t5x_variants.layers.attention import causal_mask, pair_mask, segment_mask
-from t5x_variants.layers.fused_attention import Segments
+from t5x_variants.layers.fused_attention import Segments, cross_segments
 from t5x_variants.models.base import LanguageModel, default_positions, prefix_lengths, token_index
 from t5x_variants.models.stack import Stack
 
@@ -49,7 +49,7 @@ class EncoderDecoder(LanguageModel):
       self_lengths, cross_lengths = (None, None), (None if encoder_segment_ids is not None else (None, n))
     else:
       self_lengths = Segments(decoder_segment_ids, decoder_segment_ids)
-      cross_lengths = None if encoder_segment_ids is None else Segments(decoder_segment_ids, n)
+      cross_lengths = None if encoder_segment_ids is None else cross_segments(decoder_segment_ids, n)
     x = self.decoder(self.token_embedder(decoder_input_tokens), positions, mask, encoded, cross,
                      deterministic=not enable_dropout, decode=decode,
                      self_lengths=self_lengths, cross_lengths=cross_lengths)
