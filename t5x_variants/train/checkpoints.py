@@ -13,7 +13,7 @@ waiting for it.
 import dataclasses
 import logging
 import re
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence
 
 import gin
 import jax
@@ -200,7 +200,7 @@ class Checkpointer:
         if mismatch:
           raise CheckpointError(f'{path} holds the optimizer state of other optimizer settings '
                                 f'({mismatch}). {retry}'
-                                f'{optimizer_hint(mismatch, ": saved nothing" not in mismatch)}') from e
+                                f'{optimizer_hint(mismatch.entry, mismatch.saved is not None)}') from e
         logging.error('checkpoint %s cannot be read (%s); falling back to the previous one', path,
                       e)
         damaged.append((path, e))
@@ -317,18 +317,29 @@ def _process0_steps(steps: Callable[[], Sequence[int]]) -> List[int]:
   return multihost.process0_json('listing the checkpoints', lambda: [int(s) for s in steps()])
 
 
-def _saved_mismatch(tree, abstract_state, part: str) -> Optional[str]:
+class _Mismatch(NamedTuple):
+  """An array named as orbax saves it ('opt_state/...'), its shape in a checkpoint and in this
+  run, None where it has none."""
+  entry: str
+  saved: Optional[tuple]
+  wanted: Optional[tuple]
+
+  def __str__(self):
+    shape = lambda x: 'nothing' if x is None else x
+    return f'{self.entry}: saved {shape(self.saved)}, this run {shape(self.wanted)}'
+
+
+def _saved_mismatch(tree, abstract_state, part: str) -> Optional[_Mismatch]:
   """The first array of ``part`` ('params', 'opt_state') whose shape in a checkpoint's metadata
-  ``tree`` (``saved_tree``'s) differs from ``abstract_state``'s (or that only one of them has),
-  named as orbax saves it; None if they agree or either has no ``part``."""
+  ``tree`` (``saved_tree``'s) differs from ``abstract_state``'s (or that only one of them has);
+  None if they agree or either has no ``part``."""
   if part not in tree or not hasattr(abstract_state, part):
     return None
   saved = array_shapes(tree[part])
   wanted = array_shapes(getattr(abstract_state, part))
   for key in sorted(saved.keys() | wanted.keys()):
     if saved.get(key) != wanted.get(key):
-      return (f'{part}/{key}: saved {saved.get(key, "nothing")}, '
-              f'this run {wanted.get(key, "nothing")}')
+      return _Mismatch(f'{part}/{key}', saved.get(key), wanted.get(key))
   return None
 
 
