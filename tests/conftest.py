@@ -28,8 +28,11 @@ if ON_GPU:
 # which compiles the same programs 2-3x faster (measured in README's Tests). Values agree within
 # the tests' tolerances either way; TPU programs compiled here for t5xv-compile are unaffected
 # (their memory figures are the same byte for byte); a GPU run keeps every optimisation.
+# Decided by the suite's own process and inherited: a process a test starts on the host's devices
+# (JAX_PLATFORMS=cpu on a GPU machine) that imports this module takes the flags only where the
+# suite does (the GPU image's jaxlib stops at the fusion-emitter flag: below).
 CPU_COMPILE_FLAGS = '--xla_cpu_use_fusion_emitters=false'
-ON_CPU = os.environ['JAX_PLATFORMS'].split(',')[0] == 'cpu'
+ON_CPU = os.environ.setdefault('T5XV_SUITE_PLATFORM', os.environ['JAX_PLATFORMS'].split(',')[0]) == 'cpu'
 if ON_CPU:
   os.environ.setdefault('JAX_DISABLE_MOST_OPTIMIZATIONS', '1')
   os.environ['XLA_FLAGS'] = f'{os.environ.get("XLA_FLAGS", "")} {CPU_COMPILE_FLAGS}'.strip()

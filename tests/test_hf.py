@@ -23,9 +23,11 @@ from t5x_variants.train import checkpoints, pretrained
 from t5x_variants.train.decoding import decode
 
 D_KV = 16  # sqrt(16) = 4: the attention scale multiplies and divides exactly
+# An epsilon far from the 1e-6 default, so that one dropped on import or export changes logits.
 HF_TINY = dict(vocab_size=64, d_model=32, d_kv=D_KV, d_ff=48, num_layers=2, num_decoder_layers=3,
                num_heads=2, relative_attention_num_buckets=8, relative_attention_max_distance=16,
-               dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+               dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
+               layer_norm_epsilon=1e-2)
 # Encoder inputs with padding (0) and decoder inputs (0 first: the start token).
 INPUTS = np.array([[5, 9, 23, 7, 1, 0, 0], [11, 12, 13, 14, 15, 16, 1], [40, 1, 0, 0, 0, 0, 0]])
 DECODER = np.array([[0, 8, 9, 10, 3], [0, 30, 31, 1, 0], [0, 2, 60, 61, 62]])
@@ -112,10 +114,19 @@ def test_import_then_export_give_transformers_logits(ffn, tied, tmp_path):
   assert (tmp_path / 'out' / 'spiece.model').exists()
   exported = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path / 'out').eval()
   assert_logits_close(hf_logits(exported), ours)
+  written = json.loads((tmp_path / 'out' / 'config.json').read_text())  # what logits cannot show
+  assert {k: written[k] for k in ('decoder_start_token_id', 'eos_token_id', 'pad_token_id',
+                                  'dropout_rate', 'layer_norm_epsilon')} == {
+      k: HF_TINY[k] for k in ('decoder_start_token_id', 'eos_token_id', 'pad_token_id',
+                              'dropout_rate', 'layer_norm_epsilon')}
   hf_cli.import_checkpoint(str(tmp_path / 'out'), str(tmp_path / 'again'))
   again = pretrained.read_on_host(str(tmp_path / 'again'))
   jax.tree_util.tree_map(np.testing.assert_array_equal, again, params)
   assert {x.dtype for x in jax.tree_util.tree_leaves(again)} == {np.dtype(np.float32)}  # not float64
+  if ffn == 'relu':  # --params_only is honoured for a model transformers can hold too
+    assert hf_cli.export_checkpoint(str(tmp_path / 'run'), str(tmp_path / 'plain'),
+                                    params_only=True) == 'params.safetensors and config.gin'
+    assert sorted(p.name for p in (tmp_path / 'plain').iterdir()) == ['config.gin', 'params.safetensors']
   if ffn == 'relu':  # into a directory that is not empty: one error each, nothing there touched
     before = {p.name: p.read_bytes() for p in (tmp_path / 'out').iterdir()}
     with pytest.raises(ValueError, match='out already exists and is not empty; export into a new'):
@@ -123,6 +134,20 @@ def test_import_then_export_give_transformers_logits(ffn, tied, tmp_path):
     with pytest.raises(ValueError, match='out already exists and is not empty; import into a new'):
       hf_cli.import_checkpoint(str(hf_dir), str(tmp_path / 'out'))
     assert {p.name: p.read_bytes() for p in (tmp_path / 'out').iterdir()} == before
+
+
+def test_an_mt5_imports_as_the_t5_v1_1_it_is(tmp_path):
+  """mT5 (transformers' MT5ForConditionalGeneration, model_type 'mt5') is T5 v1.1 with another
+  vocabulary: imported, our logits are transformers'."""
+  torch.manual_seed(0)
+  model = transformers.MT5ForConditionalGeneration(transformers.MT5Config(
+      **HF_TINY, feed_forward_proj='gated-gelu', tie_word_embeddings=False)).eval()
+  model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.lm_head.weight) * 0.05)
+  model.save_pretrained(tmp_path / 'hf')
+  assert json.loads((tmp_path / 'hf' / 'config.json').read_text())['model_type'] == 'mt5'
+  config = hf_cli.import_checkpoint(str(tmp_path / 'hf'), str(tmp_path / 'run'))
+  assert (config.ffn, config.tie_embeddings) == ('geglu', False)
+  assert_logits_close(our_logits(tmp_path / 'run')[0], hf_logits(model))
 
 
 def test_an_import_whose_weights_and_config_disagree_is_one_error(tmp_path):
@@ -148,6 +173,10 @@ def test_an_import_with_weights_left_over_or_of_another_head_is_one_error(tmp_pa
     hf_cli.import_checkpoint(str(hf_dir), str(tmp_path / 'run'))
   (hf_dir / 'config.json').write_text(json.dumps({**config, 'architectures': ['T5ForQuestionAnswering']}))
   with pytest.raises(ValueError, match="of T5ForQuestionAnswering, not T5ForConditionalGeneration"):
+    hf_cli.import_checkpoint(str(hf_dir), str(tmp_path / 'run'))
+  encoder_only = {k: v for k, v in config.items() if k != 'architectures'}
+  (hf_dir / 'config.json').write_text(json.dumps({**encoder_only, 'is_encoder_decoder': False}))
+  with pytest.raises(ValueError, match=r'holds a model without a decoder \(is_encoder_decoder false'):
     hf_cli.import_checkpoint(str(hf_dir), str(tmp_path / 'run'))
   assert not (tmp_path / 'run').exists()
 
@@ -278,7 +307,7 @@ def test_export_refuses_in_one_line_or_writes_our_parameters(tmp_path):
   assert "t5xv-export: error: transformers T5 cannot express this model: norm placement " \
          "'deepnorm'" in out.stderr and '--params_only' in out.stderr
   written = hf_cli.export_checkpoint(str(tmp_path / 'run'), str(tmp_path / 'out'), params_only=True)
-  assert written.startswith('params.safetensors and config.gin')
+  assert written.startswith('params.safetensors and config.gin (not a transformers model')
   from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
   flat = load_file(tmp_path / 'out' / 'params.safetensors')
   np.testing.assert_array_equal(flat['token_embedder/embedding'], params['token_embedder']['embedding'])

@@ -5,7 +5,7 @@
   python -m t5x_variants.cli.hf import|export FLAGS    (the same two commands)
 
 t5xv-import reads a local transformers T5 directory (config.json and model.safetensors, its
-sharded index, or pytorch_model.bin; T5 v1.0, v1.1 and Flan-T5 layouts) and writes a run
+sharded index, or pytorch_model.bin; T5 v1.0, v1.1, Flan-T5 and mT5 layouts) and writes a run
 directory: ``checkpoint_0`` (orbax, the parameters only, scanned unless ``--unrolled``),
 ``config.gin`` (the matching TransformerConfig and pretraining's data macros), ``model-info.txt``
 and ``vocab.model`` (the checkpoint's ``spiece.model``, the run's vocabulary). Fine-tune it with
@@ -15,7 +15,8 @@ t5xv-export reads a run directory (its newest checkpoint) or one ``checkpoint_<s
 by any number of devices, onto this host and writes config.json, model.safetensors and
 spiece.model for ``T5ForConditionalGeneration.from_pretrained``. A variant transformers' T5
 cannot express is refused with the axis that it lacks; ``--params_only`` then writes our
-parameter tree as ``params.safetensors`` ('/'-joined names) with ``config.gin`` instead.
+parameter tree as ``params.safetensors`` ('/'-joined names) with ``config.gin`` instead (of any
+model, when given).
 """
 import dataclasses
 import json
@@ -35,7 +36,8 @@ from t5x_variants.train import checkpoints, pretrained, storage
 
 VOCAB = 'vocab.model'  # the run's vocabulary (common.use_run_vocabulary)
 SPIECE = 'spiece.model'  # transformers' T5 tokenizer file
-LM_ARCHITECTURES = ('T5ForConditionalGeneration', 'T5WithLMHeadModel')  # the latter: its old name
+# T5WithLMHeadModel: the first's old name; mT5 is T5 v1.1 with another vocabulary.
+LM_ARCHITECTURES = ('T5ForConditionalGeneration', 'T5WithLMHeadModel', 'MT5ForConditionalGeneration')
 
 
 def _load_safetensors(data: bytes):
@@ -121,10 +123,14 @@ def import_checkpoint(hf_dir: str, model_dir: str, scan_layers: bool = True):
   """Writes the run directory of the module doc; returns its TransformerConfig."""
   hf = _read_config(storage.path(hf_dir) / 'config.json')
   kind = hf.get('architectures') or ['T5ForConditionalGeneration']
-  if hf.get('model_type', 't5') != 't5' or not hf.get('is_encoder_decoder', True) or any(
-      a not in LM_ARCHITECTURES for a in kind):
-    raise ValueError(f'{hf_dir} holds a {hf.get("model_type")!r} model of {", ".join(kind)}, '
-                     'not T5ForConditionalGeneration (transformers T5 with its language-model head)')
+  other = (f'a {hf.get("model_type")!r} model' if hf.get('model_type', 't5') not in ('t5', 'mt5')
+           else 'a model without a decoder (is_encoder_decoder false: T5EncoderModel?)'
+           if not hf.get('is_encoder_decoder', True)
+           else f'a model of {", ".join(kind)}' if any(a not in LM_ARCHITECTURES for a in kind)
+           else None)
+  if other:
+    raise ValueError(f'{hf_dir} holds {other}, not T5ForConditionalGeneration (transformers T5 '
+                     'or mT5 with its language-model head)')
   run = storage.path(model_dir)
   _refuse_filled(run, 'import into a new directory')
   weights = read_hf_weights(hf_dir)
@@ -172,6 +178,7 @@ def export_checkpoint(checkpoint_path: str, output_dir: str, params_only: bool =
   if why and not params_only:
     raise ValueError(f'transformers T5 cannot express this model: {why}. --params_only writes its '
                      'parameters as params.safetensors with config.gin instead')
+  params_only = params_only or bool(why)
   out = storage.path(output_dir)
   _refuse_filled(out, 'export into a new directory')
   params = pretrained.read_on_host(str(path))
@@ -180,14 +187,14 @@ def export_checkpoint(checkpoint_path: str, output_dir: str, params_only: bool =
     raise ValueError(f'{path} is not the model of {run / "config.gin"}: {bad}')
   from safetensors import numpy as st_numpy  # pylint: disable=g-import-not-at-top
   out.mkdir(parents=True, exist_ok=True)
-  if config.shared_encoder_decoder and not why:  # transformers' T5 holds the copies the model shares
-    params = unshared_params(params)
-    config = dataclasses.replace(config, shared_encoder_decoder=False)
-  if why:
+  if params_only:
     flat = {k: np.ascontiguousarray(v) for k, v in flax.traverse_util.flatten_dict(params, sep='/').items()}
     (out / 'params.safetensors').write_bytes(st_numpy.save(flat))
     storage.copy(run / 'config.gin', out / 'config.gin')
-    return f'params.safetensors and config.gin (not a transformers model: {why})'
+    return f'params.safetensors and config.gin{f" (not a transformers model: {why})" if why else ""}'
+  if config.shared_encoder_decoder:  # transformers' T5 holds the copies the model shares
+    params = unshared_params(params)
+    config = dataclasses.replace(config, shared_encoder_decoder=False)
   if config.scan_layers:
     params = hf_t5.unstack_layers(params)
   (out / 'model.safetensors').write_bytes(
@@ -216,7 +223,8 @@ def export_main(argv=None):
   p.add_argument('--checkpoint_path', required=True, help='a run directory or checkpoint_<step>')
   p.add_argument('--output_dir', required=True)
   p.add_argument('--params_only', action='store_true',
-                 help='for variants transformers cannot express: our parameters and config.gin')
+                 help='our parameters and config.gin instead of a transformers model (the only '
+                 'export of a variant transformers cannot express)')
   args = p.parse_args(argv)
   with common.clear_errors('t5xv-export'):
     written = export_checkpoint(args.checkpoint_path, args.output_dir, args.params_only)

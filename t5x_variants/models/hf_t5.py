@@ -6,7 +6,8 @@ attention and an FFN of the GLU paper (``feed_forward_proj``). Two conventions d
 
 - The attention scale. Ours is softmax(Q K^T / sqrt(d_h)) (Vaswani et al. 2017, Eq. 1); T5 folds
   1 / sqrt(d_h) into the initialisation of W_q and computes softmax(Q K^T). So
-  W_q(ours) = sqrt(d_h) W_q(T5), exactly, and back.
+  W_q(ours) = sqrt(d_h) W_q(T5), and back: exactly where sqrt(d_h) is a power of 2 (d_h 16, 64,
+  256), else to float32 rounding (d_h 32 or 128: about 15% of W_q's weights move by one ulp).
 - Layouts. A torch ``Linear`` weight is (out, in); ours are (in, heads, d_h), (heads, d_h, out)
   and (in, out). The relative-bias table is (buckets, heads) in HF, (heads, buckets) here.
 
@@ -94,7 +95,11 @@ def hf_config(config: TransformerConfig) -> dict:
 
 
 def scales_decoder_outputs(hf: Mapping) -> bool:
-  """Whether an HF T5 ``config.json`` multiplies the decoder output by d_model^-0.5 (T5 v1.0)."""
+  """Whether an HF T5 ``config.json`` multiplies the decoder output by d_model^-0.5 (T5 v1.0).
+  mT5 never does in transformers 5 (its released checkpoints are untied, which transformers 4
+  took for unscaled too), whatever its config says of tying."""
+  if hf.get('model_type') == 'mt5':
+    return False
   return hf.get('scale_decoder_outputs', hf.get('tie_word_embeddings', True) is not False)
 
 
