@@ -121,6 +121,33 @@ def test_adafactor_factors_attention_projections_as_t5_stored_them():
   assert (2, 384, 4, 64) in {x.shape for x in jax.tree_util.tree_leaves(tx.init(params))}
 
 
+def test_adafactor_clips_decays_and_scales_each_layer_of_a_scanned_stack_alone():
+  """Three steps of a scanned (layers, d_model, d_ff) kernel whose second layer's gradient spikes
+  100x at step 2: each layer's update is optax's Adafactor with T5's settings (decay 0.8, update
+  clipping 1.0, the parameter's RMS) on that layer alone. A first step cannot show it (its
+  clipped RMS is about 1 and its decay 0 whatever the rate): clipping or parameter scale taken
+  over the whole stack, or another decay rate, changes later steps."""
+  keys = jax.random.split(jax.random.PRNGKey(1), 4)
+  scale = jnp.asarray([1.0, 0.05])[:, None, None]
+  params = {'decoder': {'layers': {'mlp': {'wi': {'kernel': jax.random.normal(keys[0], (2, 128, 256)) * scale}}}}}
+  grads = [jax.random.normal(k, (2, 128, 256)) for k in keys[1:]]
+  grads[1] = grads[1].at[1].mul(100.0)
+  tx = optimizer.make_optimizer(params, 0.01)
+  state = tx.init(params)
+  t5 = optax.adafactor(0.01, min_dim_size_to_factor=128, decay_rate=0.8, clipping_threshold=1.0,
+                       multiply_by_parameter_scale=True, momentum=None, factored=True)
+  alone = [(params['decoder']['layers']['mlp']['wi']['kernel'][i], None) for i in range(2)]
+  alone = [(p, t5.init(p)) for p, _ in alone]
+  for g in grads:
+    updates, state = tx.update({'decoder': {'layers': {'mlp': {'wi': {'kernel': g}}}}}, state, params)
+    params = optax.apply_updates(params, updates)
+    for i, (p, s) in enumerate(alone):
+      want, s = t5.update(g[i], s, p)
+      alone[i] = (optax.apply_updates(p, want), s)
+      np.testing.assert_allclose(updates['decoder']['layers']['mlp']['wi']['kernel'][i], want,
+                                 rtol=1e-4, atol=1e-7)
+
+
 def test_an_adafactor_checkpoint_of_the_earlier_layout_resumes_with_combine_heads_false(tmp_path):
   """Checkpoints saved before Adafactor combined the heads hold whole moments: resuming them is
   one error naming the switch, and with it they resume."""

@@ -190,8 +190,9 @@ def adafactor(learning_rate, decay_rate: float = 0.8, clipping_threshold: float 
   factor over d_model and heads x head_dim (on (d_model, heads, head_dim) optax factors nothing
   below head_dim 128; False keeps that layout, of this project's checkpoints before 49e9cc9).
   A matrix whose smaller side is under ``min_dim_size_to_factor`` keeps its full second moments,
-  as in Mesh TensorFlow; T5X's factor rules factor a layer's kernels whatever their size, so
-  below d_model 128 (t5_tiny, the small-scale recipes) T5X would factor where this does not."""
+  as in Mesh TensorFlow; T5X's factor rules factor the attention kernels, and every kernel of a
+  scanned stack, whatever their size (unrolled FFN and embedding matrices by the same 128 rule),
+  so below d_model 128 (t5_tiny, the small-scale recipes) T5X would factor where this does not."""
   tx = optax.adafactor(
       learning_rate, min_dim_size_to_factor=min_dim_size_to_factor, decay_rate=decay_rate,
       clipping_threshold=clipping_threshold, multiply_by_parameter_scale=multiply_by_parameter_scale,
