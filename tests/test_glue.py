@@ -139,8 +139,8 @@ def super_glue_dir(tmp_path):
   _jsonl(root / 'COPA/val.jsonl', [{'premise': 'It rained.', 'choice1': 'Sun.', 'choice2': 'Wet.',
                                     'question': 'effect', 'idx': 7, 'label': 1}])
   paragraph = {'text': '<b>Sent 1: </b>Tom ran.<br><b>Sent 2: </b>He won.', 'questions': [
-      {'question': 'Who ran?', 'idx': 0, 'answers': [{'text': 'Tom', 'idx': 0, 'label': 1},
-                                                    {'text': 'Ann', 'idx': 1, 'label': 0}]}]}
+      {'question': 'Who <b>ran</b>?', 'idx': 0, 'answers': [{'text': 'Tom', 'idx': 0, 'label': 1},
+                                                           {'text': 'A<br>nn', 'idx': 1, 'label': 0}]}]}
   _jsonl(root / 'MultiRC/val.jsonl', [{'idx': 3, 'version': 1.1, 'passage': paragraph}])
   text = 'Obama met Merkel in Berlin.\n@highlight\nTalks went well'
   entities = [{'start': 0, 'end': 4}, {'start': 10, 'end': 15}, {'start': 20, 'end': 25}]
@@ -193,7 +193,7 @@ def test_local_super_glue_tasks(register, super_glue_dir):
   assert (_text(copa, 'targets'), copa['idx']) == ('choice2', 7)
   multirc = _examples('super_glue_multirc_local', 'validation')
   assert [_text(e, 'inputs') for e in multirc] == [
-      f'multirc question: Who ran? answer: {a} paragraph: Sent 1: Tom ran. Sent 2: He won.' for a in ('Tom', 'Ann')]
+      f'multirc question: Who ran? answer: {a} paragraph: Sent 1: Tom ran. Sent 2: He won.' for a in ('Tom', 'A nn')]
   assert [_text(e, 'targets') for e in multirc] == ['True', 'False']
   post = seqio.get_mixture_or_task('super_glue_multirc_local').postprocess_fn('False', example=multirc[1])
   assert post == {'group': (3, 0), 'value': 0}

@@ -103,9 +103,10 @@ def read_record(path: str, split: str) -> Iterator[dict]:
 
 @seqio.map_over_dataset
 def multirc_markup(ex):
-  """Removes the paragraph's HTML: ``<br>`` becomes a space, ``<b>`` tags go."""
-  paragraph = tf.strings.regex_replace(ex['paragraph'], '<br>', ' ')
-  return {**ex, 'paragraph': tf.strings.regex_replace(paragraph, '</?b>', '')}
+  """Removes the HTML of the paragraph, the question and the answer (T5 cleans the joined input):
+  ``<br>`` becomes a space, ``<b>`` tags go."""
+  clean = lambda text: tf.strings.regex_replace(tf.strings.regex_replace(text, '<br>', ' '), '</?b>', '')
+  return {**ex, **{k: clean(ex[k]) for k in ('paragraph', 'question', 'answer')}}
 
 
 @seqio.map_over_dataset
