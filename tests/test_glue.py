@@ -84,7 +84,11 @@ def test_tfds_task_loads_with_mock_data(register, name):
     assert _text(ex, 'inputs').startswith(prefix)
     if name == 'super_glue_record':
       assert target in [a.decode() for a in ex['answers']]
-      assert task.postprocess_fn(target, example=ex, is_target=True) == [a.decode() for a in ex['answers']]
+      assert task.postprocess_fn(target, example=ex, is_target=True)['value'] == [a.decode() for a in ex['answers']]
+      with tfds.testing.mock_data(num_examples=5):  # the rate counts the examples the rows make
+        rows = list(task.source.get_dataset('train', shuffle=False).as_numpy_iterator())
+        assert task.num_input_examples('train') == sum(max(len(r['answers']), 1) for r in rows) == len(
+            _examples(name, n=10_000))
     elif name == 'super_glue_wsc':
       assert ex['label'] == 1 and task.postprocess_fn(target, example=ex, is_target=False) == 1
       with tfds.testing.mock_data(num_examples=5):
@@ -144,9 +148,12 @@ def super_glue_dir(tmp_path):
   _jsonl(root / 'MultiRC/val.jsonl', [{'idx': 3, 'version': 1.1, 'passage': paragraph}])
   text = 'Obama met Merkel in Berlin.\n@highlight\nTalks went well'
   entities = [{'start': 0, 'end': 4}, {'start': 10, 'end': 15}, {'start': 20, 'end': 25}]
-  _jsonl(root / 'ReCoRD/val.jsonl', [{'idx': 5, 'passage': {'text': text, 'entities': entities}, 'qas': [
-      {'query': '@placeholder met Merkel.', 'idx': 9, 'answers': [{'start': 0, 'end': 4, 'text': 'Obama'}]},
-      {'query': 'Merkel met @placeholder.', 'idx': 10}]}])
+  record = [{'idx': 5, 'passage': {'text': text, 'entities': entities}, 'qas': [
+      {'query': '@placeholder met Merkel.', 'idx': 9, 'answers': [{'start': 0, 'end': 4, 'text': 'Obama'},
+                                                                  {'start': 0, 'end': 4, 'text': 'B. Obama'}]},
+      {'query': 'Merkel met @placeholder.', 'idx': 10}]}]
+  _jsonl(root / 'ReCoRD/val.jsonl', record)
+  _jsonl(root / 'ReCoRD/train.jsonl', record)
   wsc = [{'text': "The trophy didn't fit in the suitcase because it was too big.", 'idx': i, 'label': label,
           'target': {'span1_text': span1, 'span1_index': 0, 'span2_text': 'it', 'span2_index': 8}}
          for i, (span1, label) in enumerate([('The trophy', True), ('the suitcase', False)])]
@@ -197,11 +204,15 @@ def test_local_super_glue_tasks(register, super_glue_dir):
   assert [_text(e, 'targets') for e in multirc] == ['True', 'False']
   post = seqio.get_mixture_or_task('super_glue_multirc_local').postprocess_fn('False', example=multirc[1])
   assert post == {'group': (3, 0), 'value': 0}
-  answered, unanswered = _examples('super_glue_record_local', 'validation')
-  assert _text(answered, 'inputs') == ('record query: @placeholder met Merkel. entities: Berlin, Merkel, Obama '
-                                       'passage: Obama met Merkel in Berlin. Talks went well')
-  assert _text(answered, 'targets') == 'Obama' and answered['idx']['query'] == 9
+  # As T5: one example per gold answer (the metric scores each query once), counted so in the rate.
+  first, second, unanswered = _examples('super_glue_record_local', 'validation')
+  for answered in (first, second):
+    assert _text(answered, 'inputs') == ('record query: @placeholder met Merkel. entities: Berlin, Merkel, '
+                                         'Obama passage: Obama met Merkel in Berlin. Talks went well')
+    assert answered['idx']['query'] == 9 and answered['answers'].tolist() == [b'B. Obama', b'Obama']
+  assert [_text(first, 'targets'), _text(second, 'targets')] == ['B. Obama', 'Obama']
   assert _text(unanswered, 'targets') == sg.NO_LABEL and len(unanswered['answers']) == 0
+  assert seqio.get_mixture_or_task('super_glue_record_local').num_input_examples('train') == 3
   wsc = _examples('super_glue_wsc_local')  # train keeps only the correct referent
   assert [(_text(e, 'inputs'), _text(e, 'targets')) for e in wsc] == [
       ("wsc: The trophy didn't fit in the suitcase because *it* was too big.", 'The trophy')]
@@ -251,9 +262,11 @@ def test_postprocessors():
   example = {'idx': {'paragraph': 2, 'question': 4, 'answer': 0}}
   assert sg.multirc_postprocess('True', example=example) == {'group': (2, 4), 'value': 1}
   assert sg.multirc_postprocess('yes', example=example)['value'] == -1
-  assert sg.record_postprocess('x', example={'answers': [b'Obama', b'Barack Obama']}, is_target=True) == [
+  assert sg.answers_postprocess('x', example={'answers': [b'Obama', b'Barack Obama']}, is_target=True) == [
       'Obama', 'Barack Obama']
-  assert sg.record_postprocess('Obama', example={}) == 'Obama'
+  record = {'answers': [b'Obama'], 'idx': {'passage': 5, 'query': 9}}
+  assert sg.record_postprocess('x', example=record, is_target=True) == {'group': (5, 9), 'value': ['Obama']}
+  assert sg.record_postprocess('Obama', example=record) == sg.answers_postprocess('Obama', example={}) == 'Obama'
   wsc = {'targets_pretokenized': b'The city councilmen', 'label': 0}
   assert sg.wsc_postprocess('the councilmen', example=wsc) == 1
   assert sg.wsc_postprocess('the demonstrators', example=wsc) == 0
@@ -302,6 +315,9 @@ def test_multirc_and_record_metrics():
   scores = metrics.max_over_answers_em_f1([['Barack Obama', 'Obama'], ['the United States']],
                                           ['obama', 'United Kingdom'])
   assert scores == pytest.approx({'em': 50.0, 'f1': 75.0})
+  # ReCoRD: a query's examples (one per gold answer) count once, by the first's prediction.
+  targets = [{'group': (0, 1), 'value': ['Barack Obama', 'Obama']}] * 2 + [{'group': (0, 2), 'value': ['the United States']}]
+  assert metrics.record_em_f1(targets, ['obama', 'obama', 'United Kingdom']) == pytest.approx(scores)
   assert metrics.normalize_answer("The  Cat's, hat!") == 'cats hat'
 
 

@@ -105,7 +105,10 @@ class TaskSpec:
   read: Callable[[str, str], Iterator[dict]]
   files: Mapping[str, str]
   tfds_splits: Optional[Mapping[str, str]] = None
-  train_filter: Optional[Callable] = None
+  # The training examples a raw train row makes (a python dict or a tf.data element): 0 drops it
+  # (WSC's wrong referents), ReCoRD's rows make one per gold answer; None: one each. The mixing
+  # rate counts them.
+  train_examples: Optional[Callable] = None
 
 
 _GLUE_FILES = {'train': 'train.tsv', 'validation': 'dev.tsv', 'test': 'test.tsv'}
@@ -180,8 +183,8 @@ SUPER_GLUE_TASKS = {
                            idx=('paragraph', 'question', 'answer')),
     'record': TaskSpec(
         tfds_name='super_glue/record:1.0.*', preprocessors=(sg.record,), postprocess_fn=sg.record_postprocess,
-        metric_fns=(metrics.max_over_answers_em_f1,), folder='ReCoRD', read=sg.read_record,
-        files=_SUPER_GLUE_FILES,
+        metric_fns=(metrics.record_em_f1,), folder='ReCoRD', read=sg.read_record,
+        files=_SUPER_GLUE_FILES, train_examples=sg.record_examples,
         signature={**_signature(('passage', 'query'), label=None, idx=('passage', 'query')),
                    'entities': tf.TensorSpec([None], tf.string), 'answers': tf.TensorSpec([None], tf.string)}),
     'rte': _super_glue('rte', ('hypothesis', 'premise'), ('entailment', 'not_entailment'), _ACC, 'RTE'),
@@ -189,7 +192,7 @@ SUPER_GLUE_TASKS = {
                        ints=('start1', 'start2', 'end1', 'end2')),
     'wsc': TaskSpec(
         tfds_name='super_glue/wsc.fixed:1.0.*', preprocessors=(sg.wsc,), postprocess_fn=sg.wsc_postprocess,
-        metric_fns=_ACC, folder='WSC', files=_SUPER_GLUE_FILES, train_filter=sg.wsc_correct_referent,
+        metric_fns=_ACC, folder='WSC', files=_SUPER_GLUE_FILES, train_examples=sg.wsc_correct_referent,
         signature=_signature(('text', 'span1_text', 'span2_text'), ints=('span1_index', 'span2_index')),
         read=sg.flat_reader(('text', 'span1_index', 'span2_index', 'span1_text', 'span2_text'))),
 }
@@ -201,27 +204,29 @@ UNMIXED = ('glue_wnli',)
 EVAL_ONLY = ('glue_mnli_mismatched',)
 
 
-def _filter_train(ds, split: str, train_filter: Optional[Callable]):
-  return ds.filter(train_filter) if train_filter and split == 'train' else ds
+def _filter_train(ds, split: str, train_examples: Optional[Callable]):
+  """The train split without its rows that make no example."""
+  return ds.filter(lambda ex: train_examples(ex) > 0) if train_examples and split == 'train' else ds
 
 
-class _FilteredTfdsSource(seqio.TfdsDataSource):
-  """A TFDS source whose train split keeps only the examples passing ``train_filter``."""
+class _CountedTfdsSource(seqio.TfdsDataSource):
+  """A TFDS source whose train split counts ``train_examples`` of each row (read once) and keeps
+  only the rows that make one."""
 
-  def __init__(self, train_filter: Callable, **kwargs):
-    self._train_filter = train_filter
+  def __init__(self, train_examples: Callable, **kwargs):
+    self._train_examples = train_examples
     self._train_count = None
     super().__init__(**kwargs)
 
   def get_dataset(self, split='train', *args, **kwargs):
-    return _filter_train(super().get_dataset(split, *args, **kwargs), split, self._train_filter)
+    return _filter_train(super().get_dataset(split, *args, **kwargs), split, self._train_examples)
 
   def num_input_examples(self, split: str) -> int:
-    """The train split is counted after filtering (once, by reading it)."""
     if split != 'train':
       return super().num_input_examples(split)
     if self._train_count is None:
-      self._train_count = int(self.get_dataset('train', shuffle=False).reduce(0, lambda n, _: n + 1))
+      self._train_count = int(self.get_dataset('train', shuffle=False).reduce(
+          tf.constant(0, tf.int64), lambda n, ex: n + tf.cast(self._train_examples(ex), tf.int64)))
     return self._train_count
 
 
@@ -253,13 +258,14 @@ class _LocalSource(seqio.FunctionDataSource):
     del shuffle_files, seed  # one file per split; seqio shuffles the examples
     examples = list(self._spec.read(self._path(split), split))
     ds = tf.data.Dataset.from_tensor_slices(_columns(examples, self._spec.signature))
-    return _filter_train(ds, split, self._spec.train_filter)
+    return _filter_train(ds, split, self._spec.train_examples)
 
   def num_input_examples(self, split: str) -> int:
     """Counted by reading the file once (for the mixing rate and seqio's in-memory caching)."""
     if split not in self._counts:
-      keep = self._spec.train_filter if split == 'train' else None
-      self._counts[split] = sum(1 for ex in self._spec.read(self._path(split), split) if keep is None or keep(ex))
+      per_row = self._spec.train_examples if split == 'train' else None
+      self._counts[split] = sum(1 if per_row is None else int(per_row(ex))
+                                for ex in self._spec.read(self._path(split), split))
     return self._counts[split]
 
 
@@ -273,7 +279,7 @@ def _task(name: str, source: seqio.DataSource, spec: TaskSpec, output_features) 
 def _tfds_source(spec: TaskSpec, data_dir: Optional[str]) -> seqio.TfdsDataSource:
   kwargs = dict(tfds_name=spec.tfds_name, tfds_data_dir=data_dir, splits=spec.tfds_splits,
                 read_only=True)  # never download at run time
-  return _FilteredTfdsSource(spec.train_filter, **kwargs) if spec.train_filter else seqio.TfdsDataSource(**kwargs)
+  return _CountedTfdsSource(spec.train_examples, **kwargs) if spec.train_examples else seqio.TfdsDataSource(**kwargs)
 
 
 def add_tasks(specs: Mapping[str, TaskSpec], output_features: Mapping[str, seqio.Feature],

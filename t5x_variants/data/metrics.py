@@ -105,3 +105,14 @@ def max_over_answers_em_f1(targets: Sequence[Sequence[str]], predictions: Sequen
         for answers, p in zip(targets, predictions)]
   token_f1 = [max((_token_f1(a, p) for a in answers), default=0.0) for answers, p in zip(targets, predictions)]
   return {'em': 100 * float(np.mean(em)), 'f1': 100 * float(np.mean(token_f1))}
+
+
+def record_em_f1(targets, predictions) -> Dict[str, float]:
+  """ReCoRD: ``max_over_answers_em_f1`` once per query, its first example's (a query makes one
+  example per gold answer; T5's deduplicate_metric). Targets are {'group': query, 'value':
+  answers}."""
+  first = {}
+  for t, p in zip(targets, predictions):
+    first.setdefault(t['group'], (t['value'], p))
+  kept = list(first.values())
+  return max_over_answers_em_f1([a for a, _ in kept], [p for _, p in kept])

@@ -59,7 +59,7 @@ def read_squad(path: str, split: str) -> Iterator[dict]:
 
 SQUAD = glue.TaskSpec(
     tfds_name='squad/v1.1:3.*.*', preprocessors=(squad,),
-    postprocess_fn=sg.record_postprocess,  # as ReCoRD: targets are the gold answers, predictions text
+    postprocess_fn=sg.answers_postprocess,  # targets are the gold answers, predictions text
     metric_fns=(metrics.max_over_answers_em_f1,),
     signature={**{k: tf.TensorSpec([], tf.string) for k in ('id', 'question', 'context')},
                'answers': {'text': tf.TensorSpec([None], tf.string)}},

@@ -109,16 +109,28 @@ def multirc_markup(ex):
   return {**ex, **{k: clean(ex[k]) for k in ('paragraph', 'question', 'answer')}}
 
 
-@seqio.map_over_dataset
-def record(ex):
-  """'record query: <query> entities: <e1>, <e2> passage: <passage>' -> the first gold answer."""
-  passage = tf.strings.regex_replace(ex['passage'], r'([.!?"\'])\n@highlight\n', r'\1 ')
-  passage = tf.strings.regex_replace(passage, r'\n@highlight\n', '. ')
-  inputs = tf.strings.join(['record query:', ex['query'], 'entities:',
-                            tf.strings.reduce_join(ex['entities'], separator=', '), 'passage:', passage],
-                           separator=' ')
-  targets = tf.concat([ex['answers'], [NO_LABEL]], 0)[0]
-  return {'inputs': inputs, 'targets': targets, 'answers': ex['answers'], 'idx': ex['idx']}
+def record(ds):
+  """'record query: <query> entities: <e1>, <e2> passage: <passage>' -> one example per gold
+  answer, as T5 trains (a query without answers, as in the test split, gives one, target
+  ``<unk>``); each keeps the query's answers and idx, so the metric scores every query once
+  (``metrics.record_em_f1``)."""
+  def examples(ex):
+    passage = tf.strings.regex_replace(ex['passage'], r'([.!?"\'])\n@highlight\n', r'\1 ')
+    passage = tf.strings.regex_replace(passage, r'\n@highlight\n', '. ')
+    inputs = tf.strings.join(['record query:', ex['query'], 'entities:',
+                              tf.strings.reduce_join(ex['entities'], separator=', '), 'passage:',
+                              passage], separator=' ')
+    targets = tf.concat([ex['answers'], [NO_LABEL]], 0)[:record_examples(ex)]
+    repeat = lambda x: tf.repeat(x[tf.newaxis], tf.size(targets), axis=0)
+    return tf.data.Dataset.from_tensor_slices({
+        'inputs': repeat(inputs), 'targets': targets, 'answers': repeat(ex['answers']),
+        'idx': {k: repeat(v) for k, v in ex['idx'].items()}})
+  return ds.flat_map(examples)
+
+
+def record_examples(ex):
+  """The examples ``record`` makes of a ReCoRD row (a python dict or a tf.data element)."""
+  return tf.maximum(tf.size(ex['answers']), 1)
 
 
 def _mark_pronoun(text, index, pronoun):
@@ -146,9 +158,9 @@ def wsc(ex):
 
 
 def wsc_correct_referent(ex):
-  """Train-split filter: only examples whose candidate is the referent teach the right answer.
-  Works on python dicts (counting) and on tf.data elements."""
-  return ex['label'] == 1
+  """Train-split examples of a WSC row: 1 if its candidate is the referent, else 0 (a wrong
+  candidate would teach the wrong answer). Works on python dicts and on tf.data elements."""
+  return tf.cast(ex['label'] == 1, tf.int32)
 
 
 def multirc_postprocess(output: str, example=None, is_target: bool = False) -> dict:
@@ -159,9 +171,19 @@ def multirc_postprocess(output: str, example=None, is_target: bool = False) -> d
           'value': _BOOL_NAMES.index(output) if output in _BOOL_NAMES else -1}
 
 
-def record_postprocess(output: str, example=None, is_target: bool = False):
-  """Targets become the list of gold answers; predictions stay strings."""
+def answers_postprocess(output: str, example=None, is_target: bool = False):
+  """Targets become the list of gold answers (SQuAD's); predictions stay strings."""
   return [tasks.text(a) for a in example['answers']] if is_target else output
+
+
+def record_postprocess(output: str, example=None, is_target: bool = False):
+  """Targets become {'group': (passage, query), 'value': the gold answers}; predictions stay
+  strings."""
+  if not is_target:
+    return output
+  idx = example['idx']
+  return {'group': (int(idx['passage']), int(idx['query'])),
+          'value': answers_postprocess(output, example, is_target)}
 
 
 def _without_determiners(text: str) -> str:
