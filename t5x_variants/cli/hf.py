@@ -123,11 +123,13 @@ def import_checkpoint(hf_dir: str, model_dir: str, scan_layers: bool = True):
   """Writes the run directory of the module doc; returns its TransformerConfig."""
   hf = _read_config(storage.path(hf_dir) / 'config.json')
   kind = hf.get('architectures') or ['T5ForConditionalGeneration']
-  other = (f'a {hf.get("model_type")!r} model' if hf.get('model_type', 't5') not in ('t5', 'mt5')
-           else 'a model without a decoder (is_encoder_decoder false: T5EncoderModel?)'
-           if not hf.get('is_encoder_decoder', True)
-           else f'a model of {", ".join(kind)}' if any(a not in LM_ARCHITECTURES for a in kind)
-           else None)
+  other = None
+  if hf.get('model_type', 't5') not in ('t5', 'mt5'):
+    other = f'a {hf.get("model_type")!r} model'
+  elif not hf.get('is_encoder_decoder', True):
+    other = 'a model without a decoder (is_encoder_decoder false: T5EncoderModel?)'
+  elif any(a not in LM_ARCHITECTURES for a in kind):
+    other = f'a model of {", ".join(kind)}'
   if other:
     raise ValueError(f'{hf_dir} holds {other}, not T5ForConditionalGeneration (transformers T5 '
                      'or mT5 with its language-model head)')
@@ -178,7 +180,6 @@ def export_checkpoint(checkpoint_path: str, output_dir: str, params_only: bool =
   if why and not params_only:
     raise ValueError(f'transformers T5 cannot express this model: {why}. --params_only writes its '
                      'parameters as params.safetensors with config.gin instead')
-  params_only = params_only or bool(why)
   out = storage.path(output_dir)
   _refuse_filled(out, 'export into a new directory')
   params = pretrained.read_on_host(str(path))

@@ -105,9 +105,9 @@ class TaskSpec:
   read: Callable[[str, str], Iterator[dict]]
   files: Mapping[str, str]
   tfds_splits: Optional[Mapping[str, str]] = None
-  # The training examples a raw train row makes (a python dict or a tf.data element): 0 drops it
-  # (WSC's wrong referents), ReCoRD's rows make one per gold answer; None: one each. The mixing
-  # rate counts them.
+  # The training examples a raw train row (a tf.data element) makes: 0 drops it (WSC's wrong
+  # referents), ReCoRD's rows make one per gold answer; None: one each. A source's
+  # num_input_examples('train') counts these, for the mixing rate (other splits count rows).
   train_examples: Optional[Callable] = None
 
 
@@ -209,6 +209,11 @@ def _filter_train(ds, split: str, train_examples: Optional[Callable]):
   return ds.filter(lambda ex: train_examples(ex) > 0) if train_examples and split == 'train' else ds
 
 
+def _train_count(ds, train_examples: Callable) -> int:
+  """The training examples the rows of ``ds`` make (read once)."""
+  return int(ds.reduce(tf.constant(0, tf.int64), lambda n, ex: n + tf.cast(train_examples(ex), tf.int64)))
+
+
 class _CountedTfdsSource(seqio.TfdsDataSource):
   """A TFDS source whose train split counts ``train_examples`` of each row (read once) and keeps
   only the rows that make one."""
@@ -225,8 +230,7 @@ class _CountedTfdsSource(seqio.TfdsDataSource):
     if split != 'train':
       return super().num_input_examples(split)
     if self._train_count is None:
-      self._train_count = int(self.get_dataset('train', shuffle=False).reduce(
-          tf.constant(0, tf.int64), lambda n, ex: n + tf.cast(self._train_examples(ex), tf.int64)))
+      self._train_count = _train_count(self.get_dataset('train', shuffle=False), self._train_examples)
     return self._train_count
 
 
@@ -264,8 +268,8 @@ class _LocalSource(seqio.FunctionDataSource):
     """Counted by reading the file once (for the mixing rate and seqio's in-memory caching)."""
     if split not in self._counts:
       per_row = self._spec.train_examples if split == 'train' else None
-      self._counts[split] = sum(1 if per_row is None else int(per_row(ex))
-                                for ex in self._spec.read(self._path(split), split))
+      self._counts[split] = (sum(1 for _ in self._spec.read(self._path(split), split)) if per_row is None
+                             else _train_count(self._dataset(split, False), per_row))
     return self._counts[split]
 
 
@@ -279,7 +283,9 @@ def _task(name: str, source: seqio.DataSource, spec: TaskSpec, output_features) 
 def _tfds_source(spec: TaskSpec, data_dir: Optional[str]) -> seqio.TfdsDataSource:
   kwargs = dict(tfds_name=spec.tfds_name, tfds_data_dir=data_dir, splits=spec.tfds_splits,
                 read_only=True)  # never download at run time
-  return _CountedTfdsSource(spec.train_examples, **kwargs) if spec.train_examples else seqio.TfdsDataSource(**kwargs)
+  if spec.train_examples:
+    return _CountedTfdsSource(spec.train_examples, **kwargs)
+  return seqio.TfdsDataSource(**kwargs)
 
 
 def add_tasks(specs: Mapping[str, TaskSpec], output_features: Mapping[str, seqio.Feature],

@@ -129,7 +129,7 @@ def record(ds):
 
 
 def record_examples(ex):
-  """The examples ``record`` makes of a ReCoRD row (a python dict or a tf.data element)."""
+  """The examples ``record`` makes of a ReCoRD row."""
   return tf.maximum(tf.size(ex['answers']), 1)
 
 
@@ -159,7 +159,7 @@ def wsc(ex):
 
 def wsc_correct_referent(ex):
   """Train-split examples of a WSC row: 1 if its candidate is the referent, else 0 (a wrong
-  candidate would teach the wrong answer). Works on python dicts and on tf.data elements."""
+  candidate would teach the wrong answer)."""
   return tf.cast(ex['label'] == 1, tf.int32)
 
 
