@@ -4,6 +4,7 @@ norm against the checkpoints' parameters, and a resume that continues the values
 import functools
 import json
 
+import flax.linen as nn
 import gin
 import jax
 import numpy as np
@@ -111,6 +112,30 @@ def test_per_layer_norms_equal_direct_computations_scanned_and_unrolled(architec
   norm = np.linalg.norm(captured[last, 'output'][mask])
   assert values['update_norm'] == pytest.approx(norm, rel=1e-5)
   assert values['update_norm_per_token'] == pytest.approx(norm / np.sqrt(mask.sum()), rel=1e-5)
+
+
+@pytest.mark.parametrize('placement', ['post', 'deepnorm'])
+def test_the_activation_norm_of_a_post_norm_layer_is_the_stream_entering_its_last_norm(placement):
+  """Post-LN and DeepNorm end each layer with a norm: ``activation_norm`` is the RMS of what
+  enters it, x + f(x) (alpha x + f(x)), over non-padding positions, as DeepNet's Fig. 3 (the
+  layer's output, the norm's, has an RMS of about its gain whatever the weights do)."""
+  config = tiny(placement=placement, scan_layers=False)
+  batch = padded_batch(config)
+  model, params = init_params(config, *init_inputs(config))
+  values, _ = compute(config, params, batch)
+  entering = {}
+
+  def record(next_fun, args, kwargs, context):
+    if context.method_name == '__call__' and context.module.name == 'post_mlp_layer_norm':
+      stack, layer = context.module.scope.path[:2]
+      entering[stack, int(layer.split('_')[1])] = np.asarray(args[0], np.float64)
+    return next_fun(*args, **kwargs)
+  with nn.intercept_methods(record):
+    model.apply({'params': params}, **train_step.model_inputs(config, batch))
+  assert len(entering) == 4
+  for (s, i), x in entering.items():
+    rms = np.sqrt(np.mean(np.square(x[batch[diagnostics.TOKENS[s]] != 0])))
+    assert values[f'activation_norm/{s}/{i}'] == pytest.approx(rms, rel=1e-5), (s, i)
 
 
 def run(model_dir, steps, period=1):

@@ -207,6 +207,8 @@ def test_a_run_directory_read_back(tmp_path):
     ([6.0, 5.0, 5.5], [0, 0, 1], 3),  # a skipped step in the window
     ([6.0, 5.0, 6.1], [0, 0, 0], 3),  # 1.1 nat above the lowest: blown up
     ([6.0, 5.0, 5.9], [0, 0, 0], None),  # 0.9 nat: noise, not divergence
+    ([6.0, 5.0, 6.5, 5.2], [0, 0, 0, 0], None),  # blown up, then back by the last log
+    ([6.0, 5.0, 5.5, 5.2], [0, 1, 0, 0], 2),  # one skipped step counts, even if it trains on
 ])
 def test_divergence(tmp_path, losses, skipped, expected):
   write_metrics(tmp_path, [train_record(i + 1, l, s) for i, (l, s) in enumerate(zip(losses, skipped))])

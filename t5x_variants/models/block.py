@@ -58,7 +58,14 @@ class TransformerLayer(nn.Module):
                                       deterministic=self.deterministic)), norm('cross_attention'))
     mlp = MlpBlock(c.activations, c.ffn_hidden_dim, c.init_scheme, gain, c.use_bias, inner,
                    c.norm_epsilon, c.rate('activation'), c.dropout_broadcast_dims, dtype, name='mlp')
-    x = add(x, lambda h: drop(mlp(h, self.deterministic)), norm('mlp'))
-    if self.is_mutable_collection('intermediates'):  # train/diagnostics.py: each position's x^2
-      self.sow('intermediates', 'residual_mean_square', jnp.mean(jnp.square(x.astype(jnp.float32)), -1))
+
+    def stream(y):  # train/diagnostics.py: each position's mean square of the residual stream
+      if self.is_mutable_collection('intermediates'):
+        self.sow('intermediates', 'residual_mean_square', jnp.mean(jnp.square(y.astype(jnp.float32)), -1))
+      return y
+    last_norm = norm('mlp')
+    if normalizes_input(c.placement):
+      x = stream(add(x, lambda h: drop(mlp(h, self.deterministic)), last_norm))
+    else:  # Post-LN and DeepNorm end the layer with a norm: the stream is what enters it
+      x = add(x, lambda h: drop(mlp(h, self.deterministic)), lambda y: last_norm(stream(y)))
     return x, None

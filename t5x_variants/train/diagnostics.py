@@ -16,9 +16,11 @@ dropout and outside the training state and RNG, gives the flat keys of the ``kin
   label smoothing, z-loss and loss normalisation: the gradient a train step on x would take,
   without dropout) with respect to layer i's parameters of ``encoder`` or ``decoder`` (i = 0 next
   to the embedding), for scanned and unrolled stacks alike.
-- ``activation_norm/<stack>/<i>``: the RMS of the residual stream after layer i (its output,
-  before the stack's final norm): sqrt of the mean of x^2 over the stack's non-padding positions
-  and the d_model features.
+- ``activation_norm/<stack>/<i>``: the RMS of the residual stream of layer i: sqrt of the mean of
+  x^2 over the stack's non-padding positions and the d_model features, x the layer's output
+  (before the stack's final norm) for Pre-LN and Sub-LN, and for Post-LN and DeepNorm, whose
+  layers end with a norm, what enters that norm, x + f(x) or alpha x + f(x) (DeepNet's Fig. 3;
+  the norm's output has an RMS of about its gain whatever the weights do).
 
 Non-padding positions: encoder input tokens != 0, decoder target tokens != 0. x is processed
 whole (no microbatches). Process 0 saves x and F(x; theta_0) (global arrays) in
