@@ -18,7 +18,7 @@ import gin
 import jax
 import numpy as np
 
-from t5x_variants.cli import common
+from t5x_variants.cli import recipe
 from t5x_variants.data import pipeline
 from t5x_variants.data.config import DatasetConfig
 from t5x_variants.models import losses
@@ -27,9 +27,9 @@ from t5x_variants.train.predictor import Predictor
 
 
 def main(run: str, step: str = '600', num_batches: str = None):
-  common.parse_recipe([f'{run}/config.gin'], [], (), True)
-  common.use_run_vocabulary(run)
-  config = common.build_config()
+  recipe.parse_recipe([f'{run}/config.gin'], [], (), True)
+  recipe.use_run_vocabulary(run)
+  config = recipe.build_config()
   if config.architecture != 'decoder_only':
     raise SystemExit(f'{run} is not a decoder-only run')
   predictor = Predictor(config)

@@ -13,16 +13,16 @@ import gin
 import jax
 import numpy as np
 
-from t5x_variants.cli import common
+from t5x_variants.cli import recipe
 from t5x_variants.data import pipeline
 from t5x_variants.train import train_step
 from t5x_variants.train.predictor import Predictor
 
 
 def main(run: str, step: str = '600', num_batches: str = '4'):
-  common.parse_recipe([f'{run}/config.gin'], [], (), True)
-  common.use_run_vocabulary(run)
-  config = common.build_config()
+  recipe.parse_recipe([f'{run}/config.gin'], [], (), True)
+  recipe.use_run_vocabulary(run)
+  config = recipe.build_config()
   predictor = Predictor(config)
   predictor.load(f'{run}/checkpoint_{step}')
   task, lengths, batch_size = (gin.query_parameter(f'%{m}') for m in

@@ -6,7 +6,7 @@ model size (abstract build, nothing materialised).
 
 import gin
 
-from t5x_variants.cli import common as gin_utils
+from t5x_variants.cli import common, recipe
 from t5x_variants.layers.attention import ATTENTION_COMPONENTS
 from t5x_variants.layers.ffn import FFN_VARIANTS
 from t5x_variants.models.summary import abstract_params, param_rows
@@ -19,16 +19,16 @@ def variant_counts(gin_files, bindings=(), search_paths=()):
                                                              ATTENTION_COMPONENTS)):
     for name in names:
       gin.clear_config()
-      gin_utils.parse_gin(gin_files, [*bindings, f"TransformerConfig.{field} = '{name}'"],
+      recipe.parse_gin(gin_files, [*bindings, f"TransformerConfig.{field} = '{name}'"],
                           search_paths)
-      total = sum(r[3] for r in param_rows(abstract_params(gin_utils.build_config())))
+      total = sum(r[3] for r in param_rows(abstract_params(recipe.build_config())))
       rows.append((axis, name, total))
   return rows
 
 
 def main(argv=None):
-  parser = gin_utils.parser('variant_counts.py', __doc__, processes=False)
-  args = gin_utils.parse_args(parser, argv)
+  parser = common.parser('variant_counts.py', __doc__, processes=False)
+  args = common.parse_args(parser, argv)
   print('| axis | variant | parameters |\n|---|---|---:|')
   for axis, name, total in variant_counts(args.gin_file, args.gin_bindings,
                                           args.gin_search_paths.split(',')):

@@ -74,8 +74,8 @@ needs_data_layer = pytest.mark.skipif(not HAS_DATA_LAYER, reason=NO_DATA_LAYER)
 def parse_recipe(files, bindings=()):
   """Gin files parsed as t5xv-train parses them; on a host without the data layer its bindings
   are skipped, as t5xv-info and t5xv-bench do."""
-  from t5x_variants.cli import common  # pylint: disable=g-import-not-at-top
-  common.parse_recipe(list(files), list(bindings), with_data=HAS_DATA_LAYER)
+  from t5x_variants.cli import recipe  # pylint: disable=g-import-not-at-top
+  recipe.parse_recipe(list(files), list(bindings), with_data=HAS_DATA_LAYER)
 
 
 def tiny(**overrides) -> TransformerConfig:

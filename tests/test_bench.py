@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import ON_GPU, init_params, parse_recipe, tiny, tokens
-from t5x_variants.cli import bench, common, launch
+from t5x_variants.cli import bench, launch, recipe
 from t5x_variants.models import flops, summary
 
 
@@ -204,7 +204,7 @@ def test_bench_times_the_hf_peer_on_the_same_shape(tmp_path, capsys):
   result = json.loads(out.read_text())
   hf = result['hf']
   assert (hf['device'], hf['optimizer'], hf['compile']) == ('cpu', 'adafactor', False)
-  ours = common.build_config()  # the same model: untied, as ours (transformers 5 would tie it)
+  ours = recipe.build_config()  # the same model: untied, as ours (transformers 5 would tie it)
   assert not ours.tie_embeddings
   assert hf['parameters'] == sum(r[3] for r in summary.param_rows(summary.abstract_params(ours)))
   assert result['optimizer'] == 'adafactor'
@@ -225,7 +225,7 @@ def test_bench_takes_a_recipe_its_model_batch_and_lengths(tmp_path):
   assert result['batch'] == 4 and result['lengths'] == {'targets': 128}
   gin.clear_config()
   parse_recipe(files, ["MODEL_DIR = '/tmp/x'"])
-  config = common.build_config()
+  config = recipe.build_config()
   assert config.placement == 'subln' and config.num_decoder_layers == 4
   assert result['train_flops_per_step'] == flops.train_flops(config, 4, {'targets': 128})
   gin.clear_config()  # a flag beats the recipe

@@ -183,12 +183,12 @@ def _other_models_run(run, monkeypatch):
   """A run directory of the quickstart model with GELU instead of ReLU (the same parameter shapes),
   as its trainer left it before any checkpoint: config.gin and model-info.txt."""
   del monkeypatch
-  from t5x_variants.cli import common  # pylint: disable=g-import-not-at-top
+  from t5x_variants.cli import recipe  # pylint: disable=g-import-not-at-top
   from t5x_variants.models.summary import model_info  # pylint: disable=g-import-not-at-top
-  common.parse_gin(['gin/experiments/quickstart.gin', 'gin/variants/ffn/gelu.gin'], [],
-                   configurables=common.library_configurables())
+  recipe.parse_gin(['gin/experiments/quickstart.gin', 'gin/variants/ffn/gelu.gin'], [],
+                   configurables=recipe.library_configurables())
   run.mkdir()
-  (run / 'model-info.txt').write_text(model_info(common.build_config()) + '\n')
+  (run / 'model-info.txt').write_text(model_info(recipe.build_config()) + '\n')
   (run / 'config.gin').write_text('# the GELU run\n')
   gin.clear_config()
 
@@ -310,10 +310,11 @@ def test_a_run_of_the_same_model_passes_the_model_dir_check(tmp_path):
   """model-info.txt compared field by field: the same model (another execution line: a resumed
   run may change remat or dtype) passes, and a field only one version of the summary has is no
   difference."""
-  from t5x_variants.cli import common  # pylint: disable=g-import-not-at-top
+  from t5x_variants.cli import recipe  # pylint: disable=g-import-not-at-top
   from t5x_variants.models.summary import model_info  # pylint: disable=g-import-not-at-top
-  common.parse_gin(['gin/experiments/quickstart.gin'], [], configurables=common.library_configurables())
-  config = common.build_config()
+  recipe.parse_gin(['gin/experiments/quickstart.gin'], [],
+                   configurables=recipe.library_configurables())
+  config = recipe.build_config()
   text = model_info(config).replace('execution: scan_layers=True remat=auto', 'execution: remat=full')
   (tmp_path / 'model-info.txt').write_text(text.replace(', init: t5)', ')') + '\n')
   train.check_model_dir(str(tmp_path), config)  # no error

@@ -280,7 +280,7 @@ def test_compile_bad_input_is_one_line(compile_main, args, says):
 
 
 def test_compile_reads_a_fine_tune_run_without_its_checkpoint(compile_main):
-  """The trainer's run macros (``common.RUN_MACROS``) are not the compiler's: a fine-tune run
+  """The trainer's run macros (``recipe.RUN_MACROS``) are not the compiler's: a fine-tune run
   file parses without ``INITIAL_CHECKPOINT_PATH`` (it stops here for want of lengths, before a
   compile)."""
   status, err = compile_main('--gin_file=gin/runs/finetune.gin', '--gin_file=gin/models/t5_tiny.gin',
@@ -327,14 +327,14 @@ def test_compile_for_an_8_device_host_mesh():
 def test_the_readme_pod_command_compiles_and_fits_its_slice():
   """README: T5-base with runs/pretrain.gin on a v5litepod-16 (v5e:4x4), data parallel."""
   import gin  # pylint: disable=g-import-not-at-top
-  from t5x_variants.cli import common  # pylint: disable=g-import-not-at-top
+  from t5x_variants.cli import recipe  # pylint: disable=g-import-not-at-top
   with open(os.path.join(REPO, 'README.md')) as f:
     readme = f.read()
   assert 'topology v5e:4x4' in readme and '--gin_file=gin/models/t5_base.gin \\\n    --gin.MODEL_DIR' in readme
   gin.clear_config()
-  common.parse_gin(['gin/runs/pretrain.gin', 'gin/models/t5_base.gin'], ["MODEL_DIR = 'gs://b/r'"],
-                   configurables=common.library_configurables(with_data=True))
-  config = common.build_config()
+  recipe.parse_gin(['gin/runs/pretrain.gin', 'gin/models/t5_base.gin'], ["MODEL_DIR = 'gs://b/r'"],
+                   configurables=recipe.library_configurables(with_data=True))
+  config = recipe.build_config()
   assert config.dtype == 'bfloat16' and config.num_heads == 12
   r = aot.compile_plan(aot.Plan(config, partitioning.MeshConfig(), 1), targets.tpu_target('v5e:4x4'),
                        128, {'inputs': 512, 'targets': 114}, aot.train_options())

@@ -14,12 +14,13 @@ import pytest
 
 from conftest import needs_data_layer, parse_recipe
 
-from t5x_variants.cli import common
+from t5x_variants import PACKAGE_DIR
+from t5x_variants.cli import recipe
 from t5x_variants.models import build_model, init_inputs
 from jax.sharding import AbstractMesh
 from t5x_variants.train import aot, optimizer, partitioning, targets
 
-EXPERIMENTS = os.path.join(common.PACKAGE_DIR, 'gin', 'experiments')
+EXPERIMENTS = os.path.join(PACKAGE_DIR, 'gin', 'experiments')
 FFNS = ['relu', 'gelu', 'swish', 'glu', 'bilinear', 'reglu', 'geglu', 'swiglu']
 PLACEMENT_FAMILIES = ('deepnet', 'foundation', 'vanilla')
 # Files that are added to a recipe rather than run alone.
@@ -27,7 +28,7 @@ OVERLAYS = {'small_scale.gin', 'steps_65k.gin', 'no_warmup.gin'}
 
 
 def experiment_files():
-  return sorted(os.path.relpath(p, common.PACKAGE_DIR)
+  return sorted(os.path.relpath(p, PACKAGE_DIR)
                 for p in glob.glob(os.path.join(EXPERIMENTS, '**', '*.gin'), recursive=True))
 
 
@@ -35,7 +36,7 @@ def load(*files, bindings=()):
   """The TransformerConfig of gin ``files`` (+ bindings), parsed as t5xv-train parses them."""
   gin.clear_config()
   parse_recipe(files, bindings)
-  return common.build_config()
+  return recipe.build_config()
 
 
 def query(name):
@@ -240,7 +241,7 @@ TARGET = re.compile(r'^# Target: (\S+)', re.M)
 def target_of(path):
   """The slice a recipe's header names (``# Target: v5e:4x4 ...``), in it or the files it
   includes, the recipe's own first."""
-  with open(os.path.join(common.PACKAGE_DIR, path)) as f:
+  with open(os.path.join(PACKAGE_DIR, path)) as f:
     text = f.read()
   m = TARGET.search(text)
   if m:

@@ -7,10 +7,11 @@ import gin
 import pytest
 
 from conftest import count, needs_data_layer, parse_recipe
-from t5x_variants.cli import common as gin_utils, info
+from t5x_variants import PACKAGE_DIR
+from t5x_variants.cli import common, info, recipe
 from t5x_variants.models.summary import abstract_params, model_info, param_rows
 
-GIN_DIR = os.path.join(gin_utils.PACKAGE_DIR, 'gin')
+GIN_DIR = os.path.join(PACKAGE_DIR, 'gin')
 ALL_GIN = sorted(os.path.relpath(p, os.path.dirname(GIN_DIR))
                  for p in glob.glob(os.path.join(GIN_DIR, '**', '*.gin'), recursive=True))
 # The paper recipes are built by tests/test_experiments.py.
@@ -43,8 +44,8 @@ def test_every_gin_file_parses_and_builds(path):
   from t5x_variants.train import trainer  # pylint: disable=unused-import
   required = [f"{m} = '/tmp/x'" for m in ('MODEL_DIR', 'INITIAL_CHECKPOINT_PATH',
                                            'CHECKPOINT_PATH', 'INFER_OUTPUT')]
-  gin_utils.parse_gin(_files(path), required if path.startswith('gin/runs/') else [])
-  config = gin_utils.build_config()
+  recipe.parse_gin(_files(path), required if path.startswith('gin/runs/') else [])
+  config = recipe.build_config()
   assert count(abstract_params(config)) > 0
   if path.startswith(('gin/runs/', 'gin/experiments/')):
     with gin.config_scope('train'):
@@ -53,19 +54,19 @@ def test_every_gin_file_parses_and_builds(path):
 
 @pytest.mark.parametrize('arch', ['encoder_decoder', 'decoder_only', 'encoder_only'])
 def test_variant_files_compose(arch):
-  gin_utils.parse_gin(['gin/models/t5_tiny.gin', f'gin/architectures/{arch}.gin',
+  recipe.parse_gin(['gin/models/t5_tiny.gin', f'gin/architectures/{arch}.gin',
                        'gin/variants/norm/subln.gin', 'gin/variants/norm/layernorm.gin',
                        'gin/variants/ffn/swiglu.gin', 'gin/variants/attention/synth_random_plus_v.gin'],
                       ['TransformerConfig.encoder_max_length = 64', 'TransformerConfig.decoder_max_length = 64'])
-  c = gin_utils.build_config()
+  c = recipe.build_config()
   assert (c.architecture, c.placement, c.norm, c.init_scheme, c.activations, c.attention_components) == (
       arch, 'subln', 'layernorm', 't5', ('swish', 'linear'), ('random', 'dot_product'))
   assert c.ffn_hidden_dim == 128  # t5_tiny's d_ff_glu
 
 
 def test_the_prefix_lm_file_makes_a_decoder_only_model_read_inputs_then_targets():
-  gin_utils.parse_gin(['gin/models/t5_tiny.gin', 'gin/architectures/prefix_lm.gin'], [])
-  c = gin_utils.build_config()
+  recipe.parse_gin(['gin/models/t5_tiny.gin', 'gin/architectures/prefix_lm.gin'], [])
+  c = recipe.build_config()
   assert (c.architecture, c.prefix_lm, c.data_architecture, c.task_features) == (
       'decoder_only', True, 'prefix_lm', ('inputs', 'targets'))
   assert c.stack_length('decoder', {'inputs': 512, 'targets': 114}) == 626
@@ -75,8 +76,8 @@ def test_the_prefix_lm_file_makes_a_decoder_only_model_read_inputs_then_targets(
 
 
 def test_the_language_model_file_reads_the_prefix_lms_rows_causally():
-  gin_utils.parse_gin(['gin/models/t5_tiny.gin', 'gin/architectures/language_model.gin'], [])
-  c = gin_utils.build_config()
+  recipe.parse_gin(['gin/models/t5_tiny.gin', 'gin/architectures/language_model.gin'], [])
+  c = recipe.build_config()
   assert (c.architecture, c.data_architecture, c.task_features, c.visible_prefix) == (
       'decoder_only', 'prefix_lm', ('inputs', 'targets'), False)
   assert c.stack_length('decoder', {'inputs': 512, 'targets': 114}) == 626
@@ -84,8 +85,8 @@ def test_the_language_model_file_reads_the_prefix_lms_rows_causally():
 
 
 def test_the_shared_encoder_decoder_file_runs_the_encoder_on_the_decoders_stack():
-  gin_utils.parse_gin(['gin/models/t5_tiny.gin', 'gin/architectures/encoder_decoder_shared.gin'], [])
-  c = gin_utils.build_config()
+  recipe.parse_gin(['gin/models/t5_tiny.gin', 'gin/architectures/encoder_decoder_shared.gin'], [])
+  c = recipe.build_config()
   assert (c.architecture, c.shared_encoder_decoder, c.stacks) == (
       'encoder_decoder', True, ('encoder', 'decoder'))
   assert "architecture: encoder_decoder (the encoder on the decoder's parameters)" in model_info(c)
@@ -115,8 +116,8 @@ def test_bert_fine_tuning_binds_its_schedule_and_clip_whatever_the_pretraining_r
 def test_base_geglu_uses_d_ff_2048_and_relu_3072():
   for ffn, width in (('relu', 3072), ('geglu', 2048)):
     gin.clear_config()
-    gin_utils.parse_gin(['gin/models/t5_base.gin', f'gin/variants/ffn/{ffn}.gin'], [])
-    assert gin_utils.build_config().ffn_hidden_dim == width
+    recipe.parse_gin(['gin/models/t5_base.gin', f'gin/variants/ffn/{ffn}.gin'], [])
+    assert recipe.build_config().ffn_hidden_dim == width
 
 
 def test_t5xv_info_prints_table_constants_and_total(capsys):
@@ -125,9 +126,9 @@ def test_t5xv_info_prints_table_constants_and_total(capsys):
   out = capsys.readouterr().out
   assert code == 0
   gin.clear_config()
-  gin_utils.parse_gin(['gin/models/t5_tiny.gin', 'gin/variants/norm/deepnorm.gin'],
+  recipe.parse_gin(['gin/models/t5_tiny.gin', 'gin/variants/norm/deepnorm.gin'],
                       ['TransformerConfig.decoder_gain = 0.5'])
-  config = gin_utils.build_config()
+  config = recipe.build_config()
   rows = param_rows(abstract_params(config))
   # N = M = 2: encoder alpha = 0.81 (N^4 M)^(1/16), beta = 0.87 (N^4 M)^(-1/16); decoder alpha =
   # (3M)^(1/4) with its gain overridden by the binding.
@@ -204,7 +205,7 @@ def test_a_missing_gin_macro_is_one_line_and_the_rest_at_verbosity_1(command, ar
     with pytest.raises(SystemExit) as e:
       main([*argv, '--verbosity=1'])
   finally:
-    gin_utils.set_verbosity(0)
+    common.set_verbosity(0)
   err = capsys.readouterr().err
   assert e.value.code == 2 and f'{command}: error: {message}\n' in err and detail in err, err
 
@@ -235,7 +236,7 @@ def test_t5xv_info_takes_recipes_as_t5xv_train_does(files, summary):
   out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True).stdout
   gin.clear_config()  # as t5xv-train parses them: with the data layer, MODEL_DIR set
   parse_recipe(files, ["MODEL_DIR = '/tmp/x'"])
-  total = count(abstract_params(gin_utils.build_config()))
+  total = count(abstract_params(recipe.build_config()))
   if files == ['gin/experiments/glu_variants/relu.gin']:
     assert total == 222_903_552  # T5 v1.0 base (tests/test_param_counts.py's closed form)
   assert f'Total number of parameters: {total:,}' in out and all(line in out for line in summary), out

@@ -87,10 +87,10 @@ def our_logits(run_dir, inputs=INPUTS, decoder=DECODER):
 
 
 def run_config(run_dir):
-  from t5x_variants.cli import common  # pylint: disable=g-import-not-at-top
+  from t5x_variants.cli import recipe  # pylint: disable=g-import-not-at-top
   gin.clear_config()
-  common.parse_gin([str(run_dir / 'config.gin')], [], skip_unknown=True)
-  return common.build_config()
+  recipe.parse_gin([str(run_dir / 'config.gin')], [], skip_unknown=True)
+  return recipe.build_config()
 
 
 def assert_logits_close(ours, theirs):

@@ -31,7 +31,7 @@ import gin
 import jax
 import numpy as np
 
-from t5x_variants.cli import common, launch, profile, ranges
+from t5x_variants.cli import common, launch, profile, ranges, recipe
 from t5x_variants.layers import dense
 from t5x_variants.models import flops
 from t5x_variants.train import aot, partitioning, targets, train_step, trainer
@@ -184,10 +184,10 @@ def main(argv=None):
   parser.add_argument('--output', default=None, help='write the results as JSON here')
   with common.clear_errors('t5xv-bench'):
     no_command_buffers = parser.parse_known_args(argv)[0].profile and profile.expose_gpu_kernels()
-    args, config = common.setup(parser, argv, with_data=False)
+    args, config = recipe.setup(parser, argv, with_data=False)
     _check_flags(args)
-    batch = args.batch or common.gin_macro('BATCH_SIZE') or 8
-    run_lengths = common.gin_macro('TASK_FEATURE_LENGTHS') or {}
+    batch = args.batch or recipe.gin_macro('BATCH_SIZE') or 8
+    run_lengths = recipe.gin_macro('TASK_FEATURE_LENGTHS') or {}
     lengths = {f: getattr(args, f'{f}_length') or run_lengths.get(f) or DEFAULT_LENGTHS[f]
                for f in config.task_features}
     ours = optimizer_kind()

@@ -1,11 +1,10 @@
-"""What every command-line tool shares: its flags (gin, processes, verbosity), joining other
-processes, applying gin, quiet start-up, and the one place that turns a known failure into one
-line and exit status 2 (the console-script entry points are ``cli/launch.py``).
+"""What every command-line tool shares besides its recipe (``cli/recipe.py``): its flags (gin,
+processes, verbosity), joining other processes, quiet start-up, and the one place that turns a
+known failure into one line and exit status 2 (the console-script entry points are
+``cli/launch.py``).
 
 gin flags follow T5X: ``--gin_file=PATH`` (repeatable, later files override earlier ones),
 ``--gin.KEY=VALUE`` and ``--gin_bindings=KEY=VALUE`` (repeatable), ``--gin_search_paths=DIR[,DIR]``.
-Gin files are found relative to the working directory, the search paths, and the installed
-package, which ships ``gin/`` so that ``--gin_file=gin/models/t5_base.gin`` works from anywhere.
 
 Multi-process flags: on multi-GPU hosts every process is started with ``--multiprocess_gpu
 --coordinator_address=HOST:PORT --process_count=N --process_index=I`` (one process per GPU:
@@ -16,32 +15,16 @@ CPU processes (tests) use gloo collectives.
 import argparse
 import contextlib
 import errno
-import inspect
 import logging
 import os
-import re
 import sys
-from typing import Callable, List, Mapping, Optional, Sequence, Union
+from typing import List, Optional, Sequence
 
-import gin
-
-from t5x_variants import PACKAGE_DIR
 from t5x_variants.cli import launch
-from t5x_variants.models.config import TransformerConfig
-from t5x_variants.train import storage
 
 launch.skip_absent_tpu()  # before any command starts a JAX backend
 
 LOGGER = 't5x_variants'  # the project's own log lines (resume, fallback, skipped steps)
-
-
-class GinConfigError(ValueError):
-  """A gin file or binding that cannot be applied, with what to do about it (one line).
-  ``detail``: gin's whole message (e.g. with the configuration it read), shown at --verbosity=1."""
-
-  def __init__(self, message: str, detail: Optional[str] = None):
-    super().__init__(message)
-    self.detail = detail
 
 
 class UsageError(ValueError):
@@ -181,116 +164,6 @@ def initialize_processes(args):
                                local_device_ids=getattr(args, 'local_device_ids', None))
 
 
-# --- gin ---------------------------------------------------------------------------------------
-
-# The configurables a gin file may bind; listed in error messages.
-CONFIGURABLES = {'TransformerConfig': TransformerConfig}
-
-
-def _explain(message: str, configurables: Mapping[str, Callable]) -> str:
-  """Adds the valid choices to gin's message about an unknown configurable or parameter; says
-  how to set a macro that is used but unset or still ``%gin.REQUIRED``."""
-  unset = re.match(r"No bindings specified for '(\w+)/gin\.macro'", message)
-  if unset:
-    name = unset.group(1)
-    return (f'macro {name} is used but not set: give the run\'s own config.gin first '
-            f'(--gin_file=RUN/config.gin: it sets the run\'s macros) or set --gin.{name}=VALUE '
-            f'(--verbosity=1 shows the configuration read)')
-  required = re.match(r'(\w+)/macro\.value set to `%gin\.REQUIRED`', message)
-  if required:
-    name = required.group(1)
-    return (f'macro {name} is required: set --gin.{name}=VALUE (a string in quotes: '
-            f'--gin.{name}="\'...\'")')
-  unknown_param = re.search(r"Configurable '([\w.]+)' doesn't have a parameter", message)
-  if unknown_param and unknown_param.group(1) in configurables:
-    params = inspect.signature(configurables[unknown_param.group(1)]).parameters
-    return f'{message} Valid parameters: {", ".join(params)}'
-  if 'No configurable matching' in message:
-    return f'{message} Valid configurables: {", ".join(configurables)}'
-  return message
-
-
-def _one_line(message: str) -> str:
-  """gin's message on one line: what is wrong and where (its first three lines)."""
-  return ' '.join([line.strip() for line in message.splitlines() if line.strip()][:3])
-
-
-@contextlib.contextmanager
-def _quiet_search():
-  """gin logs an ERROR for every search path a file is not in; only the final failure matters."""
-  root = logging.getLogger()
-  level = root.level
-  root.setLevel(logging.CRITICAL)
-  try:
-    yield
-  finally:
-    root.setLevel(level)
-
-
-def _open_uri(path: str):
-  return storage.path(path).open()
-
-
-def _is_uri_file(path: str) -> bool:
-  """A gin file on an object store (gs://bucket/run/config.gin), read through epath."""
-  return bool(storage.scheme(path)) and storage.path(path).exists()
-
-
-def _unparsable(bindings: Sequence[str]) -> Optional[str]:
-  """The first binding whose value gin cannot parse (an unquoted string), or None."""
-  for binding in bindings:
-    try:
-      list(gin.config_parser.ConfigParser(binding, gin.config.ParserDelegate(skip_unknown=True)))
-    except Exception:  # pylint: disable=broad-except  (SyntaxError, tokenize.TokenError)
-      return binding
-  return None
-
-
-def parse_gin(gin_files: List[str], bindings: List[str], search_paths: Sequence[str] = (),
-              configurables: Mapping[str, Callable] = None, skip_unknown: bool = False):
-  """Applies gin files then bindings; any failure becomes one GinConfigError naming the culprit.
-
-  ``configurables`` adds the caller's own configurables to those named in error messages;
-  ``skip_unknown``: bindings of configurables not imported are ignored (a run's config.gin read
-  for its model only)."""
-  for path in [os.getcwd(), *[p for p in search_paths if p], PACKAGE_DIR]:
-    gin.add_config_file_search_path(path)
-  gin.config.register_file_reader(_open_uri, _is_uri_file)  # idempotent
-  try:
-    with _quiet_search():
-      gin.parse_config_files_and_bindings(gin_files, bindings, skip_unknown=skip_unknown)
-  except (IOError, OSError) as e:
-    raise GinConfigError(f'cannot read gin file: {str(e).rstrip(".")}. Paths are resolved '
-                         f'against the working directory, --gin_search_paths and {PACKAGE_DIR}') from e
-  except (ValueError, SyntaxError, NameError, TypeError, KeyError) as e:
-    bad = _unparsable(bindings)
-    if bad:
-      key, _, value = bad.partition('=')
-      key, value = key.strip(), value.strip()
-      raise GinConfigError(f'--gin.{key}={value}: {value} is not a gin value (a number, a quoted '
-                           f'string, @name, %MACRO, or a list, tuple or dict of them); a string '
-                           f'needs quotes: --gin.{key}="\'{value}\'"', detail=str(e)) from e
-    known = {**CONFIGURABLES, **(configurables or {})}
-    raise GinConfigError(f'invalid gin configuration: {_explain(_one_line(str(e)), known)}',
-                         detail=str(e)) from e
-
-
-def build_config() -> TransformerConfig:
-  """The gin-bound TransformerConfig; invalid values fail with their valid choices."""
-  try:
-    return TransformerConfig()
-  except ValueError as e:
-    raise GinConfigError(f'invalid model configuration: {e}') from e
-
-
-def gin_macro(name: str):
-  """The value the parsed gin binds to macro ``name`` (a run file's ``BATCH_SIZE``), or None."""
-  try:
-    return gin.query_parameter(f'%{name}')
-  except ValueError:
-    return None
-
-
 def import_data_layer():
   """Imports TensorFlow, kept off the accelerators (they are JAX's), and the data layer. At
   verbosity 0 the process's stderr is closed while TensorFlow loads: its CUDA probing writes there
@@ -309,60 +182,6 @@ def import_data_layer():
     if saved is not None:
       os.dup2(saved, 2)
       os.close(saved)
-
-
-# The data layer's configurables: without it (no TensorFlow) their bindings are skipped
-# (``DatasetConfig`` needs no TensorFlow and is always read).
-DATA_CONFIGURABLES = ('vocabulary', 'local_corpus_files', 'register_tasks')
-# Run-file macros that only the trainer reads: bound to a placeholder by the tools that need only
-# the model and its step, so that run files and recipes parse without them.
-RUN_MACROS = ('MODEL_DIR', 'INITIAL_CHECKPOINT_PATH')
-
-
-def library_configurables(with_data: bool = True) -> Mapping[str, Callable]:
-  """The training library's configurables (and the data layer's), for error messages. Importing
-  the data layer imports TensorFlow, which must not take the accelerators from JAX."""
-  from t5x_variants.data.config import DatasetConfig  # pylint: disable=g-import-not-at-top
-  from t5x_variants.train import checkpoints, optimizer, partitioning, predictor, trainer  # pylint: disable=g-import-not-at-top
-  known = {'train': trainer.train, 'DatasetConfig': DatasetConfig, 'Checkpointer': checkpoints.Checkpointer,
-           'MeshConfig': partitioning.MeshConfig, 'make_optimizer': optimizer.make_optimizer,
-           'adafactor': optimizer.adafactor, 'adam': optimizer.adam, 'adamw': optimizer.adamw,
-           'learning_rate_schedule': optimizer.learning_rate_schedule,
-           'DecodeOptions': predictor.DecodeOptions}
-  if with_data:
-    import_data_layer()
-    from t5x_variants.data import corpus, tasks, vocab  # pylint: disable=g-import-not-at-top
-    known.update(zip(DATA_CONFIGURABLES, (vocab.vocabulary, corpus.local_corpus_files,
-                                          tasks.register_tasks)))
-  return known
-
-
-def parse_recipe(gin_files: List[str], bindings: List[str], search_paths: Sequence[str] = (),
-                 with_data: bool = True, configurables: Optional[Mapping[str, Callable]] = None):
-  """``parse_gin`` with the library's configurables (and the caller's) named in its errors.
-  ``with_data=False``: the data layer is not imported and its bindings are skipped, so the files
-  of a run parse where TensorFlow is absent; a binding of anything else unknown is still an error."""
-  known = {**library_configurables(with_data), **(configurables or {})}
-  parse_gin(gin_files, bindings, search_paths, known,
-            skip_unknown=False if with_data else list(DATA_CONFIGURABLES))
-
-
-def setup(p: argparse.ArgumentParser, argv: Optional[Sequence[str]],
-          configurables: Optional[Mapping[str, Callable]] = None,
-          with_data: Union[bool, Callable[[argparse.Namespace], bool]] = True):
-  """(args, TransformerConfig): processes joined, gin applied. ``configurables``: the tool's own
-  (named in error messages). ``with_data=False`` (tools that need only the model and its step:
-  t5xv-info, t5xv-bench): no data layer, no TensorFlow; the same files as t5xv-train still parse,
-  the data layer's bindings skipped and ``RUN_MACROS`` bound to a placeholder. A function of the
-  parsed flags decides it per call (t5xv-train reading pre-built batches: no data layer, and its
-  run macros kept)."""
-  args = parse_args(p, argv)
-  initialize_processes(args)
-  data = with_data(args) if callable(with_data) else with_data
-  if with_data is False:  # after the flags, whose line numbers gin's messages keep
-    args.gin_bindings += [f"{m} = 'unused by {p.prog}'" for m in RUN_MACROS]
-  parse_recipe(args.gin_file, args.gin_bindings, args.gin_search_paths.split(','), data, configurables)
-  return args, build_config()
 
 
 # --- errors ------------------------------------------------------------------------------------
@@ -390,8 +209,8 @@ def _unproxied(e: BaseException) -> BaseException:
 def clear_errors(prog: str):
   """Known failures (bad flags or gin, missing data or checkpoints, a file system's error,
   non-finite training, another process's failure) exit with status 2 and one line: the message's
-  first line. At --verbosity=1 and up the whole message (and gin's, of a GinConfigError) follows
-  it; the traceback is logged at DEBUG."""
+  first line. At --verbosity=1 and up the whole message (and gin's, of a
+  ``recipe.GinConfigError``) follows it; the traceback is logged at DEBUG."""
   from t5x_variants.train import checkpoints, multihost, nonfinite  # pylint: disable=g-import-not-at-top
   try:
     yield
@@ -444,17 +263,3 @@ def check_vocabulary_size(config, task_or_vocabulary, source: str):
                      f'{source} ({data_size} ids); set TransformerConfig.vocab_size >= {data_size} '
                      f'(e.g. {-(-data_size // 128) * 128}, a multiple of 128)')
 
-
-def use_run_vocabulary(checkpoint_path: str):
-  """Tokenize with the vocabulary the run of ``checkpoint_path`` trained with (its
-  ``vocab.model`` copy), if it has one: the embedded vocabulary depends on the Python release.
-  Every process calls it together (it finds the checkpoint through process 0, then reads)."""
-  from t5x_variants.train import checkpoints, multihost  # pylint: disable=g-import-not-at-top
-  vocab_file = checkpoints.checkpoint_path(checkpoint_path).parent / 'vocab.model'
-  if multihost.process0_says(f'looking for {vocab_file}', vocab_file.exists):  # one answer for all
-
-    def bind():
-      with gin.unlock_config():
-        gin.bind_parameter('vocabulary.kind', 'file')
-        gin.bind_parameter('vocabulary.path', storage.local_copy(vocab_file))
-    multihost.agree(f'reading {vocab_file}', bind)

@@ -17,7 +17,7 @@ import dataclasses
 import json
 import sys
 
-from t5x_variants.cli import common, launch
+from t5x_variants.cli import common, launch, recipe
 from t5x_variants.train import aot, hlo_traffic, partitioning, storage, targets
 
 
@@ -32,8 +32,8 @@ def _run_settings(args, with_data: bool):
   if with_data:
     batch, lengths = dataset.batch_size, dict(dataset.task_feature_lengths or {})
   else:
-    batch = common.gin_macro('BATCH_SIZE')
-    lengths = dict(common.gin_macro('TASK_FEATURE_LENGTHS') or {})
+    batch = recipe.gin_macro('BATCH_SIZE')
+    lengths = dict(recipe.gin_macro('TASK_FEATURE_LENGTHS') or {})
   batch = args.batch or batch
   for feature in ('inputs', 'targets'):
     lengths[feature] = getattr(args, f'{feature}_length') or lengths.get(feature)
@@ -108,13 +108,14 @@ def main(argv=None):
       # An executable for compile-only devices is written to a persistent cache but cannot be read back.
       jax.config.update('jax_enable_compilation_cache', False)
     try:
-      common.library_configurables(with_data=True)
+      recipe.library_configurables(with_data=True)
       with_data = True
     except ImportError:  # a host without the data extra: the macros give batch and lengths
       with_data = False
-    args.gin_bindings[:0] = [f"{m} = 'unused by t5xv-compile'" for m in common.RUN_MACROS]
-    common.parse_recipe(args.gin_file, args.gin_bindings, args.gin_search_paths.split(','), with_data)
-    config = common.build_config()
+    args.gin_bindings[:0] = [f"{m} = 'unused by t5xv-compile'" for m in recipe.RUN_MACROS]
+    recipe.parse_recipe(args.gin_file, args.gin_bindings, args.gin_search_paths.split(','),
+                        with_data)
+    config = recipe.build_config()
     batch, lengths, packed = _run_settings(args, with_data)
     lengths = {f: lengths[f] for f in config.task_features}
     missing = [f'--{k}_length' for k, v in lengths.items() if not v]

@@ -6,7 +6,7 @@ import sys
 
 import numpy as np
 
-from t5x_variants.cli import common, ranges
+from t5x_variants.cli import common, ranges, recipe
 from t5x_variants.features import EOS_ID, PAD_ID
 
 
@@ -85,7 +85,7 @@ def main(argv=None):
     ranges.check_flags(args, {'n': 1, 'inputs_length': 1, 'targets_length': 1})
     common.import_data_layer()
     from t5x_variants.data import corpus, vocab  # pylint: disable=g-import-not-at-top
-    common.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_paths.split(','),
+    recipe.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_paths.split(','),
                      configurables={'vocabulary': vocab.vocabulary,
                                     'local_corpus_files': corpus.local_corpus_files})
     lengths = default_lengths(args.task, args.inputs_length or 512)

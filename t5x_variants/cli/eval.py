@@ -32,7 +32,7 @@ import gin
 from etils import epath
 import numpy as np
 
-from t5x_variants.cli import common, ranges
+from t5x_variants.cli import common, ranges, recipe
 from t5x_variants.train import checkpoints, evaluation, multihost, storage
 from t5x_variants.train.metrics import MetricsLogger
 from t5x_variants.train.predictor import (DecodeOptions, Predictor, continuation_length,
@@ -52,7 +52,7 @@ NOT_TASK_METRICS = ('loss', 'z_loss', 'log_perplexity', 'token_accuracy', 'num_t
 LOWER_IS_BETTER = ('loss', 'z_loss', 'log_perplexity', 'continuation_log_perplexity')
 DEFAULT_SPLIT = 'validation'
 VANISH_WAIT_SECS = 5.0  # how long a checkpoint that failed to load is watched for its deletion
-# The data layer (TensorFlow) is imported inside the functions, after common.setup has loaded it
+# The data layer (TensorFlow) is imported inside the functions, after recipe.setup has loaded it
 # quietly (common.import_data_layer).
 
 
@@ -219,7 +219,7 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
                          prompt_length: Optional[int] = None):
   """{step: {task: metrics}} of the checkpoints evaluated on ``split`` by this call."""
   from t5x_variants.data import classification, tasks  # pylint: disable=g-import-not-at-top
-  common.use_run_vocabulary(checkpoint_path)
+  recipe.use_run_vocabulary(checkpoint_path)
   paths = [checkpoints.checkpoint_path(checkpoint_path)]
   run_dir = paths[0].parent
   if all_checkpoints and run_dir == storage.path(checkpoint_path):
@@ -289,7 +289,7 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
 
 def main(argv=None):
   with common.clear_errors('t5xv-eval'):
-    _, config = common.setup(common.parser('t5xv-eval', __doc__), argv,
+    _, config = recipe.setup(common.parser('t5xv-eval', __doc__), argv,
                              {'evaluate_checkpoints': evaluate_checkpoints})
     ranges.check_ranges('evaluate_checkpoints', gin.get_bindings('evaluate_checkpoints'))
     results = evaluate_checkpoints(config)

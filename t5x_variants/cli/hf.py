@@ -26,7 +26,7 @@ import flax
 import gin
 import numpy as np
 
-from t5x_variants.cli import common
+from t5x_variants.cli import common, recipe
 from t5x_variants.layers.ffn import FFN_VARIANTS
 from t5x_variants.models import hf_t5
 from t5x_variants.models.encoder_decoder import unshared_params
@@ -34,7 +34,7 @@ from t5x_variants.models.config import TransformerConfig
 from t5x_variants.models.summary import abstract_params, model_info, param_rows
 from t5x_variants.train import checkpoints, pretrained, storage
 
-VOCAB = 'vocab.model'  # the run's vocabulary (common.use_run_vocabulary)
+VOCAB = 'vocab.model'  # the run's vocabulary (recipe.use_run_vocabulary)
 SPIECE = 'spiece.model'  # transformers' T5 tokenizer file
 # T5WithLMHeadModel: the first's old name; mT5 is T5 v1.1 with another vocabulary.
 LM_ARCHITECTURES = ('T5ForConditionalGeneration', 'T5WithLMHeadModel', 'MT5ForConditionalGeneration')
@@ -174,8 +174,8 @@ def export_checkpoint(checkpoint_path: str, output_dir: str, params_only: bool =
   path = checkpoints.checkpoint_path(checkpoint_path)
   run = path.parent
   gin.clear_config()  # the run's config.gin alone says what the model is
-  common.parse_gin([str(run / 'config.gin')], [], skip_unknown=True)
-  config = common.build_config()
+  recipe.parse_gin([str(run / 'config.gin')], [], skip_unknown=True)
+  config = recipe.build_config()
   why = hf_t5.inexpressible(config)
   if why and not params_only:
     raise ValueError(f'transformers T5 cannot express this model: {why}. --params_only writes its '

@@ -17,7 +17,7 @@ from typing import Mapping, Optional
 import gin
 import numpy as np
 
-from t5x_variants.cli import common, ranges
+from t5x_variants.cli import common, ranges, recipe
 from t5x_variants.train import multihost, storage
 from t5x_variants.features import EOS_ID
 from t5x_variants.train.predictor import (DecodeOptions, Predictor, continuation_length,
@@ -40,7 +40,7 @@ def infer(config, *, checkpoint_path: str = gin.REQUIRED, output_file: str = gin
       raise ValueError(f'INPUT_FILE {input_file} has no text to decode (one input per line)')
     return texts[:max_examples]
   texts = multihost.agree('reading INPUT_FILE', read_texts) if input_file else None
-  common.use_run_vocabulary(checkpoint_path)
+  recipe.use_run_vocabulary(checkpoint_path)
 
   def read():  # (vocabulary, examples, input length, target length)
     if input_file:
@@ -89,7 +89,7 @@ def infer(config, *, checkpoint_path: str = gin.REQUIRED, output_file: str = gin
 
 def main(argv=None):
   with common.clear_errors('t5xv-infer'):
-    _, config = common.setup(common.parser('t5xv-infer', __doc__), argv, {'infer': infer})
+    _, config = recipe.setup(common.parser('t5xv-infer', __doc__), argv, {'infer': infer})
     ranges.check_ranges('infer', gin.get_bindings('infer'))  # before any work
     n = infer(config)
   print(f'wrote {n} predictions')

@@ -8,13 +8,13 @@ the data layer's bindings are not checked (no TensorFlow).
 """
 import sys
 
-from t5x_variants.cli import common
+from t5x_variants.cli import common, recipe
 from t5x_variants.models.summary import model_info
 
 
 def main(argv=None):
   with common.clear_errors('t5xv-info'):
-    _, config = common.setup(common.parser('t5xv-info', __doc__, processes=False), argv,
+    _, config = recipe.setup(common.parser('t5xv-info', __doc__, processes=False), argv,
                              with_data=False)
   print(model_info(config))
   return 0

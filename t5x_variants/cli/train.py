@@ -13,7 +13,7 @@ import sys
 import gin
 import jax
 
-from t5x_variants.cli import common, ranges
+from t5x_variants.cli import common, ranges, recipe
 from t5x_variants.sweeps import runner
 from t5x_variants.train import multihost, storage
 
@@ -212,7 +212,7 @@ def _train_from_data_layer(args, config, train_cfg, eval_cfg):
   returns None)."""
   from t5x_variants.train import prebuilt, trainer  # pylint: disable=g-import-not-at-top
   if _init_checkpoint():  # fine-tuning tokenizes as the pretrained run did
-    common.use_run_vocabulary(_init_checkpoint())
+    recipe.use_run_vocabulary(_init_checkpoint())
   train_data, eval_data, eval_metric_fns, files, vocabulary_size = multihost.agree(
       "finding the run's tasks", lambda: _data_layer(config, train_cfg, eval_cfg))
   if args.write_batches:
@@ -221,7 +221,7 @@ def _train_from_data_layer(args, config, train_cfg, eval_cfg):
                               'classification metrics, which need the data layer at eval)')
     directory = prebuilt.write(args.batches_dir, _data_description(config, train_cfg, eval_cfg),
                                train_data, eval_data or dict, files, vocabulary_size,
-                               {name: gin.get_bindings(name) for name in common.DATA_CONFIGURABLES})
+                               {name: gin.get_bindings(name) for name in recipe.DATA_CONFIGURABLES})
     print(f'batches: {directory}')
     return None
   return trainer.train(config, train_data, eval_data=eval_data, eval_metric_fns=eval_metric_fns,
@@ -235,7 +235,7 @@ def main(argv=None):
                    help='pre-built batches: train from those under ROOT, without TensorFlow')
     p.add_argument('--write_batches', action='store_true',
                    help='with --batches_dir: write the run\'s batches under ROOT and stop')
-    args, config = common.setup(p, argv, with_data=lambda a: not a.batches_dir or a.write_batches)
+    args, config = recipe.setup(p, argv, with_data=lambda a: not a.batches_dir or a.write_batches)
     if not args.gin_file:
       raise common.UsageError('no --gin_file: give a run file and a model (--gin_file=gin/runs/'
                               'pretrain.gin --gin_file=gin/models/t5_base.gin), a recipe of '
