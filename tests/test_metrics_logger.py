@@ -120,3 +120,15 @@ def test_an_eval_step_is_evaluated_once_every_task_has_this_runs_record(tmp_path
   assert reader.evaluated(4, ['cola']) and not reader.evaluated(4, ['cola', 'rte'])
   assert reader.evaluated(2, ['rte']) and not reader.evaluated(6, ['rte'])
   reader.close()
+
+
+def test_a_log_window_averages_the_loss_over_steps_and_the_accuracy_over_tokens():
+  """T5X's metrics: ``loss`` a mean over the steps, ``accuracy`` over the tokens (a step of 30
+  tokens counts three times one of 10); a skipped step is left out of both."""
+  from t5x_variants.train.meter import _summarize  # pylint: disable=g-import-not-at-top
+  step = lambda loss, accuracy, tokens, skipped=0: (
+      {'loss': loss, 'z_loss': 0.0, 'token_accuracy': accuracy, 'num_tokens': tokens, 'grad_norm': 1.0,
+       'learning_rate': 0.01, 'param_norm': 2.0, 'skipped': skipped}, 100, 4, 0.5)
+  summary = _summarize([step(3.0, 0.5, 30.0), step(6.0, 1.0, 10.0), step(float('nan'), 0.0, 50.0, 1)])
+  assert summary['loss'] == 4.5 and summary['num_tokens'] == 20.0 and summary['skipped'] == 1
+  assert summary['token_accuracy'] == 0.625

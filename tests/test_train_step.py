@@ -40,6 +40,7 @@ def test_cross_entropy_with_label_smoothing_and_z_loss_matches_the_formula():
   hits = (logits.argmax(-1) == targets) * weights
   np.testing.assert_allclose(m['token_accuracy'], hits.sum() / 3)
   assert float(losses.normalizing_factor(2048.0, 3.0)) == 2048.0
+  assert losses.normalizing_factor(None, 3.0) == losses.normalizing_factor('none', 3.0) == 1.0
   with pytest.raises(ValueError, match="unknown loss_normalizing_factor 'tokens'"):
     losses.normalizing_factor('tokens', 3.0)
 
@@ -187,6 +188,19 @@ def test_factored_adafactor_statistics_follow_their_parameter_sharding():
   assert by_shape[(2, 256)] == (None, None)        # v_row: the 512 axis was reduced
   assert by_shape[(2, 512)] == (None, 'model')     # v_col: the sharded axis kept
   assert all(specs[k] == () for k in specs if len(shapes[k]) < 2)  # counters, placeholders
+
+
+@pytest.mark.parametrize('architecture', ['encoder_decoder', 'decoder_only'])
+def test_a_synthetic_packed_batch_shifts_each_example_as_seqio(architecture):
+  """The decoder's input is each packed example's targets shifted right, a 0 at its start (seqio's
+  autoregressive inputs), not the previous example's last token."""
+  b = train_step.synthetic_batch(tiny(architecture=architecture), 2, {'inputs': 6, 'targets': 8},
+                                 packed=True)
+  targets, starts = b['decoder_target_tokens'], b['decoder_positions'] == 0
+  assert starts.sum() == 4
+  np.testing.assert_array_equal(b['decoder_input_tokens'][starts], 0)
+  np.testing.assert_array_equal(b['decoder_input_tokens'][:, 1:][~starts[:, 1:]],
+                                targets[:, :-1][~starts[:, 1:]])
 
 
 @pytest.mark.parametrize('packed', [False, True])

@@ -44,8 +44,11 @@ def classification_loss(logits, labels, weights=None, label_smoothing: float = 0
 
 
 def normalizing_factor(loss_normalizing_factor: Union[str, float], num_tokens):
-  """'num_tokens': the number of weighted tokens (at least 1); 'none': 1; a number: itself (T5's
-  constant normaliser makes the loss independent of the batch's padding)."""
+  """'num_tokens': the number of weighted tokens (at least 1); 'none' or None (T5X's spelling, its
+  T5.1.1 default): 1, the summed loss; a number: itself (T5's constant normaliser makes the loss
+  independent of the batch's padding)."""
+  if loss_normalizing_factor is None:
+    return 1.0
   if isinstance(loss_normalizing_factor, str):
     if loss_normalizing_factor not in NORMALIZERS:
       raise ValueError(f'unknown loss_normalizing_factor {loss_normalizing_factor!r}; valid: '

@@ -1,5 +1,6 @@
-"""The train metrics between two logs and their summary: the means of the steps' metrics, the
-latest learning rate and parameter norm, throughput and step time."""
+"""The train metrics between two logs and their summary: the means of the steps' metrics (the
+token accuracy over their tokens), the latest learning rate and parameter norm, throughput and
+step time."""
 import time
 from typing import Mapping, Tuple
 
@@ -55,13 +56,16 @@ class TrainMeter:
 
 
 def _summarize(window) -> dict:
-  """Means over the steps since the last log, skipped (non-finite) ones left out unless all were;
-  learning rate and parameter norm: the latest."""
+  """The steps since the last log, skipped (non-finite) ones left out unless all were: losses
+  and gradient norm as means over the steps (T5X's ``loss``), the token accuracy over their
+  tokens (T5X's ``accuracy``); learning rate and parameter norm: the latest."""
   seconds = sum(w[3] for w in window)
   applied = [w[0] for w in window if not w[0]['skipped']] or [w[0] for w in window]
   mean = lambda k: float(np.mean([m[k] for m in applied]))
+  tokens = sum(float(m['num_tokens']) for m in applied)
+  accuracy = sum(float(m['token_accuracy']) * float(m['num_tokens']) for m in applied) / max(tokens, 1.0)
   latest = window[-1][0]
-  return {'loss': mean('loss'), 'z_loss': mean('z_loss'), 'token_accuracy': mean('token_accuracy'),
+  return {'loss': mean('loss'), 'z_loss': mean('z_loss'), 'token_accuracy': accuracy,
           'learning_rate': latest['learning_rate'], 'grad_norm': mean('grad_norm'),
           'param_norm': latest['param_norm'], 'skipped': sum(w[0]['skipped'] for w in window),
           'tokens_per_second': sum(w[1] for w in window) * jax.process_count() / seconds,
