@@ -188,6 +188,17 @@ def _reference_layer(p, x, bias, placement, alpha, kind):
   return x
 
 
+@pytest.mark.parametrize('alpha', [24**0.25, 0.81 * (12**5)**(1 / 16), 36**0.25])
+def test_deepnorm_scales_a_bfloat16_stream_by_alpha_itself(alpha):
+  """In bfloat16 the residual is alpha x rounded, not x times alpha rounded to bfloat16 (2.2134 is
+  2.21875 there: every DeepNorm layer of a 12-layer decoder-only model scaled 0.24% too far)."""
+  from t5x_variants.layers.placement import residual  # pylint: disable=g-import-not-at-top
+  x = jnp.asarray(np.random.RandomState(0).randn(100_000), jnp.bfloat16)
+  out = residual(x, jnp.zeros_like, lambda v: v, 'deepnorm', alpha)
+  x32, out32 = np.asarray(x, np.float32), np.asarray(out, np.float32)
+  assert abs(float((out32 * x32).sum() / (x32 * x32).sum()) / alpha - 1) < 3e-4
+
+
 @pytest.mark.parametrize('placement', ['post', 'pre', 'deepnorm', 'subln'])
 @pytest.mark.parametrize('kind', ['rmsnorm', 'layernorm'])
 def test_each_placement_computes_its_equation(placement, kind):

@@ -31,8 +31,8 @@ def residual(x, f: Callable, norm: Callable, placement: str, alpha: float = 1.0)
     return x + f(norm(x))
   if placement == 'post':
     return norm(x + f(x))
-  if placement == 'deepnorm':
-    return norm(jnp.asarray(alpha, x.dtype) * x + f(x))
+  if placement == 'deepnorm':  # alpha x in float32: alpha rounded to bfloat16 scales x by up to 0.4% more
+    return norm((alpha * x.astype(jnp.float32)).astype(x.dtype) + f(x))
   raise ValueError(f'unknown placement {placement!r}; valid: {", ".join(PLACEMENTS)}')
 
 
