@@ -1,7 +1,8 @@
-"""Precision as T5X and MaxText: with ``dtype='bfloat16'`` every matrix multiply of the train step
-(forward and backward: the output logits and their two gradients, the attention products, the
-synthesizers, a classification head) takes bfloat16 operands; the loss, softmax and norms stay in
-float32. Read from the lowered step (StableHLO), so it holds on any backend."""
+"""Precision as T5X: with ``dtype='bfloat16'`` every matrix multiply of the train step (forward
+and backward: the output logits and their two gradients, the attention products, the
+synthesizers, a classification head) takes bfloat16 operands; the output logits come out in
+float32; the loss, softmax and norms stay in float32. Read from the lowered step (StableHLO), so it
+holds on any backend."""
 import functools
 import re
 
@@ -40,9 +41,15 @@ def lowered_dots(config):
     dict(architecture='encoder_only', head='classification'),
 ], ids=['t5', 'tied_swiglu', 'decoder_synthesizer_mixture', 'mlm', 'classification'])
 def test_every_matmul_of_a_bfloat16_step_is_in_bfloat16(overrides):
-  dots = lowered_dots(tiny(dtype='bfloat16', **overrides))
+  """Every operand in bfloat16; the output logits (or classifier scores) come out in float32, as
+  T5X's float32 output layer, not rounded to bfloat16 before the softmax."""
+  config = tiny(dtype='bfloat16', **overrides)
+  dots = lowered_dots(config)
   assert len(dots) > 20
   assert [d for d in dots if 'f32' in d[0] or 'f32' in d[1]] == []
+  width = config.num_labels if config.head == 'classification' else config.vocab_size
+  output = [d for d in dots if d[1] == f'tensor<{config.d_model}x{width}xbf16>']
+  assert output and all(d[2].endswith('xf32>') for d in output), output
 
 
 def test_a_float32_step_stays_in_float32():
@@ -61,3 +68,23 @@ def test_tied_logits_are_scaled_without_a_bfloat16_bias():
   exact, rounded = logits(model).ravel(), logits(build_model(tiny(**sizes, dtype='bfloat16'))).ravel()
   slope = np.dot(rounded, exact) / np.dot(exact, exact)
   assert abs(slope - 1) < 3e-4, slope
+
+
+def test_a_float32_result_matmul_keeps_the_gradients_of_a_bfloat16_one():
+  """``matmul_float32``: the logits unrounded (within float32 of the exact product of the bfloat16
+  operands, where a bfloat16 result is off by its rounding), the gradients those of the bfloat16
+  matmul, on bfloat16 operands."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from t5x_variants.layers.dense import matmul_float32  # pylint: disable=g-import-not-at-top
+  rng = np.random.RandomState(0)
+  x = jnp.asarray(rng.randn(3, 5, 64) * 3, jnp.bfloat16)
+  w = jnp.asarray(rng.randn(64, 40), jnp.bfloat16)
+  g = jnp.asarray(rng.randn(3, 5, 40), jnp.float32)
+  out, vjp = jax.vjp(matmul_float32, x, w)
+  want, want_vjp = jax.vjp(lambda a, b: jnp.dot(a, b).astype(jnp.float32), x, w)
+  exact = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+  assert out.dtype == jnp.float32 and np.abs(out - exact).max() < 1e-4 < np.abs(want - exact).max()
+  for got, ref in zip(vjp(g), want_vjp(g)):
+    assert got.dtype == ref.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(ref, np.float32))

@@ -5,8 +5,10 @@ S = Q K^T / sqrt(d_h) for ``dot_product`` (Vaswani et al. 2017), and G(X) the sh
 projection; T5's relative position bias, when given, is added to the mixed logits. The dense
 synthesizers' hidden layer is, by default, relu of the same scaled query Q / sqrt(d_h)
 (``synthesizer_hidden``; layers/synthesizer.py), so a mixture with dot product creates one
-query. Every matmul runs in the compute dtype (float32 accumulation is the hardware's); logits,
-their mixture, bias and softmax are in float32, as in T5X.
+query. Every matmul runs in the compute dtype (float32 accumulation is the hardware's), its result
+too: in bfloat16 the logits are rounded to it, then their mixture, the bias and the softmax run
+in float32 (T5X's default, ``float32_logits=False``, runs these in bfloat16 as well; the fused
+kernels keep their scores in float32).
 
 The dot-product path may instead run as one fused kernel (``kernel``: layers/fused_attention.py),
 which takes the mask as sequence ``lengths`` and the module's ``causal`` flag rather than the

@@ -24,8 +24,33 @@ def laid_out() -> bool:
   return form == 'dot_general' if form else fused_attention.platform() == 'tpu'
 
 
+@jax.custom_vjp
+def matmul_float32(x, w):
+  """x W for x (..., n) and W (n, m) in the compute dtype, accumulated and returned in float32:
+  T5X's output logits (a float32 layer, whose operands a TPU rounds to bfloat16 at default
+  precision), not rounded to bfloat16 before the softmax. The gradients are those of a
+  compute-dtype result: the cotangent rounded once, both products on compute-dtype operands."""
+  return jnp.dot(x, w, preferred_element_type=jnp.float32)
+
+
+def _matmul_float32_fwd(x, w):
+  return matmul_float32(x, w), (x, w)
+
+
+def _matmul_float32_bwd(saved, g):
+  x, w = saved
+  g = g.astype(x.dtype)
+  rows = g.reshape(-1, g.shape[-1])  # as one 2-D matmul: the form measured fastest (Dense)
+  return jnp.dot(g, w.T), jnp.dot(x.reshape(-1, x.shape[-1]).T, rows)
+
+
+matmul_float32.defvjp(_matmul_float32_fwd, _matmul_float32_bwd)
+
+
 class Dense(nn.Module):
-  """y = x W (+ b): contracts the last ``len(in_axes)`` dims of x with W[in..., out...]."""
+  """y = x W (+ b): contracts the last ``len(in_axes)`` dims of x with W[in..., out...].
+  ``float32_result`` (one input and one output axis): y from ``matmul_float32``, b added in
+  float32 (output logits and classifier scores)."""
   features: Tuple[int, ...]
   in_axes: Tuple[str, ...]
   out_axes: Tuple[str, ...]
@@ -34,6 +59,7 @@ class Dense(nn.Module):
   t5_distribution: str = 'normal'
   use_bias: bool = False
   dtype: Any = jnp.float32
+  float32_result: bool = False
 
   @nn.compact
   def __call__(self, x):
@@ -49,7 +75,12 @@ class Dense(nn.Module):
     kernel = nn.with_logical_constraint(kernel.astype(self.dtype), self.in_axes + self.out_axes)
     x = x.astype(self.dtype)
     n_rows = math.prod(kernel.shape[:n_in])
-    if laid_out():
+    if self.float32_result:
+      if (n_in, n_out) != (1, 1):
+        raise ValueError(f'float32_result needs one input and one output axis, not {self.in_axes} '
+                         f'-> {self.out_axes}')
+      y = matmul_float32(x, kernel)
+    elif laid_out():
       # Contracted as laid out: the TPU compiler then writes each output in the layout its
       # consumer reads (q, k, v heads-first for the attention kernel, and their gradients
       # back), where a 2-D matmul's output must be transposed by a copy (T5-base on v5p-16,
@@ -65,5 +96,5 @@ class Dense(nn.Module):
     if self.use_bias:
       bias = self.param('bias', nn.with_logical_partitioning(
           init_lib.bias_init(self.init_scheme, self.gain, n_rows), self.out_axes), tuple(self.features), jnp.float32)
-      y = y + bias.astype(self.dtype)
+      y = y + bias.astype(y.dtype)
     return y

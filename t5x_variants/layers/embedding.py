@@ -5,6 +5,8 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
+from t5x_variants.layers.dense import matmul_float32
+
 
 class Embed(nn.Module):
   num_embeddings: int
@@ -28,5 +30,6 @@ class Embed(nn.Module):
     return (x * self.features**0.5 if self.scale else x).astype(self.dtype)
 
   def attend(self, x):
-    """x E^T (unscaled E): logits over the vocabulary, in the dtype of x."""
-    return jnp.einsum('...d,vd->...v', x, self.table(x.dtype))
+    """x E^T (unscaled E): logits over the vocabulary from operands in the dtype of x, in float32
+    (``dense.matmul_float32``)."""
+    return matmul_float32(x, self.table(x.dtype).T)

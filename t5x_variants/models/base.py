@@ -53,15 +53,16 @@ class LanguageModel(nn.Module):
       code = c.init_scheme == 'torchscale'
       self.logits_dense = Dense((c.vocab_size,), ('embed',), ('vocab',), 't5' if code else c.init_scheme,
                                 t5_distribution='normal' if code else 'truncated_normal',
-                                dtype=c.compute_dtype)
+                                dtype=c.compute_dtype, float32_result=True)
 
   def logits(self, x):
-    """The output matmul in the compute dtype, its logits cast to float32 for a stable softmax
-    over the vocabulary (as T5X and MaxText)."""
+    """The output matmul on compute-dtype operands, its logits accumulated and returned in float32
+    (``dense.matmul_float32``: T5X's float32 output layer), never rounded to the compute dtype
+    before the softmax over the vocabulary."""
     if self.config.tie_embeddings:
       scale = self.config.d_model**-0.5 if self.config.scale_tied_logits else 1.0
       # Scaled in float32: d^-0.5 rounded to bfloat16 would bias every logit (by +0.13% at 768).
       x = self.token_embedder.attend((x.astype(jnp.float32) * scale).astype(self.config.compute_dtype))
     else:
       x = self.logits_dense(x.astype(self.config.compute_dtype))
-    return x.astype(jnp.float32)
+    return x

@@ -9,7 +9,6 @@
   checkpoint. Biases follow ``use_bias`` (none by default, as the rest of the model).
 """
 import flax.linen as nn
-import jax.numpy as jnp
 
 from t5x_variants.layers.attention import pair_mask, segment_mask
 from t5x_variants.layers.dense import Dense
@@ -33,7 +32,7 @@ class EncoderOnly(LanguageModel):
       self.pooler_dropout = nn.Dropout(c.dropout_rate)
       self.classifier = Dense((c.num_labels,), ('embed',), ('labels',), c.init_scheme,
                               t5_distribution='truncated_normal', use_bias=c.use_bias,
-                              dtype=c.compute_dtype)
+                              dtype=c.compute_dtype, float32_result=True)
     else:
       self.mlm_transform = Dense((c.d_model,), ('embed',), ('embed_out',), c.init_scheme,
                                  use_bias=c.use_bias, dtype=c.compute_dtype)
@@ -56,5 +55,5 @@ class EncoderOnly(LanguageModel):
     if self.config.head == 'classification':
       pooled = nn.tanh(self.pooler(x[:, :1]))
       pooled = self.pooler_dropout(pooled, deterministic=not enable_dropout)
-      return self.classifier(pooled).astype(jnp.float32)
+      return self.classifier(pooled)
     return self.logits(self.mlm_norm(nn.gelu(self.mlm_transform(x))))
