@@ -201,6 +201,25 @@ def test_checkpointer_keeps_the_last_two_and_restores_the_newest(tmp_path):
   jax.tree_util.tree_map(np.testing.assert_array_equal, restored, state(5))
 
 
+def test_a_checkpoint_whose_bytes_decode_to_nan_is_damaged(tmp_path):
+  """Flipped bytes that still decode (a NaN where a weight was): resuming moves it aside and reads
+  the one before, as an unreadable one; evaluation's and export's reads refuse it, naming the
+  array. Training never saves a non-finite value (such an update is skipped)."""
+  from t5x_variants.train import pretrained  # pylint: disable=g-import-not-at-top
+  ckpt = checkpoints.Checkpointer(str(tmp_path), period=2, keep=None)
+  damaged = state(4).replace(params={'w': jnp.full((2, 3), 4.0).at[1, 2].set(jnp.nan),
+                                     'b': jnp.arange(3, dtype=jnp.int32)})
+  assert ckpt.save(2, state(2)) and ckpt.save(4, damaged)
+  ckpt.close()
+  with pytest.raises(checkpoints.CheckpointError, match='params/w holds a NaN or an infinity'):
+    pretrained.read_on_host(str(tmp_path / 'checkpoint_4'))
+  resumed = checkpoints.Checkpointer(str(tmp_path), period=2, keep=None)
+  restored, step = resumed.restore_latest(state(0))
+  resumed.close()
+  assert step == 2 and sorted(names(tmp_path.iterdir())) == ['checkpoint_2', 'checkpoint_4.unreadable']
+  jax.tree_util.tree_map(np.testing.assert_array_equal, restored, state(2))
+
+
 def test_a_parameters_only_checkpoint_is_refused_for_resuming_and_left_in_place(tmp_path):
   """A checkpoint of parameters alone (t5xv-import's) in a run's directory reads, but holds no
   step: one error that says to start from it with train.init_checkpoint, not a damaged checkpoint

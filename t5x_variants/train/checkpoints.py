@@ -17,9 +17,11 @@ from typing import Any, Callable, List, NamedTuple, Optional, Sequence
 
 import gin
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from etils import epath
 
+from t5x_variants import path_keys
 from t5x_variants.train import multihost, optimizer, storage
 
 PREFIX = 'checkpoint'
@@ -247,6 +249,10 @@ class Checkpointer:
     path = ocp.step.build_step_path(self.model_dir, _NAME_FORMAT, step)
     state = read_with(ocp.StandardCheckpointHandler(), 'state', lambda handler: handler.restore(
         path / 'state', args=ocp.args.StandardRestore(abstract_arrays(abstract_state))))
+    bad = nonfinite_entry(state)
+    if bad:  # damaged bytes that decoded: the same answer on every process
+      raise ReadError('state', f'{bad} holds a NaN or an infinity, which training never saves',
+                      outside=False)
     if _resumable(data_iterator):
       read_on_every_process('data', lambda: DataIteratorHandler().restore(
           path / 'data', args=DataIteratorRestore(data_iterator)))
@@ -292,6 +298,17 @@ def read_on_every_process(part: str, read):
       reason += '; on another process for a cause outside the checkpoint (its log says why)'
     raise ReadError(part, reason, outside=max(outcomes) == 2) from error
   return value
+
+
+def nonfinite_entry(tree) -> Optional[str]:
+  """The name ('params/...') of the first floating array of ``tree`` holding a NaN or an
+  infinity, or None: a damaged checkpoint (a step whose update is not finite is skipped, so no run
+  saves one). Reduced by one jitted call over the global arrays to scalars, which every process
+  holds whole."""
+  named = [('/'.join(path_keys(p)), x) for p, x in jax.tree_util.tree_leaves_with_path(tree)
+           if jnp.issubdtype(x.dtype, jnp.inexact)]
+  finite = jax.jit(lambda xs: [jnp.isfinite(x).all() for x in xs])([x for _, x in named])
+  return next((name for (name, _), ok in zip(named, finite) if not ok.addressable_data(0)), None)
 
 
 def read_with(handler, part: str, read):
@@ -369,9 +386,12 @@ def outside_cause(e: Exception) -> bool:
 def error_reason(e: Exception, limit: int = 300) -> str:
   """'<type>: <first line>' of an exception, at most ``limit`` characters (tensorstore's messages
   carry whole object reprs and long paths): its start and its end, where the OS's reason is ('No
-  space left on device'); a ReadError's own message, which is one already."""
+  space left on device'); a ReadError's own message, which is one already; of orbax's wrapper of
+  an array read, its cause's (which names the array and what failed)."""
   if isinstance(e, ReadError):
     return str(e)
+  if str(e).startswith('Encountered error while reading') and e.__cause__ is not None:
+    return error_reason(e.__cause__, limit)
   first = str(e).splitlines()[0] if str(e) else ''
   reason = f'{type(e).__name__}: {first}' if first else type(e).__name__
   tail = limit // 3

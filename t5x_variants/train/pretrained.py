@@ -12,22 +12,29 @@ import optax
 import orbax.checkpoint as ocp
 
 from t5x_variants import path_keys
-from t5x_variants.train.checkpoints import (CheckpointError, abstract_arrays, array_shapes,
-                                            checkpoint_path, error_reason, optimizer_hint,
-                                            outside_cause, read_with, saved_tree)
+from t5x_variants.train.checkpoints import (CheckpointError, ReadError, abstract_arrays,
+                                            array_shapes, checkpoint_path, error_reason,
+                                            nonfinite_entry, optimizer_hint, outside_cause,
+                                            read_with, saved_tree)
 
 log = logging.getLogger(__name__)
 
 
 def _read(path, target):
   """``target``'s arrays (ShapeDtypeStructs with their shardings, named as saved) from checkpoint
-  ``path``; saved arrays it does not name are not read."""
+  ``path``; saved arrays it does not name are not read. One holding a NaN or an infinity is a
+  damaged checkpoint (a ReadError)."""
   restore_args = jax.tree_util.tree_map(
       lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding, global_shape=x.shape, dtype=x.dtype),
       target)
-  return read_with(ocp.PyTreeCheckpointHandler(), 'state', lambda handler: handler.restore(
+  restored = read_with(ocp.PyTreeCheckpointHandler(), 'state', lambda handler: handler.restore(
       path / 'state', args=ocp.args.PyTreeRestore(item=target, restore_args=restore_args,
                                                   partial_restore=True)))
+  bad = nonfinite_entry(restored)
+  if bad:  # damaged bytes that decoded
+    raise ReadError('state', f'{bad} holds a NaN or an infinity, which training never saves',
+                    outside=False)
+  return restored
 
 
 def _read_error(path, what: str, e: Exception) -> CheckpointError:

@@ -261,8 +261,11 @@ def _train_steps(run: _Run, preempt: preemption.Preemption, evaluator: Evaluator
     stop = preempt.reached(run.step)
     evaluate = eval_period and run.step % eval_period == 0
     diagnose = diag and diag.due(run.step)
-    if stop or evaluate or diagnose or run.step % run.ckpt.period == 0:
+    last = run.step == total_steps
+    if stop or evaluate or diagnose or last or run.step % run.ckpt.period == 0:
       run.read()  # a non-finite step stops the run before its state is saved
+    if last:  # nor is the last step's state saved by a run that applied no update (it is not done)
+      run.guard.check_run(start, run.step)
     run.checkpoint(force=stop)  # before eval, so a failing eval loses nothing
     if diagnose:
       diag(run.step, run.state.params)
