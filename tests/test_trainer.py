@@ -125,11 +125,13 @@ def test_a_checkpoint_of_8_devices_resumes_on_one(reference, tmp_path, subproces
 
 
 @pytest.mark.slow
-def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, subprocess_train):
+@pytest.mark.parametrize('again', [False, True])
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, subprocess_train, again):
   """SIGTERM to a run of 1000 slow steps: it exits with status 0 after saving
   ``checkpoint_<k>`` for the step it stopped at (the only checkpoint: the period is 1000), and a
-  resumed run starts at step k + 1 with data position k."""
-  proc = subprocess_train('slow', tmp_path, 1000)
+  resumed run starts at step k + 1 with data position k; also when another SIGTERM comes as that
+  checkpoint commits (a sweep's Ctrl-C: the terminal's SIGINT, then the sweep's SIGTERM)."""
+  proc = subprocess_train('slow', tmp_path, 1000, *(['again'] if again else []))
   wait_for_steps(tmp_path, 2, [proc])
   proc.send_signal(signal.SIGTERM)
   result = finish(proc)

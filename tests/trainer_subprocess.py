@@ -1,7 +1,9 @@
 """Trainer runs in child processes for tests/test_trainer.py.
 
   python trainer_subprocess.py mesh MODEL_DIR STEPS      8 host devices, data=4 x model=2, fsdp
-  python trainer_subprocess.py slow MODEL_DIR STEPS      0.1 s per batch, no periodic checkpoints
+  python trainer_subprocess.py slow MODEL_DIR STEPS [AGAIN]
+      0.1 s per batch, no periodic checkpoints; with AGAIN, a SIGTERM to itself as the final
+      checkpoint's commit starts (a second signal after the one that stops the run)
   python trainer_subprocess.py process MODEL_DIR STEPS PORT INDEX [UNREADABLE]
       one of 2 processes joined by jax.distributed (2 CPU devices each, data=2 x model=2, fsdp),
       each feeding its half of every global batch, 0.1 s per batch, no periodic checkpoints; with
@@ -54,6 +56,15 @@ if mode == 'mesh':
   gin.bind_parameter('MeshConfig.fsdp', True)
   result = run_train(model_dir, steps)
 elif mode == 'slow':
+  if len(sys.argv) > 4:
+    import signal  # pylint: disable=g-import-not-at-top
+    from t5x_variants.train.checkpoints import Checkpointer  # pylint: disable=g-import-not-at-top
+    commit = Checkpointer.close
+
+    def signalled(self):
+      os.kill(os.getpid(), signal.SIGTERM)
+      commit(self)
+    Checkpointer.close = signalled
   result = run_train(model_dir, steps, period=1000,
                      batches=functools.partial(StepBatches, delay=0.1))
 elif mode in ('kill', 'plain'):

@@ -271,8 +271,9 @@ def _train_steps(run: _Run, preempt: preemption.Preemption, evaluator: Evaluator
       diag(run.step, run.state.params)
       run.meter.resume()
     if stop:
-      log.warning('%s: saved a checkpoint at step %d; run the same command to resume',
-                  preempt.signal or 'preemption', run.step)
+      log.warning('%s: saving a checkpoint at step %d and stopping (a second signal does not '
+                  'interrupt it); run the same command to resume', preempt.signal or 'preemption',
+                  run.step)
       return True
     if evaluate:
       evaluator(run.step, run.state.params)
@@ -400,4 +401,7 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
   except BaseException:
     _close_after(run)
     raise
+  if preempted:  # another signal while the stop's checkpoint commits is noted, not obeyed
+    with preemption.Preemption(ckpt):
+      return _finish(run, evaluator, total_steps, eval_period)
   return _finish(run, evaluator, total_steps, eval_period)
