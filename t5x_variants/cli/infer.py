@@ -24,6 +24,26 @@ from t5x_variants.train.predictor import (DecodeOptions, Predictor, continuation
                                           decode_examples, prompted, score_examples, until_eos)
 
 
+def check_output(output_file: str):
+  """Refuses an INFER_OUTPUT that is a directory, or an existing file other than an earlier
+  t5xv-infer output (it would be replaced: a run's metrics.jsonl given by mistake)."""
+  path = storage.path(output_file)
+  if path.is_dir():
+    raise ValueError(f'INFER_OUTPUT {output_file} is a directory: give a file path in it '
+                     f'(e.g. {storage.join(output_file, "predictions.jsonl")})')
+  if path.exists():
+    with path.open() as f:
+      first = f.readline()
+    try:
+      ours = not first.strip() or 'prediction' in json.loads(first)
+    except (ValueError, TypeError):
+      ours = False
+    if not ours:
+      raise ValueError(f'INFER_OUTPUT {output_file} exists and is not an earlier t5xv-infer output '
+                       '(its first line has no "prediction"), which this would replace: give '
+                       'another path, or remove that file')
+
+
 @gin.configurable(denylist=['config'])
 def infer(config, *, checkpoint_path: str = gin.REQUIRED, output_file: str = gin.REQUIRED,
           input_file: Optional[str] = None, mixture_or_task_name: Optional[str] = None,
@@ -33,6 +53,7 @@ def infer(config, *, checkpoint_path: str = gin.REQUIRED, output_file: str = gin
   """Writes one JSON line per example to ``output_file``; returns the number written."""
   from t5x_variants.data import tasks, vocab as vocab_lib  # pylint: disable=g-import-not-at-top
   predictor = Predictor(config, options=DecodeOptions())  # the decoding options checked first
+  multihost.process0_does(f'checking {output_file}', lambda: check_output(output_file))
 
   def read_texts():  # INPUT_FILE's texts, before the checkpoint is looked for
     texts = [line for line in storage.path(input_file).read_text().splitlines() if line.strip()]
