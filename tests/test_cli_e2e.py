@@ -76,11 +76,20 @@ def test_quickstart_trains_evaluates_and_decodes_quietly(quickstart):
 
 
 @pytest.mark.slow
-def test_eval_skips_checkpoints_already_evaluated(quickstart, capsys):
+def test_eval_skips_checkpoints_already_evaluated(quickstart, capsys, monkeypatch):
+  """Also: a task's metrics of scores, which t5xv-eval does not compute, are named, not dropped
+  unsaid."""
+  import seqio  # pylint: disable=g-import-not-at-top
+
+  def rank_accuracy(targets, scores):
+    return {'rank_accuracy': float(len(targets) == len(scores))}
+  monkeypatch.setattr(seqio.Task, 'score_metric_fns', property(lambda task: [rank_accuracy]))
   run_dir = quickstart[0]
   assert eval_cli.main([f'--gin_file={run_dir}/config.gin', '--gin_file=gin/runs/eval.gin',
                         f"--gin.CHECKPOINT_PATH='{run_dir}'", '--gin.EVAL_ALL=True']) == 0
-  assert capsys.readouterr().out.count('already evaluated on validation, skipped') == 2
+  out = capsys.readouterr().out
+  assert out.count('already evaluated on validation, skipped') == 2
+  assert 'embedded_span_corruption: its metrics of scores (rank_accuracy) are not computed' in out
 
 
 @pytest.mark.slow

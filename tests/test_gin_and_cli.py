@@ -99,6 +99,8 @@ def test_text_to_text_fine_tuning_goes_on_with_the_optimizer_state_bert_starts_a
   parse_recipe(['gin/models/t5_tiny.gin', f'gin/runs/{run_file}'],
                ['INITIAL_CHECKPOINT_PATH = "/tmp/x"', 'MODEL_DIR = "/tmp/y"'])
   assert gin.query_parameter('train.init_optimizer') is continues
+  if continues:  # T5X's: every checkpoint kept, for evaluating them all and taking the best
+    assert gin.query_parameter('Checkpointer.keep') is None
 
 
 def test_bert_fine_tuning_binds_its_schedule_and_clip_whatever_the_pretraining_run_set():

@@ -233,6 +233,11 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
   mixture, classify, names = multihost.same(f'the tasks of {mixture_or_task_name}', find_task,
                                             key=lambda found: found[1:])
   subtasks = getattr(mixture, 'tasks', [mixture])
+  for task in subtasks:
+    if task.score_metric_fns:
+      left_out = ', '.join(getattr(f, '__name__', repr(f)) for f in task.score_metric_fns)
+      print(f'{task.name}: its metrics of scores ({left_out}) are not computed: t5xv-eval '
+            'computes the metrics of decoded text only')
   results_file = run_dir / RESULTS
   all_results = read_results(results_file)
   results = all_results.setdefault(split, {})
