@@ -169,6 +169,12 @@ def test_t5xv_info_prints_table_constants_and_total(capsys):
      "--gin.TransformerConfig.norm=\"'rms'\""),
     (['--gin.TransformerConfig.d_model=[8,'], '--gin.TransformerConfig.d_model=[8,: [8, is not a gin value'),
     (['--gin.TransformerConfig.encoder_alpha=2.0'], 'encoder_alpha scales the residual only under DeepNorm'),
+    # A value of another type (a flag given 'no' tied the embeddings; a rate 'x' failed in JAX).
+    (["--gin.TransformerConfig.tie_embeddings='no'"], "TransformerConfig.tie_embeddings must be True or "
+                                                      "False, not 'no'"),
+    (["--gin.TransformerConfig.dropout_rate='x'"], "TransformerConfig.dropout_rate must be a number, not 'x'"),
+    (['--gin.TransformerConfig.ffn=3'], 'TransformerConfig.ffn must be a string or a tuple of strings, not 3'),
+    (["--gin.TransformerConfig.decoder_gain='a'"], "decoder_gain must be a number or None, not 'a'"),
     # With a run file: the trainer's configurables are checked; only the data layer's are skipped.
     (['--gin_file=gin/runs/pretrain.gin', '--gin.train.z_los=1'], "doesn't have a parameter named 'z_los'"),
     (['--gin_file=gin/runs/pretrain.gin', '--gin.Transformer.d_model=8'], "No configurable matching 'Transformer'"),

@@ -159,6 +159,19 @@ def test_schedule_errors():
   for name in ('rsqrt', 'noam'):  # lr inf at the first step (rsqrt), a ZeroDivisionError (noam)
     with pytest.raises(ValueError, match=f"warmup_steps = 0: schedule '{name}' divides by"):
       optimizer.learning_rate_schedule(name, warmup_steps=0)
+  with pytest.raises(ValueError, match="learning_rate_schedule.base must be a number, not 'fast'"):
+    optimizer.learning_rate_schedule('constant', base='fast')  # was optax's, naming nothing
+
+
+@pytest.mark.parametrize('loss,message', [
+    (dict(label_smoothing=1.5), r'train.label_smoothing must be in \[0, 1\), not 1.5'),
+    (dict(z_loss=-1e-4), 'train.z_loss must be a number >= 0, not -0.0001'),
+])
+def test_a_loss_setting_out_of_range_is_refused_before_any_work(loss, message):
+  """label_smoothing 1.5 made every step non-finite, and the error advised a lower learning rate."""
+  from t5x_variants.train import trainer  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError, match=message):
+    trainer.train(None, None, model_dir='/nonexistent', total_steps=1, **loss)
 
 
 class State(flax.struct.PyTreeNode):

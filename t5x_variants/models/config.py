@@ -4,6 +4,7 @@ Every variant axis is a field; each is validated here, so a wrong value fails at
 with its valid choices rather than deep inside a traced function.
 """
 import dataclasses
+import typing
 from typing import Dict, Optional, Tuple, Union
 
 import gin
@@ -20,6 +21,31 @@ HEADS = ('lm', 'classification')
 def _check(name, value, valid):
   if value not in valid:
     raise ValueError(f'unknown {name} {value!r}; valid: {", ".join(valid)}')
+
+
+def _is(value, kind) -> bool:
+  """Whether ``value`` is of the declared field type ``kind`` (a bool is no number; a list
+  stands for a tuple, as gin may give one)."""
+  if kind is bool:
+    return isinstance(value, bool)
+  if kind in (int, float):
+    return isinstance(value, int if kind is int else (int, float)) and not isinstance(value, bool)
+  if kind is type(None):
+    return value is None
+  args = typing.get_args(kind)
+  if typing.get_origin(kind) is Union:
+    return any(_is(value, a) for a in args)
+  if typing.get_origin(kind) is tuple:
+    return isinstance(value, (tuple, list)) and all(_is(v, args[0]) for v in value)
+  return isinstance(value, kind)
+
+
+def _described(kind) -> str:
+  names = {bool: 'True or False', int: 'an integer', float: 'a number', str: 'a string',
+           type(None): 'None'}
+  if typing.get_origin(kind) is Union:
+    return ' or '.join(_described(a) for a in typing.get_args(kind))
+  return names.get(kind, 'a tuple of strings')
 
 
 # The integer sizes: positive (the layer counts: non-negative; each stack's at least 1).
@@ -165,6 +191,11 @@ class TransformerConfig:
     return 'full' if platform == 'gpu' and self.dtype == 'bfloat16' else 'none'
 
   def __post_init__(self):
+    for field in dataclasses.fields(self):  # 'no' for a flag read as True; 'x' for a rate failed in JAX
+      value = getattr(self, field.name)
+      if field.name not in SIZES and not _is(value, field.type):
+        raise ValueError(f'TransformerConfig.{field.name} must be {_described(field.type)}, '
+                         f'not {value!r}')
     _check('architecture', self.architecture, ARCHITECTURES)
     _check('norm', self.norm, norms.NORMS)
     _check('placement', self.placement, placement.PLACEMENTS)

@@ -366,6 +366,12 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
   Raises NonFiniteLossError at the first non-finite step (``on_nonfinite='stop'``), after
   ``max_skipped_in_a_row`` skipped ones in a row, or at the end if no step's update was applied.
   """
+  if isinstance(label_smoothing, bool) or not (isinstance(label_smoothing, (int, float))
+                                                and 0.0 <= label_smoothing < 1.0):
+    raise ValueError(f'train.label_smoothing must be in [0, 1), not {label_smoothing!r} '
+                     '(at 1 or more every step\'s loss is not finite)')
+  if isinstance(z_loss, bool) or not (isinstance(z_loss, (int, float)) and z_loss >= 0.0):
+    raise ValueError(f'train.z_loss must be a number >= 0, not {z_loss!r}')
   if diagnostics_period and config.shared_encoder_decoder:
     raise ValueError('per-layer diagnostics read each stack\'s own parameters; a shared '
                      'encoder-decoder has one stack: set train.diagnostics_period = 0')
