@@ -247,6 +247,13 @@ def test_a_decoder_only_model_on_a_task_with_inputs_is_refused_not_fed_targets_a
   assert pipeline.get_dataset('embedded_lm', {'targets': 64}, 'decoder_only') is not None
 
 
+def test_feature_lengths_without_a_features_length_name_it():
+  """'input' for 'inputs' was a KeyError from inside the span-corruption preprocessor."""
+  with pytest.raises(ValueError, match=r"give none for inputs of embedded_span_corruption \(its "
+                                       r"features: inputs, targets\): set TASK_FEATURE_LENGTHS"):
+    pipeline.get_dataset('embedded_span_corruption', {'input': 128, 'targets': 32}, 'encoder_decoder')
+
+
 def test_t5xv_data_prints_examples_and_statistics(capsys):
   assert data_main(['--task=embedded_span_corruption', '--n=8']) == 0
   out = capsys.readouterr().out

@@ -138,6 +138,11 @@ def get_dataset(name: str, task_feature_lengths: Mapping[str, int], architecture
       raise ValueError(f'{name} has targets only; a prefix LM reads inputs, then targets: train it '
                        'on a task with inputs (e.g. c4_span_corruption, a GLUE task), or a plain '
                        'decoder-only model (gin/architectures/decoder_only.gin) on this one')
+    missing = [f for f in task.output_features if f not in task_feature_lengths]
+    if missing:  # a misspelled key ('input') failed as a KeyError inside a preprocessor
+      raise ValueError(f'the feature lengths {dict(task_feature_lengths)} give none for '
+                       f'{", ".join(missing)} of {name} (its features: '
+                       f'{", ".join(task.output_features)}): set TASK_FEATURE_LENGTHS accordingly')
     if architecture == 'encoder_only':  # the MLM weights are as long as the inputs
       task_feature_lengths = dict(task_feature_lengths, mlm_weights=task_feature_lengths['inputs'])
     converter = feature_converter(architecture, pack, loss_on_targets_only)
