@@ -199,3 +199,12 @@ def test_a_loss_on_the_inputs_is_refused_before_the_run_for_a_model_without_a_pr
       train.check_inputs(tiny(), train_cfg, eval_cfg)
   prefix_lm = dataclasses.replace(tiny(), architecture='decoder_only', prefix_lm=True)
   train.check_inputs(prefix_lm, whole_row, whole_row)
+
+
+def test_quickstart_takes_its_directory_either_way():
+  """``--model_dir DIR`` was passed on to t5xv-train, which named itself in the error."""
+  from t5x_variants.cli import quickstart  # pylint: disable=g-import-not-at-top
+  for argv in (['--model_dir', '/tmp/q', '--gin.TRAIN_STEPS=4'],
+               ['--model_dir=/tmp/q', '--gin.TRAIN_STEPS=4']):
+    assert quickstart.split_args(argv) == ('/tmp/q', ['--gin.TRAIN_STEPS=4'])
+  assert quickstart.split_args([]) == (quickstart.DEFAULT_DIR, [])

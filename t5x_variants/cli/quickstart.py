@@ -12,6 +12,7 @@ It runs what a researcher runs by hand, in one process:
 Extra ``--gin.KEY=VALUE`` flags go to the training run. A second call resumes in the same
 directory (delete it to start over).
 """
+import argparse
 import json
 import sys
 
@@ -23,12 +24,18 @@ from t5x_variants.train import storage
 DEFAULT_DIR = '/tmp/t5xv_quickstart'
 
 
+def split_args(argv):
+  """(the run directory, the flags for the training run): ``--model_dir=DIR`` or ``--model_dir DIR``
+  taken out, the rest passed on."""
+  p = common.ArgumentParser(prog='t5xv-quickstart', description=__doc__, allow_abbrev=False,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument('--model_dir', default=DEFAULT_DIR)
+  args, rest = p.parse_known_args(argv)
+  return args.model_dir, rest
+
+
 def main(argv=None):
-  argv = sys.argv[1:] if argv is None else list(argv)
-  model_dir = DEFAULT_DIR
-  for arg in [a for a in argv if a.startswith('--model_dir=')]:
-    model_dir = arg.split('=', 1)[1]
-    argv.remove(arg)
+  model_dir, argv = split_args(sys.argv[1:] if argv is None else list(argv))
   from t5x_variants.cli import eval as eval_cli, infer, train  # pylint: disable=g-import-not-at-top
   predictions = storage.join(model_dir, 'predictions.jsonl')
   run_config = f'--gin_file={storage.join(model_dir, "config.gin")}'
