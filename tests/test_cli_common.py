@@ -155,6 +155,16 @@ def test_a_full_disk_under_metrics_jsonl_is_one_line_raised_once(capsys):
         'rerun the same command (a training run resumes from its last checkpoint)\n'), raise_it
 
 
+def test_ctrl_c_outside_the_training_steps_is_one_line(capsys):
+  """Ctrl-C while a command starts (jax tracing) was a 200-line KeyboardInterrupt traceback."""
+  with pytest.raises(SystemExit) as exit_:
+    with common.clear_errors('t5xv-eval'):
+      raise KeyboardInterrupt
+  assert exit_.value.code == 130 and capsys.readouterr().err == (
+      't5xv-eval: interrupted; rerun the same command (a training run resumes from its last '
+      'checkpoint)\n')
+
+
 def test_a_closed_pipe_ends_a_command_quietly(capsys, monkeypatch):
   """``t5xv-data ... | head``: the reader leaving is no error to report (it was a traceback); a
   broken pipe elsewhere (a socket, a subprocess) is one line."""

@@ -210,10 +210,16 @@ def clear_errors(prog: str):
   """Known failures (bad flags or gin, missing data or checkpoints, a file system's error,
   non-finite training, another process's failure) exit with status 2 and one line: the message's
   first line. At --verbosity=1 and up the whole message (and gin's, of a
-  ``recipe.GinConfigError``) follows it; the traceback is logged at DEBUG."""
+  ``recipe.GinConfigError``) follows it; the traceback is logged at DEBUG. Ctrl-C outside the
+  training steps (which stop at a checkpoint instead) is one line too, and status 130."""
   from t5x_variants.train import checkpoints, multihost, nonfinite  # pylint: disable=g-import-not-at-top
   try:
     yield
+  except KeyboardInterrupt:
+    logging.getLogger(LOGGER).debug('traceback', exc_info=True)
+    print(f'{prog}: interrupted; rerun the same command (a training run resumes from its last '
+          'checkpoint)', file=sys.stderr)
+    raise SystemExit(130) from None
   except Exception as e:  # pylint: disable=broad-except
     if isinstance(e, BrokenPipeError) and _stdout_closed():  # its reader left (``| head``)
       sys.stdout = open(os.devnull, 'w')  # pylint: disable=consider-using-with  (for the exit's flush)
