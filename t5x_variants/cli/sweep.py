@@ -83,11 +83,7 @@ def main(argv=None):
         if run.status not in grid.FINISHED:
           print(grid.shell_line(sweep.command(run)))
       return 0
-    try:
-      counts = runner.run_sweep(sweep, runner.trainer_executable(), parallel=args.parallel)
-    except KeyboardInterrupt:
-      print('t5xv-sweep: interrupted; run the same command to resume', file=sys.stderr)
-      return 130
+    counts = runner.run_sweep(sweep, runner.trainer_executable(), parallel=args.parallel)
   print(f'sweep {sweep.sweep_dir}: ' + ', '.join(f'{n} {s}' for s, n in sorted(counts.items())))
   return 0 if counts.get('failed', 0) == 0 else 1
 
