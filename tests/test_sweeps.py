@@ -371,6 +371,22 @@ def test_print_commands_lists_the_unfinished_runs(tmp_path, capsys):
       f"\"'{tmp_path}/s/{n}'\"" for n in ('b-seed0', 'a-seed1', 'b-seed1')]
 
 
+@pytest.mark.parametrize('flag,message', [
+    ('--gin.TransformerConfig.d_modle=32', "doesn't have a parameter named 'd_modle'"),
+    ('--grid=learning_rate_schedule.bse=1e-3,3e-3', "doesn't have a parameter named 'bse'"),
+    ("--gin.TransformerConfig.placement='prenorm'", "unknown placement 'prenorm'"),
+])
+def test_a_bad_recipe_is_one_line_before_any_run_starts(flag, message, tmp_path, capsys):
+  """Was: sweep.json and a directory per run written, every trainer started, each failing."""
+  from t5x_variants.cli import sweep as sweep_cli  # pylint: disable=g-import-not-at-top
+  base, a, b = gin_files(tmp_path, 'base.gin', 'a.gin', 'b.gin')
+  with pytest.raises(SystemExit) as e:
+    sweep_cli.main([f'--sweep_dir={tmp_path}/s', f'--gin_file={base}', f'--variants={a},{b}', flag])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and message in err and len(err.splitlines()) == 1, err
+  assert not (tmp_path / 's').exists()
+
+
 def test_report_without_runs_is_a_usage_error(capsys):
   from t5x_variants.cli import report as report_cli  # pylint: disable=g-import-not-at-top
   with pytest.raises(SystemExit) as exit_info:

@@ -45,6 +45,24 @@ def write_batches(sweep: grid.Sweep, batches_dir: str, verbosity: int) -> int:
   return 0
 
 
+def check_recipes(sweep: grid.Sweep):
+  """Each distinct recipe of the grid (its gin files and bindings, the seed aside) parsed and its
+  model configuration built here, before any run directory or trainer starts: a misspelled
+  binding or a bad value is one line, not one failed run each. The data layer's bindings are
+  left to the runs (as without TensorFlow)."""
+  import gin  # pylint: disable=g-import-not-at-top
+  from t5x_variants.cli import recipe  # pylint: disable=g-import-not-at-top
+  placeholders = [f"{m} = 'checked by t5xv-sweep'" for m in recipe.RUN_MACROS]
+  recipes = dict.fromkeys((tuple([*sweep.base, *run.variant_files]),
+                           tuple([*grid.DEFAULT_BINDINGS, *run.bindings, *sweep.bindings]))
+                          for run in sweep.runs)
+  for files, bindings in recipes:
+    gin.clear_config()
+    recipe.parse_recipe(list(files), [*placeholders, *bindings], sweep.search_paths, with_data=False)
+    recipe.build_config()
+  gin.clear_config()
+
+
 def main(argv=None):
   p = common.parser('t5xv-sweep', __doc__, processes=False)
   p.add_argument('--sweep_dir', required=True, help='where sweep.json and the run directories go')
@@ -72,6 +90,7 @@ def main(argv=None):
                              args.gin_search_paths.split(','))
     if args.parallel < 1:
       raise common.UsageError(f'--parallel must be at least 1, got {args.parallel}')
+    check_recipes(sweep)
     if args.write_batches:
       return write_batches(sweep, args.batches_dir, args.verbosity)
     sweep.batches_dir = args.batches_dir and os.path.abspath(args.batches_dir)
