@@ -491,6 +491,17 @@ def test_verdicts():
   assert statistics.verdict(Interval(0.0, 3, 0.0, 0.1)) == 'not distinguishable at n=3 seeds'
   assert statistics.verdict(Interval(-0.1, 1)) == 'not distinguishable at n=1 seeds'
   assert statistics.verdict(None) == 'no seed finished in both'
+  assert statistics.verdict(Interval(-0.1, 3, -0.2, -0.05), 'less sensitive', 'more') == 'less sensitive'
+
+
+def test_a_bound_not_0_never_prints_as_0():
+  """EXPERIMENTS printed [+0.000, +0.027] beside 'worse' for a lower bound of +0.0004."""
+  Interval = statistics.Interval
+  assert statistics.format_interval(Interval(0.0137, 3, 0.0004, 0.0270), 3, mean=False,
+                                    signed=True) == '[+0.0004, +0.0270]'
+  assert statistics.format_interval(Interval(-2e-5, 3, -4e-5, -1e-5), 4, mean=False,
+                                    signed=True) == '[-0.00004, -0.00001]'
+  assert statistics.format_interval(Interval(3.05, 3, 2.926, 3.174)) == '3.050 [2.926, 3.174] (n=3)'
 
 
 def paired_group():
@@ -517,6 +528,8 @@ def test_paired_table_against_a_baseline():
 def test_report_with_a_baseline(tmp_path):
   text = report.write_report([paired_group()], str(tmp_path), baseline='pre_ln')
   assert 'Paired differences against `pre_ln`' in text
+  assert ('These are 4 intervals at 95% each, not corrected for multiple comparisons: by chance '
+          'alone about one in twenty excludes 0.') in text
   assert '| subln | 0, 1, 2 | 3 | -0.0533 | [-0.0677, -0.0390] | better |' in text
   assert '| pre_ln | 3 done | 4/4 | — | — | 3.050 ± 0.050 | 3.050 [2.926, 3.174] (n=3) |' in text
   assert '| rmsnorm | 1 done | 4/4 | — | — | 2.900 | 2.900 (n=1, no interval) |' in text
@@ -989,7 +1002,7 @@ def test_lr_sensitivity_per_seed_and_paired_against_a_baseline_curve(tmp_path):
   interval = statistics.t_interval(diffs)
   assert report.sensitivity_table(list(curves.values()), 'a')[2] == (
       f'| b | 0, 1, 2 | 3 | {np.mean(diffs):+.4f} | [{interval.low:+.4f}, {interval.high:+.4f}] | '
-      f'{statistics.verdict(interval)} |')
+      f'{statistics.verdict(interval, "less sensitive", "more sensitive")} |')
   text = report.write_report([group], str(tmp_path / 'out'), baseline='a')
   assert 'mean difference of LR sensitivity (curve - a)' in text
   with pytest.raises(ValueError, match=r"no variant \(or learning-rate curve\) here.*: a\+base=1e-2"):

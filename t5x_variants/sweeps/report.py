@@ -120,18 +120,25 @@ def paired_differences(trials: Sequence[Trial],
 
 
 def _paired_lines(kind: str, difference: str,
-                  pairs: Sequence[Tuple[str, List[Tuple[int, float]]]]) -> List[str]:
+                  pairs: Sequence[Tuple[str, List[Tuple[int, float]]]],
+                  words: Tuple[str, str] = ('better', 'worse')) -> List[str]:
   """Markdown: per name its (seed, difference from the baseline) pairs: the seeds, n, the mean
-  ``difference``, its 95% t interval over the pairs and the verdict."""
+  ``difference``, its 95% t interval over the pairs and the verdict (``words``: below 0, above)."""
   head = [kind, 'paired seeds', 'n', difference, '95% CI', 'verdict']
   lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
   for name, named in pairs:
     interval = t_interval([d for _, d in named])
     row = [name, ', '.join(str(s) for s, _ in named) or '—', str(len(named)),
            '—' if interval is None else f'{interval.mean:+.4f}',
-           format_interval(interval, 4, mean=False, signed=True), verdict(interval)]
+           format_interval(interval, 4, mean=False, signed=True), verdict(interval, *words)]
     lines.append('| ' + ' | '.join(row) + ' |')
   return lines
+
+
+def _uncorrected(k: int) -> str:
+  """What ``k`` intervals side by side mean."""
+  return (f'These are {k} intervals at 95% each, not corrected for multiple comparisons: by chance '
+          'alone about one in twenty excludes 0.' if k > 1 else '')
 
 
 def paired_table(group: Group, baseline: str) -> List[str]:
@@ -148,7 +155,7 @@ def sensitivity_table(curves: Sequence[stability.Curve], baseline: str) -> List[
   theirs = ours[baseline]
   return _paired_lines('curve', f'mean difference of LR sensitivity (curve - {baseline})', [
       (label, [(s, v[s] - theirs[s]) for s in sorted(set(v) & set(theirs))])
-      for label, v in ours.items() if label != baseline])
+      for label, v in ours.items() if label != baseline], ('less sensitive', 'more sensitive'))
 
 
 def common_seeds(group: Group, names: Sequence[str]) -> List[List[float]]:
@@ -237,7 +244,7 @@ def ranking_lines(group: Group, resamples: int = 1000) -> List[str]:
            'variants; pairs ordered differently from the paper with a paired 95% interval '
            '(Student t over those seeds) excluding 0: ' + (', '.join(shown) or 'none')
            + f'; {len(flips) - len(shown)} other pair(s) ordered differently by the means '
-           'alone, not distinguishable.']
+           f'alone, not distinguishable. {_uncorrected(len(flips))}']
   interval = bootstrap_spearman(paired, theirs, resamples)
   if interval is None:
     lines.append(f'No bootstrap interval for rho (n = {seeds} seeds finished in every variant: '
@@ -282,7 +289,7 @@ def group_markdown(group: Group, out_dir: str, baseline: Optional[str] = None) -
               'order; only seeds where both finished and neither diverged), the mean over the '
               'pairs and its 95% Student t interval (n-1 degrees of freedom). Negative: lower '
               'log-perplexity than the baseline. Verdict: better (or worse) if the interval lies '
-              'entirely below (above) 0.', '']
+              f'entirely below (above) 0. {_uncorrected(len(group.variants()) - 1)}', '']
     lines += paired_table(group, baseline) + ['']
   elif baseline and baseline not in _curve_labels(group):
     lines += [f'No variant `{baseline}` here: no paired differences.', '']
@@ -293,8 +300,9 @@ def group_markdown(group: Group, out_dir: str, baseline: Optional[str] = None) -
       lines += [f'Paired differences against the curve `{baseline}`: each seed\'s LR sensitivity '
                 '(from that seed\'s runs at every rate) minus the baseline\'s of the same seed, '
                 'the mean over the seeds and its 95% Student t interval. Negative: less sensitive '
-                'to the learning rate. Verdict: better (or worse) if the interval lies entirely '
-                'below (above) 0.', '']
+                'to the learning rate (which is not more stable: a run stuck at the unigram '
+                'plateau is insensitive). Verdict: less (or more) sensitive if the interval lies '
+                f'entirely below (above) 0. {_uncorrected(len(rate_curves) - 1)}', '']
       lines += sensitivity_table(rate_curves, baseline) + ['']
   for title, path in plots.group_plots(group, out_dir, final_values, diverged_step, rate_curves):
     lines += [f'![{title.replace("log-perplexity", metric)}]({os.path.basename(path)})', '',

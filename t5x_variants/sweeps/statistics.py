@@ -61,18 +61,22 @@ def format_interval(interval: Optional[Interval], digits: int = 3, mean: bool = 
   head = f'{interval.mean:{f}} ' if mean else ''
   if interval.low is None:
     return f'{head}(n=1, no interval)' if mean else 'n=1, no interval'
-  return f'{head}[{interval.low:{f}}, {interval.high:{f}}]' + (f' (n={interval.n})' if mean else '')
+  bounds = digits  # more digits where a bound not 0 would print as 0 (beside 'worse': +0.000)
+  while bounds < digits + 4 and any(b and round(b, bounds) == 0 for b in (interval.low, interval.high)):
+    bounds += 1
+  g = f'{"+" if signed else ""}.{bounds}f'
+  return f'{head}[{interval.low:{g}}, {interval.high:{g}}]' + (f' (n={interval.n})' if mean else '')
 
 
-def verdict(interval: Optional[Interval]) -> str:
-  """``better`` if the 95% interval of variant - baseline lies entirely below 0 (lower
-  log-perplexity), ``worse`` if entirely above, else ``not distinguishable at n=K seeds``."""
+def verdict(interval: Optional[Interval], below: str = 'better', above: str = 'worse') -> str:
+  """``below`` ('better': lower log-perplexity) if the 95% interval of variant - baseline lies
+  entirely below 0, ``above`` if entirely above, else ``not distinguishable at n=K seeds``."""
   if interval is None:
     return 'no seed finished in both'
   if interval.high is not None and interval.high < 0:
-    return 'better'
+    return below
   if interval.low is not None and interval.low > 0:
-    return 'worse'
+    return above
   return f'not distinguishable at n={interval.n} seeds'
 
 
