@@ -20,7 +20,7 @@ def variant_counts(gin_files, bindings=(), search_paths=()):
     for name in names:
       gin.clear_config()
       recipe.parse_gin(gin_files, [*bindings, f"TransformerConfig.{field} = '{name}'"],
-                          search_paths)
+                       search_paths)
       total = sum(r[3] for r in param_rows(abstract_params(recipe.build_config())))
       rows.append((axis, name, total))
   return rows

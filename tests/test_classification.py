@@ -149,6 +149,8 @@ def test_converter_gives_tokens_labels_and_weights(register):
   # A model whose head does not fit the task is one clear error.
   with pytest.raises(ValueError, match='classification task, for encoder-only models'):
     pipeline.get_dataset('glue_cola_cls_local', {'inputs': 48}, 'encoder_decoder')
+  with pytest.raises(ValueError, match="give none for inputs of glue_cola_cls_local"):  # a KeyError
+    pipeline.get_dataset('glue_cola_cls_local', {'input': 48}, 'encoder_only')
   with pytest.raises(ValueError, match="3-label classification task: it needs .*num_labels = 3"):
     classification.check_model(tasks.get_task_or_mixture('glue_mnli_cls_local'), CLS)
   with pytest.raises(ValueError, match="head = 'classification'.*this model: encoder_only, head 'lm'"):

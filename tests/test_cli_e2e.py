@@ -315,7 +315,7 @@ def test_bad_eval_and_infer_numbers_are_one_line_before_any_work(name, flags, me
   assert not os.listdir(tmp_path)
 
 
-@pytest.mark.parametrize('existing', ['metrics.jsonl', 'a_directory'])
+@pytest.mark.parametrize('existing', ['metrics.jsonl', 'a_directory', 'a_json_string', 'binary'])
 def test_infer_replaces_no_file_but_its_own_output(existing, tmp_path, capsys):
   """INFER_OUTPUT naming a run's metrics.jsonl (or a directory) is refused before any work, the
   file untouched; an earlier t5xv-infer output would be replaced."""
@@ -324,15 +324,17 @@ def test_infer_replaces_no_file_but_its_own_output(existing, tmp_path, capsys):
     target.mkdir()
     message = f'INFER_OUTPUT {target} is a directory: give a file path in it'
   else:
-    target.write_text('{"step": 1, "loss": 2.5}\n')
+    target.write_bytes({'metrics.jsonl': b'{"step": 1, "loss": 2.5}\n',
+                        'a_json_string': b'"no prediction here"\n', 'binary': b'\xff\xfe\x00'}[existing])
     message = f'INFER_OUTPUT {target} exists and is not an earlier t5xv-infer output'
+  before = None if existing == 'a_directory' else target.read_bytes()
   with pytest.raises(SystemExit) as e:
     infer.main(['--gin_file=gin/experiments/quickstart.gin', '--gin_file=gin/runs/infer.gin',
                 f"--gin.CHECKPOINT_PATH='{tmp_path / 'no_run'}'", f"--gin.INFER_OUTPUT='{target}'",
                 "--gin.INPUT_FILE='/dev/null'"])
   err = capsys.readouterr().err
   assert e.value.code == 2 and err.startswith(f't5xv-infer: error: {message}'), err
-  assert existing == 'a_directory' or target.read_text() == '{"step": 1, "loss": 2.5}\n'
+  assert existing == 'a_directory' or target.read_bytes() == before
   (tmp_path / 'earlier.jsonl').write_text('{"inputs": "a", "prediction": "b", "score": -1.0}\n')
   infer.check_output(str(tmp_path / 'earlier.jsonl'))  # no error
 

@@ -55,9 +55,9 @@ def test_every_gin_file_parses_and_builds(path):
 @pytest.mark.parametrize('arch', ['encoder_decoder', 'decoder_only', 'encoder_only'])
 def test_variant_files_compose(arch):
   recipe.parse_gin(['gin/models/t5_tiny.gin', f'gin/architectures/{arch}.gin',
-                       'gin/variants/norm/subln.gin', 'gin/variants/norm/layernorm.gin',
-                       'gin/variants/ffn/swiglu.gin', 'gin/variants/attention/synth_random_plus_v.gin'],
-                      ['TransformerConfig.encoder_max_length = 64', 'TransformerConfig.decoder_max_length = 64'])
+                    'gin/variants/norm/subln.gin', 'gin/variants/norm/layernorm.gin',
+                    'gin/variants/ffn/swiglu.gin', 'gin/variants/attention/synth_random_plus_v.gin'],
+                   ['TransformerConfig.encoder_max_length = 64', 'TransformerConfig.decoder_max_length = 64'])
   c = recipe.build_config()
   assert (c.architecture, c.placement, c.norm, c.init_scheme, c.activations, c.attention_components) == (
       arch, 'subln', 'layernorm', 't5', ('swish', 'linear'), ('random', 'dot_product'))
@@ -129,7 +129,7 @@ def test_t5xv_info_prints_table_constants_and_total(capsys):
   assert code == 0
   gin.clear_config()
   recipe.parse_gin(['gin/models/t5_tiny.gin', 'gin/variants/norm/deepnorm.gin'],
-                      ['TransformerConfig.decoder_gain = 0.5'])
+                   ['TransformerConfig.decoder_gain = 0.5'])
   config = recipe.build_config()
   rows = param_rows(abstract_params(config))
   # N = M = 2: encoder alpha = 0.81 (N^4 M)^(1/16), beta = 0.87 (N^4 M)^(-1/16); decoder alpha =

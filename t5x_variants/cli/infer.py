@@ -32,11 +32,11 @@ def check_output(output_file: str):
     raise ValueError(f'INFER_OUTPUT {output_file} is a directory: give a file path in it '
                      f'(e.g. {storage.join(output_file, "predictions.jsonl")})')
   if path.exists():
-    with path.open() as f:
-      first = f.readline()
     try:
-      ours = not first.strip() or 'prediction' in json.loads(first)
-    except (ValueError, TypeError):
+      with path.open() as f:
+        first = json.loads(f.readline(1 << 16) or '{"prediction": null}')  # an empty file is ours
+      ours = isinstance(first, dict) and 'prediction' in first
+    except ValueError:  # not JSON, not text (UnicodeDecodeError is one)
       ours = False
     if not ours:
       raise ValueError(f'INFER_OUTPUT {output_file} exists and is not an earlier t5xv-infer output '

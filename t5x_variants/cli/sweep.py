@@ -58,7 +58,8 @@ def check_recipes(sweep: grid.Sweep):
                           for run in sweep.runs)
   for files, bindings in recipes:
     gin.clear_config()
-    recipe.parse_recipe(list(files), [*placeholders, *bindings], sweep.search_paths, with_data=False)
+    recipe.parse_recipe(list(files), [*placeholders, *bindings], sweep.search_paths,
+                        with_data=False)
     recipe.build_config()
   gin.clear_config()
 

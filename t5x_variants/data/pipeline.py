@@ -124,6 +124,9 @@ def get_dataset(name: str, task_feature_lengths: Mapping[str, int], architecture
     if architecture != 'encoder_only':
       raise ValueError(f'{name} is a classification task, for encoder-only models; {architecture} '
                        'models fine-tune on the text-to-text tasks (the name without _cls)')
+    if 'inputs' not in task_feature_lengths:
+      raise ValueError(f'the feature lengths {dict(task_feature_lengths)} give none for inputs of '
+                       f'{name}: set TASK_FEATURE_LENGTHS accordingly')
     task_feature_lengths = {'inputs': task_feature_lengths['inputs'], 'label': 1}
     converter = ClassificationFeatureConverter(regression=num_labels == 1)
   else:

@@ -41,7 +41,8 @@ def _matmul_float32_bwd(saved, g):
   x, w = saved
   g = g.astype(x.dtype)
   rows = g.reshape(-1, g.shape[-1])  # as one 2-D matmul: the form measured fastest (Dense)
-  return jnp.dot(g, w.T), jnp.dot(x.reshape(-1, x.shape[-1]).T, rows)
+  return (jnp.dot(g, w.T).astype(x.dtype),
+          jnp.dot(x.reshape(-1, x.shape[-1]).T, rows).astype(w.dtype))
 
 
 matmul_float32.defvjp(_matmul_float32_fwd, _matmul_float32_bwd)

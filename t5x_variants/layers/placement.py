@@ -31,7 +31,7 @@ def residual(x, f: Callable, norm: Callable, placement: str, alpha: float = 1.0)
     return x + f(norm(x))
   if placement == 'post':
     return norm(x + f(x))
-  if placement == 'deepnorm':  # alpha x in float32: alpha rounded to bfloat16 scales x by up to 0.4% more
+  if placement == 'deepnorm':  # alpha x in float32 (alpha in bfloat16 is up to 0.4% off)
     return norm((alpha * x.astype(jnp.float32)).astype(x.dtype) + f(x))
   raise ValueError(f'unknown placement {placement!r}; valid: {", ".join(PLACEMENTS)}')
 

@@ -4,11 +4,13 @@ Every variant axis is a field; each is validated here, so a wrong value fails at
 with its valid choices rather than deep inside a traced function.
 """
 import dataclasses
+import numbers
 import typing
 from typing import Dict, Optional, Tuple, Union
 
 import gin
 import jax.numpy as jnp
+import numpy as np
 
 from t5x_variants.features import ARCHITECTURES, STACKS
 from t5x_variants.layers import attention, ffn, fused_attention, init, norms, placement, position
@@ -24,12 +26,13 @@ def _check(name, value, valid):
 
 
 def _is(value, kind) -> bool:
-  """Whether ``value`` is of the declared field type ``kind`` (a bool is no number; a list
-  stands for a tuple, as gin may give one)."""
+  """Whether ``value`` is of the declared field type ``kind`` (numpy's scalars too; a bool is no
+  number; a list stands for a tuple, as gin may give one)."""
   if kind is bool:
-    return isinstance(value, bool)
+    return isinstance(value, (bool, np.bool_))
   if kind in (int, float):
-    return isinstance(value, int if kind is int else (int, float)) and not isinstance(value, bool)
+    number = numbers.Integral if kind is int else numbers.Real
+    return isinstance(value, number) and not isinstance(value, (bool, np.bool_))
   if kind is type(None):
     return value is None
   args = typing.get_args(kind)
@@ -191,7 +194,7 @@ class TransformerConfig:
     return 'full' if platform == 'gpu' and self.dtype == 'bfloat16' else 'none'
 
   def __post_init__(self):
-    for field in dataclasses.fields(self):  # 'no' for a flag read as True; 'x' for a rate failed in JAX
+    for field in dataclasses.fields(self):  # 'no' for a flag was True; a rate 'x' failed in JAX
       value = getattr(self, field.name)
       if field.name not in SIZES and not _is(value, field.type):
         raise ValueError(f'TransformerConfig.{field.name} must be {_described(field.type)}, '

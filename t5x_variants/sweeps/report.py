@@ -135,10 +135,15 @@ def _paired_lines(kind: str, difference: str,
   return lines
 
 
+def _intervals(table: Sequence[str]) -> int:
+  """How many rows of a ``_paired_lines`` table have an interval (two seeds or more)."""
+  return sum(1 for row in table[2:] if row.split(' | ')[2] not in ('0', '1'))
+
+
 def _uncorrected(k: int) -> str:
   """What ``k`` intervals side by side mean."""
-  return (f'These are {k} intervals at 95% each, not corrected for multiple comparisons: by chance '
-          'alone about one in twenty excludes 0.' if k > 1 else '')
+  return (f' These are {k} intervals at 95% each, not corrected for multiple comparisons: by '
+          'chance alone about one in twenty excludes 0.' if k > 1 else '')
 
 
 def paired_table(group: Group, baseline: str) -> List[str]:
@@ -244,7 +249,7 @@ def ranking_lines(group: Group, resamples: int = 1000) -> List[str]:
            'variants; pairs ordered differently from the paper with a paired 95% interval '
            '(Student t over those seeds) excluding 0: ' + (', '.join(shown) or 'none')
            + f'; {len(flips) - len(shown)} other pair(s) ordered differently by the means '
-           f'alone, not distinguishable. {_uncorrected(len(flips))}']
+           f'alone, not distinguishable.{_uncorrected(len(flips))}']
   interval = bootstrap_spearman(paired, theirs, resamples)
   if interval is None:
     lines.append(f'No bootstrap interval for rho (n = {seeds} seeds finished in every variant: '
@@ -289,7 +294,8 @@ def group_markdown(group: Group, out_dir: str, baseline: Optional[str] = None) -
               'order; only seeds where both finished and neither diverged), the mean over the '
               'pairs and its 95% Student t interval (n-1 degrees of freedom). Negative: lower '
               'log-perplexity than the baseline. Verdict: better (or worse) if the interval lies '
-              f'entirely below (above) 0. {_uncorrected(len(group.variants()) - 1)}', '']
+              f'entirely below (above) 0.{_uncorrected(_intervals(paired_table(group, baseline)))}',
+              '']
     lines += paired_table(group, baseline) + ['']
   elif baseline and baseline not in _curve_labels(group):
     lines += [f'No variant `{baseline}` here: no paired differences.', '']
@@ -302,7 +308,8 @@ def group_markdown(group: Group, out_dir: str, baseline: Optional[str] = None) -
                 'the mean over the seeds and its 95% Student t interval. Negative: less sensitive '
                 'to the learning rate (which is not more stable: a run stuck at the unigram '
                 'plateau is insensitive). Verdict: less (or more) sensitive if the interval lies '
-                f'entirely below (above) 0. {_uncorrected(len(rate_curves) - 1)}', '']
+                f'entirely below (above) 0.'
+                f'{_uncorrected(_intervals(sensitivity_table(rate_curves, baseline)))}', '']
       lines += sensitivity_table(rate_curves, baseline) + ['']
   for title, path in plots.group_plots(group, out_dir, final_values, diverged_step, rate_curves):
     lines += [f'![{title.replace("log-perplexity", metric)}]({os.path.basename(path)})', '',

@@ -27,10 +27,10 @@ SWEEP_PID_ENV = 'T5XV_SWEEP_PID'  # tells a trainer which sweep process started 
 
 def _outcome(run: Run, returncode: int, finished: bool, log_file: str, log_start: int):
   """Sets the run's status from its exit status, whether it reached its last step (a trainer
-  stopped by a signal saves a checkpoint and exits 0; one stopped while it starts dies of the
-  signal: interrupted too) and the last error line this attempt wrote to its log (from byte
-  ``log_start``)."""
-  if returncode in (0, -signal.SIGTERM, -signal.SIGINT):
+  stopped by a signal saves a checkpoint and exits 0; one stopped while it starts exits 130 on
+  Ctrl-C or dies of SIGTERM: interrupted too) and the last error line this attempt wrote to its
+  log (from byte ``log_start``)."""
+  if returncode in (0, 130, -signal.SIGTERM, -signal.SIGINT):
     run.status, run.reason = ('done', None) if finished else ('interrupted', None)
     return
   with open(log_file, errors='replace') as f:

@@ -62,7 +62,8 @@ def format_interval(interval: Optional[Interval], digits: int = 3, mean: bool = 
   if interval.low is None:
     return f'{head}(n=1, no interval)' if mean else 'n=1, no interval'
   bounds = digits  # more digits where a bound not 0 would print as 0 (beside 'worse': +0.000)
-  while bounds < digits + 4 and any(b and round(b, bounds) == 0 for b in (interval.low, interval.high)):
+  while bounds < digits + 4 and any(b and round(b, bounds) == 0
+                                    for b in (interval.low, interval.high)):
     bounds += 1
   g = f'{"+" if signed else ""}.{bounds}f'
   return f'{head}[{interval.low:{g}}, {interval.high:{g}}]' + (f' (n={interval.n})' if mean else '')

@@ -63,7 +63,8 @@ def _summarize(window) -> dict:
   applied = [w[0] for w in window if not w[0]['skipped']] or [w[0] for w in window]
   mean = lambda k: float(np.mean([m[k] for m in applied]))
   tokens = sum(float(m['num_tokens']) for m in applied)
-  accuracy = sum(float(m['token_accuracy']) * float(m['num_tokens']) for m in applied) / max(tokens, 1.0)
+  correct = sum(float(m['token_accuracy']) * float(m['num_tokens']) for m in applied)
+  accuracy = correct / max(tokens, 1.0)
   latest = window[-1][0]
   return {'loss': mean('loss'), 'z_loss': mean('z_loss'), 'token_accuracy': accuracy,
           'learning_rate': latest['learning_rate'], 'grad_norm': mean('grad_norm'),

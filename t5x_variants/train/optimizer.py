@@ -80,7 +80,8 @@ def learning_rate_schedule(name: str = 'rsqrt', base: float = 1.0, warmup_steps:
   a factor of ~2.5e-8, not 0, at and after the last step."""
   if name not in SCHEDULES:
     raise ValueError(f'unknown schedule {name!r}; valid: {", ".join(SCHEDULES)}')
-  for field, value in (('base', base), ('decay_fraction', decay_fraction), ('end_value', end_value)):
+  for field, value in (('base', base), ('decay_fraction', decay_fraction),
+                       ('end_value', end_value)):
     if isinstance(value, bool) or not isinstance(value, (int, float)):  # else a failure in optax
       raise ValueError(f'learning_rate_schedule.{field} must be a number, not {value!r}')
   if (decay_fraction or name in ('linear', 'cosine')) and not total_steps:

@@ -64,7 +64,8 @@ def synthetic_batch(config: TransformerConfig, batch: int, lengths, seed: int = 
         out[f'{stack}_positions'] = np.tile(np.concatenate([np.arange(h) for h in halves]).astype(np.int32),
                                             (batch, 1))
     if 'decoder_positions' in out:  # each packed example's shifted targets begin at 0, as seqio's
-      out['decoder_input_tokens'] = np.where(out['decoder_positions'] == 0, 0, out['decoder_input_tokens'])
+      out['decoder_input_tokens'] = np.where(out['decoder_positions'] == 0, 0,
+                                             out['decoder_input_tokens'])
   if config.prefix_lm:  # seqio's layout: the inputs, and the position that reads their last token
     index = out.get('decoder_positions', np.arange(targets.shape[1]))
     inputs = lengths['inputs'] // 2 if packed else lengths['inputs']

@@ -317,15 +317,16 @@ def _close_after(run: _Run):
     pass
 
 
-def _finish(run: _Run, evaluator: Evaluator, total_steps: int, eval_period: int) -> dict:
+def _finish(run: _Run, evaluator: Evaluator, total_steps: int, eval_period: int,
+            stopped: bool = False) -> dict:
   """Logs the steps since the last log (a stop between log periods), saves the last step, then
-  evaluates it if it is ``total_steps`` and no eval step (a rerun of the finished run redoes that
-  eval), and closes the run's files."""
+  evaluates it if it is ``total_steps`` and no eval step, unless the run was ``stopped`` by a
+  signal (a rerun of the finished run redoes that eval), and closes the run's files."""
   run.meter.flush(run.step)
   try:
     run.logger.check()
     run.ckpt.save(run.step, run.state, run.data, force=True)
-    if eval_period and run.step % eval_period and run.step == total_steps:
+    if eval_period and run.step % eval_period and run.step == total_steps and not stopped:
       evaluator(run.step, run.state.params)
   except BaseException:
     _close_after(run)
@@ -409,5 +410,5 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
     raise
   if preempted:  # another signal while the stop's checkpoint commits is noted, not obeyed
     with preemption.Preemption(ckpt):
-      return _finish(run, evaluator, total_steps, eval_period)
+      return _finish(run, evaluator, total_steps, eval_period, stopped=True)
   return _finish(run, evaluator, total_steps, eval_period)
