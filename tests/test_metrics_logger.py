@@ -132,3 +132,32 @@ def test_a_log_window_averages_the_loss_over_steps_and_the_accuracy_over_tokens(
   summary = _summarize([step(3.0, 0.5, 30.0), step(6.0, 1.0, 10.0), step(float('nan'), 0.0, 50.0, 1)])
   assert summary['loss'] == 4.5 and summary['num_tokens'] == 20.0 and summary['skipped'] == 1
   assert summary['token_accuracy'] == 0.625
+
+
+def test_a_tensorboard_write_that_fails_on_its_thread_stops_the_logger_not_hangs_it(tmp_path):
+  """tensorboardX writes on its own thread: one failed flush there (a bucket past its retries, a
+  full disk) ended it, and the next record's scalars waited forever on its full queue."""
+  import threading  # pylint: disable=g-import-not-at-top
+  import pytest  # pylint: disable=g-import-not-at-top
+  logger = MetricsLogger(str(tmp_path), console=False)
+  worker = logger._tensorboard_worker()  # pylint: disable=protected-access
+
+  def failing_flush():
+    raise OSError(28, 'No space left on device (injected)')
+  worker._record_writer.flush = failing_flush  # pylint: disable=protected-access
+  errors = []
+
+  def log():
+    try:
+      for step in range(1, 50):
+        logger.train(step, {'loss': 1.0, 'token_accuracy': 0.5}, 0, time.time())
+        time.sleep(0.05)
+    except OSError as e:
+      errors.append(e)
+  thread = threading.Thread(target=log, daemon=True)
+  thread.start()
+  thread.join(30)
+  assert not thread.is_alive() and errors, 'the logger hung on the dead writer thread'
+  assert 'writing the TensorBoard events of' in str(errors[0])
+  with pytest.raises(OSError, match='writing the TensorBoard events'):
+    logger.close()

@@ -77,7 +77,23 @@ class MetricsLogger:
               for k, v in record.items()}
     self._jsonl.write(json.dumps(record) + '\n')
     for tag, value in tags.items():
+      self._tensorboard_writing()
       self._tb.add_scalar(tag, float(value), record['step'])
+
+  def _tensorboard_worker(self):
+    """tensorboardX's writer thread; None once the writer is closed."""
+    writer = self._tb.file_writer
+    return writer and writer.event_writer._worker  # pylint: disable=protected-access
+
+  def _tensorboard_writing(self):
+    """Raises if tensorboardX's writer thread has ended: an error there (a bucket past its
+    retries, a full disk) ends it with a trace on stderr and nothing raised here, and the scalars
+    after it would wait forever on its full queue (every process with them, in the next step)."""
+    worker = self._tensorboard_worker()
+    if worker is not None and not worker.is_alive():
+      raise OSError(f'writing the TensorBoard events of {self.model_dir} failed (the error is '
+                    'above): fix its cause and rerun the same command to resume from the last '
+                    'checkpoint')
 
   def train(self, step: int, metrics: Mapping[str, float], start_step: int, start_time: float):
     """Logs a train step; the ETA extrapolates the speed since ``start_step``."""
@@ -164,7 +180,10 @@ class MetricsLogger:
       try:
         self._jsonl.close()
       finally:
-        self._tb.close()
+        worker = self._tensorboard_worker()
+        if worker is None or worker.is_alive():  # a dead one's close would wait on its queue
+          self._tb.close()
+      self._tensorboard_writing()
       if self._held:  # a train record it could not write
         raise self._held
     if agreed:
