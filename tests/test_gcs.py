@@ -333,6 +333,22 @@ def test_403_or_401_on_the_bucket_is_one_line_before_any_step(gcs, proxy, status
   assert 'step' not in out.stdout and gcs.objects(root) == {}
 
 
+def test_a_bucket_whose_metadata_the_credentials_may_not_read_is_named_at_start_up(gcs, proxy):
+  """Object permissions alone passed the start-up check; orbax then read the bucket's metadata
+  (storage.buckets.get) at its first listing of the checkpoints and failed in a traceback."""
+  root = gcs.new_bucket()
+  bucket = root[len('gs://'):]
+  check = ('from t5x_variants.train import storage; '
+           f'print(storage.store_unusable("{root}/run"))')
+  env = dict(os.environ, **client_environment(proxy.url))
+  assert subprocess.run([sys.executable, '-c', check], env=env, capture_output=True, text=True,
+                        check=True).stdout.strip() == 'None'
+  proxy.fail(403, bucket=bucket, only=f'/b/{bucket}?')  # the bucket's own metadata only
+  out = subprocess.run([sys.executable, '-c', check], env=env, capture_output=True, text=True,
+                       check=True).stdout
+  assert f'may not read the metadata of bucket {bucket} (storage.buckets.get)' in out, out
+
+
 @needs_data_layer
 def test_a_bucket_that_does_not_exist_is_one_line_at_start_up(gcs, capsys, local_cwd):
   from t5x_variants.cli import train  # pylint: disable=g-import-not-at-top

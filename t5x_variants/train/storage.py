@@ -116,6 +116,23 @@ def store_unusable(directory: PathLike):
               'roles/storage.objectUser); grant them to the account of the Application Default '
               f'Credentials (gcloud auth application-default login, or the VM\'s service account) ({e})')
     return f'cannot be used: {type(e).__name__}: {e}'
+  if scheme(directory) == 'gs':
+    return _bucket_unreadable(directory, bucket)
+  return None
+
+
+def _bucket_unreadable(directory: PathLike, bucket: str):
+  """Why orbax could not read the bucket's own metadata, or None: it does (google-cloud-storage's
+  get_bucket, whether the bucket has hierarchical namespace) each time it lists the checkpoints,
+  which needs storage.buckets.get, a permission the object roles lack."""
+  from orbax.checkpoint._src.path import gcs_utils  # pylint: disable=g-import-not-at-top
+  try:
+    gcs_utils.is_hierarchical_namespace_enabled(str(directory))
+  except Exception as e:  # pylint: disable=broad-except  (google.api_core's Forbidden, ...)
+    return (f'these credentials may not read the metadata of bucket {bucket} '
+            '(storage.buckets.get), which orbax reads to list the checkpoints: grant it as well '
+            '(e.g. the role roles/storage.legacyBucketReader, beside roles/storage.objectUser) '
+            f'({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""})')
   return None
 
 
