@@ -104,8 +104,11 @@ def test_a_listing_sees_what_another_process_wrote_since_the_last_one(gcs):
   assert sorted(p.name for p in run.iterdir()) == ['checkpoint_2', 'checkpoint_4']
 
 
-def test_each_writer_session_of_an_appended_file_is_its_own_object(gcs):
-  run = gcs.new_bucket() + '/run'
+@pytest.mark.parametrize('name', ['run', 'run[1]*'])
+def test_each_writer_session_of_an_appended_file_is_its_own_object(gcs, name):
+  """Also in a directory whose name has glob characters (read back as nothing, before: a glob on
+  a store matches its whole path)."""
+  run = f'{gcs.new_bucket()}/{name}'
   first = storage.AppendedFile(f'{run}/metrics.jsonl', flush_secs=3600)
   first.write('{"step": 1}\n')
   assert gcs.objects(run) == {}  # held until the period or close
@@ -117,6 +120,9 @@ def test_each_writer_session_of_an_appended_file_is_its_own_object(gcs):
   assert len(names) == 2 and all(n.startswith('metrics.') and n.endswith('.jsonl') for n in names)
   records = [json.loads(l) for l in storage.read_appended(f'{run}/metrics.jsonl').splitlines()]
   assert sorted(r['step'] for r in records) == [1, 2]
+  with storage.staged_read(f'{run}/metrics') as stem:  # the data position's objects alike
+    assert sorted(os.path.basename(f) for f in os.listdir(os.path.dirname(stem))) == sorted(
+        'x' + n[len('metrics'):] for n in names)
 
 
 @needs_data_layer

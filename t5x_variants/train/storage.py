@@ -180,16 +180,21 @@ def staged_read(prefix: PathLike):
     return
   p = path(prefix)
   with tempfile.TemporaryDirectory(prefix='t5xv-staged-') as tmp:
-    for obj in p.parent.glob(f'{p.name}*'):
+    for obj in _children(p.parent, lambda name: name.startswith(p.name)):
       copy(obj, os.path.join(tmp, 'x' + obj.name[len(p.name):]))
     yield os.path.join(tmp, 'x')
 
 
+def _children(directory: epath.Path, keep):
+  """The entries of ``directory`` whose names ``keep`` accepts: listed and filtered here, since a
+  glob on a store treats the whole path as its pattern ('[', '*' in a run directory's name)."""
+  return [o for o in directory.iterdir() if keep(o.name)] if directory.exists() else []
+
+
 def _session_objects(p: epath.Path):
   """The per-session objects of an AppendedFile ``p``, oldest first."""
-  if not p.parent.exists():
-    return []
-  return sorted(p.parent.glob(f'{p.stem}.*{p.suffix}'), key=lambda o: o.name)
+  session = lambda name: name.startswith(f'{p.stem}.') and name.endswith(p.suffix) and name != p.name
+  return sorted(_children(p.parent, session), key=lambda o: o.name)
 
 
 def read_appended(p: PathLike) -> str:
