@@ -190,7 +190,7 @@ def export_checkpoint(checkpoint_path: str, output_dir: str, params_only: bool =
   out.mkdir(parents=True, exist_ok=True)
   if params_only:
     flat = {k: np.ascontiguousarray(v) for k, v in flax.traverse_util.flatten_dict(params, sep='/').items()}
-    (out / 'params.safetensors').write_bytes(st_numpy.save(flat))
+    storage.write_bytes(out / 'params.safetensors', st_numpy.save(flat))
     storage.copy(run / 'config.gin', out / 'config.gin')
     return f'params.safetensors and config.gin{f" (not a transformers model: {why})" if why else ""}'
   if config.shared_encoder_decoder:  # transformers' T5 holds the copies the model shares
@@ -198,8 +198,8 @@ def export_checkpoint(checkpoint_path: str, output_dir: str, params_only: bool =
     config = dataclasses.replace(config, shared_encoder_decoder=False)
   if config.scan_layers:
     params = hf_t5.unstack_layers(params)
-  (out / 'model.safetensors').write_bytes(
-      st_numpy.save(hf_t5.params_to_hf(params, config), metadata={'format': 'pt'}))
+  storage.write_bytes(out / 'model.safetensors',  # whole or not at all, as every file here
+                      st_numpy.save(hf_t5.params_to_hf(params, config), metadata={'format': 'pt'}))
   storage.write_text(out / 'config.json', json.dumps(hf_t5.hf_config(config), indent=2) + '\n')
   if (run / VOCAB).exists():
     storage.copy(run / VOCAB, out / SPIECE)
