@@ -56,3 +56,16 @@ def test_a_copy_is_written_whole_and_a_cached_file_is_readable_by_others(tmp_pat
   assert writes == [(str(tmp_path / 'dst'), b'new')]
   built = cache.build_once(str(tmp_path / 'c' / 'f'), lambda p: open(p, 'w').write('x'))
   assert os.stat(built).st_mode & 0o777 == 0o644
+
+
+def test_the_sessions_one_process_opens_sort_in_their_order(monkeypatch):
+  """Object names sorted as text: session 10 came before session 2."""
+  import re  # pylint: disable=g-import-not-at-top
+  opened = []
+  monkeypatch.setattr(storage, 'path', lambda p: epath.Path(str(p).replace('gs://', '/tmp/')))
+  monkeypatch.setattr(epath.Path, 'mkdir', lambda self, **kwargs: None)
+  for _ in range(12):
+    opened.append(storage.AppendedFile('gs://b/run/metrics.jsonl').path.name)
+  assert all(re.fullmatch(r'metrics\.\d{14}-\d+-\d{6}-[0-9a-f]{8}\.jsonl', n) for n in opened)
+  counters = [n.split('-')[2] for n in opened]
+  assert sorted(counters) == counters

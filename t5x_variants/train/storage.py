@@ -214,7 +214,10 @@ class AppendedFile:
     self.remote = bool(scheme(p))
     self.flush_secs, self._flushed = flush_secs, time.time()
     if self.remote:
-      session = f'{time.strftime("%Y%m%d%H%M%S", time.gmtime())}-{os.getpid()}-{next(_sessions)}'
+      # Sorted by name: the second, then this process's own order (padded: 10 after 9); the
+      # random part keeps apart two hosts whose processes share a pid in the same second.
+      session = (f'{time.strftime("%Y%m%d%H%M%S", time.gmtime())}-{os.getpid()}-'
+                 f'{next(_sessions):06d}-{uuid.uuid4().hex[:8]}')
       self.path = self.path.with_name(f'{self.path.stem}.{session}{self.path.suffix}')
       self._text, self._dirty = io.StringIO(), False
     else:  # unbuffered: a write that fails (a full disk) raises once and leaves nothing to retry
