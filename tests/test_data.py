@@ -249,8 +249,8 @@ def test_a_decoder_only_model_on_a_task_with_inputs_is_refused_not_fed_targets_a
 
 def test_feature_lengths_without_a_features_length_name_it():
   """'input' for 'inputs' was a KeyError from inside the span-corruption preprocessor."""
-  with pytest.raises(ValueError, match=r"give none for inputs of embedded_span_corruption \(its "
-                                       r"features: inputs, targets\): set TASK_FEATURE_LENGTHS"):
+  with pytest.raises(ValueError, match=r"give none for inputs of embedded_span_corruption \(it "
+                                       r"reads: inputs, targets\): set TASK_FEATURE_LENGTHS"):
     pipeline.get_dataset('embedded_span_corruption', {'input': 128, 'targets': 32}, 'encoder_decoder')
 
 

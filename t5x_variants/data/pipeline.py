@@ -112,6 +112,16 @@ def feature_converter(architecture: str, pack: bool,
           'encoder_only': MLMFeatureConverter}[architecture](pack=pack)
 
 
+def _check_lengths(name: str, lengths: Mapping[str, int], features):
+  """A length for each of the task's ``features`` read (a misspelled key, 'input', failed as a
+  KeyError inside a preprocessor)."""
+  missing = [f for f in features if f not in lengths]
+  if missing:
+    raise ValueError(f'the feature lengths {dict(lengths)} give none for {", ".join(missing)} of '
+                     f'{name} (it reads: {", ".join(features)}): set TASK_FEATURE_LENGTHS '
+                     'accordingly')
+
+
 def get_dataset(name: str, task_feature_lengths: Mapping[str, int], architecture: str,
                 split: str = 'train', shuffle: bool = True, seed: Optional[int] = 0,
                 num_epochs: Optional[int] = None, pack: bool = True, shard_index: int = 0,
@@ -124,9 +134,7 @@ def get_dataset(name: str, task_feature_lengths: Mapping[str, int], architecture
     if architecture != 'encoder_only':
       raise ValueError(f'{name} is a classification task, for encoder-only models; {architecture} '
                        'models fine-tune on the text-to-text tasks (the name without _cls)')
-    if 'inputs' not in task_feature_lengths:
-      raise ValueError(f'the feature lengths {dict(task_feature_lengths)} give none for inputs of '
-                       f'{name}: set TASK_FEATURE_LENGTHS accordingly')
+    _check_lengths(name, task_feature_lengths, ['inputs'])
     task_feature_lengths = {'inputs': task_feature_lengths['inputs'], 'label': 1}
     converter = ClassificationFeatureConverter(regression=num_labels == 1)
   else:
@@ -141,11 +149,7 @@ def get_dataset(name: str, task_feature_lengths: Mapping[str, int], architecture
       raise ValueError(f'{name} has targets only; a prefix LM reads inputs, then targets: train it '
                        'on a task with inputs (e.g. c4_span_corruption, a GLUE task), or a plain '
                        'decoder-only model (gin/architectures/decoder_only.gin) on this one')
-    missing = [f for f in task.output_features if f not in task_feature_lengths]
-    if missing:  # a misspelled key ('input') failed as a KeyError inside a preprocessor
-      raise ValueError(f'the feature lengths {dict(task_feature_lengths)} give none for '
-                       f'{", ".join(missing)} of {name} (its features: '
-                       f'{", ".join(task.output_features)}): set TASK_FEATURE_LENGTHS accordingly')
+    _check_lengths(name, task_feature_lengths, list(task.output_features))
     if architecture == 'encoder_only':  # the MLM weights are as long as the inputs
       task_feature_lengths = dict(task_feature_lengths, mlm_weights=task_feature_lengths['inputs'])
     converter = feature_converter(architecture, pack, loss_on_targets_only)

@@ -289,28 +289,28 @@ def group_markdown(group: Group, out_dir: str, baseline: Optional[str] = None) -
   rate_curves = (stability.curves(group, final_value, diverged_step)
                  if stability.is_rate_sweep(group) else None)
   if baseline and baseline in group.variants():
+    paired = paired_table(group, baseline)
     lines += [f'Paired differences against `{baseline}`: final held-out log-perplexity of each '
               f'variant minus `{baseline}`\'s, seed by seed (seed s of both saw the same data '
               'order; only seeds where both finished and neither diverged), the mean over the '
               'pairs and its 95% Student t interval (n-1 degrees of freedom). Negative: lower '
               'log-perplexity than the baseline. Verdict: better (or worse) if the interval lies '
-              f'entirely below (above) 0.{_uncorrected(_intervals(paired_table(group, baseline)))}',
-              '']
-    lines += paired_table(group, baseline) + ['']
+              f'entirely below (above) 0.{_uncorrected(_intervals(paired))}', '']
+    lines += paired + ['']
   elif baseline and baseline not in _curve_labels(group):
     lines += [f'No variant `{baseline}` here: no paired differences.', '']
   lines += ranking_lines(group)
   if rate_curves:
     lines += stability.markdown(rate_curves)
     if baseline in _curve_labels(group):
+      paired = sensitivity_table(rate_curves, baseline)
       lines += [f'Paired differences against the curve `{baseline}`: each seed\'s LR sensitivity '
                 '(from that seed\'s runs at every rate) minus the baseline\'s of the same seed, '
                 'the mean over the seeds and its 95% Student t interval. Negative: less sensitive '
                 'to the learning rate (which is not more stable: a run stuck at the unigram '
                 'plateau is insensitive). Verdict: less (or more) sensitive if the interval lies '
-                f'entirely below (above) 0.'
-                f'{_uncorrected(_intervals(sensitivity_table(rate_curves, baseline)))}', '']
-      lines += sensitivity_table(rate_curves, baseline) + ['']
+                f'entirely below (above) 0.{_uncorrected(_intervals(paired))}', '']
+      lines += paired + ['']
   for title, path in plots.group_plots(group, out_dir, final_values, diverged_step, rate_curves):
     lines += [f'![{title.replace("log-perplexity", metric)}]({os.path.basename(path)})', '',
               f'*{CAPTIONS[title].format(metric=metric)}*', '']

@@ -247,12 +247,9 @@ class Checkpointer:
     """The state of checkpoint ``step``, then its data position into ``data_iterator``; a part
     that any process could not read raises ReadError on every process."""
     path = ocp.step.build_step_path(self.model_dir, _NAME_FORMAT, step)
-    state = read_with(ocp.StandardCheckpointHandler(), 'state', lambda handler: handler.restore(
-        path / 'state', args=ocp.args.StandardRestore(abstract_arrays(abstract_state))))
-    bad = nonfinite_entry(state)
-    if bad:  # damaged bytes that decoded: the same answer on every process
-      raise ReadError('state', f'{bad} holds a NaN or an infinity, which training never saves',
-                      outside=False)
+    target = ocp.args.StandardRestore(abstract_arrays(abstract_state))
+    state = finite(read_with(ocp.StandardCheckpointHandler(), 'state',
+                             lambda handler: handler.restore(path / 'state', args=target)))
     if _resumable(data_iterator):
       read_on_every_process('data', lambda: DataIteratorHandler().restore(
           path / 'data', args=DataIteratorRestore(data_iterator)))
@@ -300,15 +297,19 @@ def read_on_every_process(part: str, read):
   return value
 
 
-def nonfinite_entry(tree) -> Optional[str]:
-  """The name ('params/...') of the first floating array of ``tree`` holding a NaN or an
-  infinity, or None: a damaged checkpoint (a step whose update is not finite is skipped, so no run
-  saves one). Reduced by one jitted call over the global arrays to scalars, which every process
-  holds whole."""
+def finite(tree):
+  """``tree``, a checkpoint's arrays as read, if every floating one is finite; else a ReadError
+  naming the first that holds a NaN or an infinity: damaged bytes that decoded (a step whose
+  update is not finite is skipped, so no run saves one). Reduced by one jitted call over the
+  global arrays to scalars, which every process holds whole: the same answer on all."""
   named = [('/'.join(path_keys(p)), x) for p, x in jax.tree_util.tree_leaves_with_path(tree)
            if jnp.issubdtype(x.dtype, jnp.inexact)]
-  finite = jax.jit(lambda xs: [jnp.isfinite(x).all() for x in xs])([x for _, x in named])
-  return next((name for (name, _), ok in zip(named, finite) if not ok.addressable_data(0)), None)
+  flags = jax.jit(lambda xs: [jnp.isfinite(x).all() for x in xs])([x for _, x in named])
+  bad = next((name for (name, _), ok in zip(named, flags) if not ok.addressable_data(0)), None)
+  if bad:
+    raise ReadError('state', f'{bad} holds a NaN or an infinity, which training never saves',
+                    outside=False)
+  return tree
 
 
 def read_with(handler, part: str, read):

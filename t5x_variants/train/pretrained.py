@@ -12,10 +12,9 @@ import optax
 import orbax.checkpoint as ocp
 
 from t5x_variants import path_keys
-from t5x_variants.train.checkpoints import (CheckpointError, ReadError, abstract_arrays,
-                                            array_shapes, checkpoint_path, error_reason,
-                                            nonfinite_entry, optimizer_hint, outside_cause,
-                                            read_with, saved_tree)
+from t5x_variants.train.checkpoints import (CheckpointError, abstract_arrays, array_shapes,
+                                            checkpoint_path, error_reason, finite, optimizer_hint,
+                                            outside_cause, read_with, saved_tree)
 
 log = logging.getLogger(__name__)
 
@@ -27,14 +26,9 @@ def _read(path, target):
   restore_args = jax.tree_util.tree_map(
       lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding, global_shape=x.shape, dtype=x.dtype),
       target)
-  restored = read_with(ocp.PyTreeCheckpointHandler(), 'state', lambda handler: handler.restore(
-      path / 'state', args=ocp.args.PyTreeRestore(item=target, restore_args=restore_args,
-                                                  partial_restore=True)))
-  bad = nonfinite_entry(restored)
-  if bad:  # damaged bytes that decoded
-    raise ReadError('state', f'{bad} holds a NaN or an infinity, which training never saves',
-                    outside=False)
-  return restored
+  args = ocp.args.PyTreeRestore(item=target, restore_args=restore_args, partial_restore=True)
+  return finite(read_with(ocp.PyTreeCheckpointHandler(), 'state',
+                          lambda handler: handler.restore(path / 'state', args=args)))
 
 
 def _read_error(path, what: str, e: Exception) -> CheckpointError:
