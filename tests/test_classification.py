@@ -282,6 +282,32 @@ def test_eval_metrics_of_a_regression_head():
   assert out == pytest.approx(expected, rel=1e-4)
 
 
+def test_t5xv_eval_of_whole_examples_evaluates_each_at_the_longest_length(register, tmp_path, capsys):
+  """EVAL_FEATURE_LENGTHS=None (T5X's eval.gin): every example whole, the task at its split's longest
+  example; the same figures as that length given, or a longer one (padding changes nothing),
+  where the run's shorter length cuts the inputs and changes them. The settings record None."""
+  from t5x_variants.cli import eval as eval_cli
+  sentences = ['a gorgeous film', 'dull and lifeless to the very end', 'warm']
+  (register / 'SST-2' / 'dev.tsv').write_text(
+      '\n'.join(['sentence\tlabel'] + [f'{s}\t{i % 2}' for i, s in enumerate(sentences)]) + '\n')
+  config = dataclasses.replace(CLS, vocab_size=seqio.ByteVocabulary().vocab_size)
+  longest = len('sst2 sentence: ') + max(map(len, sentences)) + 1  # bytes and EOS
+
+  def evaluate(run, lengths):
+    save_fresh_state(config, tmp_path / run, seed=2, step=3)
+    return eval_cli.evaluate_checkpoints(config, checkpoint_path=str(tmp_path / run),
+                                         mixture_or_task_name='glue_sst2_cls_local',
+                                         task_feature_lengths=lengths, batch_size=2)[3]['glue_sst2_cls_local']
+  whole = evaluate('whole', None)
+  assert (f'glue_sst2_cls_local (validation): whole examples, the longest inputs {longest} tokens'
+          in capsys.readouterr().out)
+  assert whole == pytest.approx(evaluate('given', {'inputs': longest}), rel=1e-6)
+  assert whole == pytest.approx(evaluate('longer', {'inputs': longest + 9}), rel=1e-5)
+  assert whole['loss'] != evaluate('cut', {'inputs': 8})['loss']
+  saved = json.loads((tmp_path / 'whole' / 'eval_results.json').read_text())['validation']
+  assert saved['settings']['glue_sst2_cls_local']['task_feature_lengths'] is None
+
+
 def test_t5xv_eval_reports_the_glue_metrics_of_a_classifier(register, tmp_path):
   """evaluate_checkpoints on a classification task: eval_results.json {split: {step: {task: metrics}}}
   with the loss and the task's accuracy of the checkpoint's predicted labels."""

@@ -247,6 +247,15 @@ def test_a_decoder_only_model_on_a_task_with_inputs_is_refused_not_fed_targets_a
   assert pipeline.get_dataset('embedded_lm', {'targets': 64}, 'decoder_only') is not None
 
 
+@pytest.mark.parametrize('name, preprocessor', [('embedded_span_corruption', 'span_corruption'),
+                                                ('embedded_lm', 'lm'), ('embedded_prefix_lm', 'prefix_lm')])
+def test_a_task_that_cuts_text_to_lengths_has_no_whole_examples(name, preprocessor):
+  """(t5xv-eval with EVAL_FEATURE_LENGTHS=None: seqio's Evaluator refuses the same tasks)"""
+  with pytest.raises(ValueError, match=f'{name} cannot be evaluated on whole examples: its '
+                                       f'preprocessor {preprocessor} cuts the text'):
+    tasks.whole_lengths(tasks.get_task_or_mixture(name), 'validation')
+
+
 def test_feature_lengths_without_a_features_length_name_it():
   """'input' for 'inputs' was a KeyError from inside the span-corruption preprocessor."""
   with pytest.raises(ValueError, match=r"give none for inputs of embedded_span_corruption \(it "

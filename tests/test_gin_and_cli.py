@@ -189,11 +189,11 @@ def test_bad_gin_input_fails_with_one_clear_message(argv, message, capsys):
 
 @needs_data_layer
 @pytest.mark.parametrize('command,argv,message,detail', [
-    # t5xv-eval without the run's config.gin, which sets MIXTURE_OR_TASK_NAME and the other macros
+    # t5xv-eval without the run's config.gin, which sets TASK_FEATURE_LENGTHS and the other macros
     ('t5xv-eval', ['--gin_file=gin/runs/eval.gin', "--gin.CHECKPOINT_PATH='/tmp/run'"],
-     "invalid gin configuration: macro MIXTURE_OR_TASK_NAME is used but not set: give the run's "
+     "invalid gin configuration: macro TASK_FEATURE_LENGTHS is used but not set: give the run's "
      "own config.gin first (--gin_file=RUN/config.gin: it sets the run's macros) or set "
-     '--gin.MIXTURE_OR_TASK_NAME=VALUE (--verbosity=1 shows the configuration read)',
+     '--gin.TASK_FEATURE_LENGTHS=VALUE (--verbosity=1 shows the configuration read)',
      'evaluate_checkpoints.batch_size = %EVAL_BATCH_SIZE'),  # gin's operative configuration
     ('t5xv-train', ['--gin_file=gin/runs/pretrain.gin', '--gin_file=gin/models/t5_tiny.gin'],
      'invalid gin configuration: macro MODEL_DIR is required: set --gin.MODEL_DIR=VALUE (a string '

@@ -192,6 +192,17 @@ def test_local_glue_tasks(register, glue_dir):
   assert _text(_examples('glue_mrpc_local')[0], 'inputs') == 'mrpc sentence1: He left. sentence2: He went.'
 
 
+def test_whole_lengths_are_the_longest_examples_with_their_eos(register, glue_dir):
+  """What t5xv-eval evaluates at with EVAL_FEATURE_LENGTHS=None: each feature's longest example of
+  the split in tokens, EOS included (the byte vocabulary: one token per byte)."""
+  from t5x_variants.data import tasks  # pylint: disable=g-import-not-at-top
+  register(glue_dir=str(glue_dir))
+  cola = _examples('glue_cola_local', n=10)
+  assert tasks.whole_lengths(seqio.get_mixture_or_task('glue_cola_local'), 'train') == {
+      k: max(len(_text(e, k).encode()) for e in cola) + 1 for k in ('inputs', 'targets')} == {
+      'inputs': len('cola sentence: Cat the sat.') + 1, 'targets': len('unacceptable') + 1}
+
+
 def test_local_super_glue_tasks(register, super_glue_dir):
   register(super_glue_dir=str(super_glue_dir))
   boolq = _examples('super_glue_boolq_local')[0]

@@ -491,6 +491,8 @@ def test_verdicts():
   assert statistics.verdict(Interval(0.0, 3, 0.0, 0.1)) == 'not distinguishable at n=3 seeds'
   assert statistics.verdict(Interval(-0.1, 1)) == 'not distinguishable at n=1 seeds'
   assert statistics.verdict(None) == 'no seed finished in both'
+  same = statistics.t_interval([0.02, 0.02, 0.02])  # a zero-width interval is no evidence
+  assert statistics.verdict(same) == 'no verdict: the same difference at all n=3 seeds (no spread to test)'
   assert statistics.verdict(Interval(-0.1, 3, -0.2, -0.05), 'less', 'more') == 'less'
 
 
@@ -562,14 +564,15 @@ def test_a_task_without_log_perplexity_is_reported_as_its_eval_loss(tmp_path):
   its caption and the plots name the eval loss, not log-perplexity."""
   from t5x_variants.cli import report as report_cli  # pylint: disable=g-import-not-at-top
   dirs = []
-  for name, value in (('a-seed0', 0.7), ('b-seed0', 0.6)):
+  for name, value in (('a-seed0', 0.7), ('b-seed0', 0.6), ('a-seed1', 0.8), ('b-seed1', 0.75)):
     write_metrics(tmp_path / name, [train_record(4, 4.0), {'step': 4, 'kind': 'eval', 'task': 'stsb',
                                                            'loss': value}], total_steps=4)
     dirs.append(str(tmp_path / name))
   out = tmp_path / 'out'
-  assert report_cli.main([f'--run_dirs={",".join(dirs)}', f'--output_dir={out}']) == 0
+  assert report_cli.main([f'--run_dirs={",".join(dirs)}', f'--output_dir={out}', '--baseline=a']) == 0
   text = (out / 'report.md').read_text()
   assert '| final eval loss |' in text and '| best eval loss |' in text and 'log-ppl' not in text
+  assert 'final held-out eval loss of each variant' in text and 'log-perplexity' not in text
   assert "Eval loss: the head's loss" in text and 'Log-perplexity:' not in text
   assert '![final eval loss]' in text
 

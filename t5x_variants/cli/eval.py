@@ -22,6 +22,7 @@ with (``settings``: feature lengths, batch and example limits, inference, z-loss
 options); evaluating a task again with other settings is one error, not a mix of the two.
 """
 import dataclasses
+import functools
 import json
 import math
 import sys
@@ -212,12 +213,14 @@ def _load(predictor, path: epath.Path) -> bool:
 @gin.configurable(denylist=['config'])
 def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_checkpoints: bool = False,
                          mixture_or_task_name: str = gin.REQUIRED,
-                         task_feature_lengths: Mapping[str, int] = gin.REQUIRED,
+                         task_feature_lengths: Optional[Mapping[str, int]] = gin.REQUIRED,
                          split: str = DEFAULT_SPLIT, batch_size: int = 32,
                          max_batches: Optional[int] = None, max_examples: Optional[int] = None,
                          inference: bool = True, z_loss: float = 0.0,
                          prompt_length: Optional[int] = None):
-  """{step: {task: metrics}} of the checkpoints evaluated on ``split`` by this call."""
+  """{step: {task: metrics}} of the checkpoints evaluated on ``split`` by this call.
+  ``task_feature_lengths`` None evaluates every example whole (T5X's eval.gin), each task at the
+  lengths of its longest example in ``split`` (tasks.whole_lengths)."""
   from t5x_variants.data import classification, tasks  # pylint: disable=g-import-not-at-top
   recipe.use_run_vocabulary(checkpoint_path)
   paths = [checkpoints.checkpoint_path(checkpoint_path)]
@@ -242,7 +245,17 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
   all_results = read_results(results_file)
   results = all_results.setdefault(split, {})
   options = DecodeOptions()
-  settings = {'task_feature_lengths': dict(task_feature_lengths), 'max_batches': max_batches,
+  whole = task_feature_lengths is None
+  lengths = {task.name: dict(task_feature_lengths) if not whole else
+             multihost.same(f'the longest {split} examples of {task.name}',
+                            functools.partial(tasks.whole_lengths, task, split))
+             for task in subtasks}
+  if whole:
+    for name, longest in sorted(lengths.items()):
+      print(f'{name} ({split}): whole examples, the longest ' +
+            ', '.join(f'{k} {n} tokens' for k, n in longest.items()))
+  settings = {'task_feature_lengths': None if whole else dict(task_feature_lengths),
+              'max_batches': max_batches,
               'max_examples': max_examples, 'inference': inference, 'z_loss': z_loss,
               'prompt_length': prompt_length, 'decoding': dataclasses.asdict(options)}
   if max_batches is not None:  # then the batch size sets how many examples are evaluated
@@ -261,14 +274,14 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
             'training run\'s keep-N cleanup), skipped')
       continue
     for task in sorted(subtasks, key=lambda t: t.name):
-      metrics = teacher_forced(predictor, task.name, split, task_feature_lengths, batch_size,
+      metrics = teacher_forced(predictor, task.name, split, lengths[task.name], batch_size,
                                max_batches, task.predict_metric_fns if classify else ())
       if inference and task.predict_metric_fns and config.architecture != 'encoder_only':
-        metrics.update(inference_metrics(predictor, task, split, task_feature_lengths, batch_size,
+        metrics.update(inference_metrics(predictor, task, split, lengths[task.name], batch_size,
                                          max_examples))
       elif inference and prompt_length and config.architecture == 'decoder_only' \
           and 'inputs' not in task.output_features:
-        metrics.update(continuation_metrics(predictor, task, split, task_feature_lengths,
+        metrics.update(continuation_metrics(predictor, task, split, lengths[task.name],
                                             prompt_length, batch_size, max_examples))
       logger.eval(int(step), task.name, metrics, split=split)
       results.setdefault(step, {})[task.name] = metrics

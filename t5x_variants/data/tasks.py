@@ -10,6 +10,7 @@ gin-bound vocabulary.
 """
 import contextlib
 import functools
+import inspect
 import os
 from typing import List, Mapping, Optional
 
@@ -184,9 +185,9 @@ def without_autograph():
     autograph_config.CONVERSION_RULES = rules
 
 
-def task_examples(task, split: str, lengths: Mapping[str, int],
+def task_examples(task, split: str, lengths: Optional[Mapping[str, int]],
                   max_examples: Optional[int] = None, seed: int = 0) -> List[dict]:
-  """A seqio task's preprocessed examples in order (tokens trimmed to ``lengths``), as numpy; a
+  """A seqio task's preprocessed examples in order (tokens trimmed to ``lengths``; None: whole), as numpy; a
   random preprocessor (span corruption) seeded with ``seed``, so every call (and process) gets the
   same examples."""
   with explain_missing_data(task), without_autograph():
@@ -194,6 +195,28 @@ def task_examples(task, split: str, lengths: Mapping[str, int],
     if max_examples:
       ds = ds.take(max_examples)
     return list(ds.as_numpy_iterator())
+
+
+def whole_lengths(task, split: str) -> dict:
+  """{feature: the longest example of ``split`` in tokens, EOS included}: the lengths at which every
+  example is evaluated whole, as seqio's Evaluator measures them when it is given none (there over
+  all of a mixture's tasks at once, here per task). ValueError for a task whose preprocessors
+  cannot run without lengths (span corruption, the LM objectives: they cut the text to them)."""
+  def needs_lengths(preprocessor):  # a sequence_length parameter without a default
+    param = inspect.signature(preprocessor).parameters.get('sequence_length')
+    return param is not None and param.default is param.empty
+  needs = [getattr(p, 'func', p).__name__ for p in task.preprocessors if needs_lengths(p)]
+  if needs:
+    raise ValueError(f'{task.name} cannot be evaluated on whole examples: its preprocessor '
+                     f'{needs[0]} cuts the text to the feature lengths; evaluate it at given lengths '
+                     "(t5xv-eval's EVAL_FEATURE_LENGTHS: the run's TASK_FEATURE_LENGTHS unless set)")
+  longest = dict.fromkeys(task.output_features, 0)
+  for example in task_examples(task, split, None):
+    for feature in longest:
+      longest[feature] = max(longest[feature], len(example[feature]))
+  if not all(longest.values()):
+    raise ValueError(f'the {split} split of {task.name} has no example to measure')
+  return longest
 
 
 def output_vocabulary(task_or_mixture) -> seqio.Vocabulary:

@@ -290,11 +290,11 @@ def group_markdown(group: Group, out_dir: str, baseline: Optional[str] = None) -
                  if stability.is_rate_sweep(group) else None)
   if baseline and baseline in group.variants():
     paired = paired_table(group, baseline)
-    lines += [f'Paired differences against `{baseline}`: final held-out log-perplexity of each '
+    lines += [f'Paired differences against `{baseline}`: final held-out {metric} of each '
               f'variant minus `{baseline}`\'s, seed by seed (seed s of both saw the same data '
               'order; only seeds where both finished and neither diverged), the mean over the '
               'pairs and its 95% Student t interval (n-1 degrees of freedom). Negative: lower '
-              'log-perplexity than the baseline. Verdict: better (or worse) if the interval lies '
+              f'{metric} than the baseline. Verdict: better (or worse) if the interval lies '
               f'entirely below (above) 0.{_uncorrected(_intervals(paired))}', '']
     lines += paired + ['']
   elif baseline and baseline not in _curve_labels(group):
