@@ -172,7 +172,8 @@ class FaultProxy:
   def __init__(self, upstream: str):
     self.upstream = urllib.parse.urlparse(upstream).netloc
     self.lock = threading.Lock()
-    self.rule, self.after, self.only, self.failed, self.forwarded = None, None, None, 0, 0
+    self.rule, self.after, self.only, self.method = None, None, None, None
+    self.failed, self.forwarded = 0, 0
     proxy = self
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -218,12 +219,13 @@ class FaultProxy:
     self.url = f'http://127.0.0.1:{self.server.server_address[1]}'
     threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
-  def fail(self, status: int, count=None, bucket=None, after=None, only=None):
+  def fail(self, status: int, count=None, bucket=None, after=None, only=None, method=None):
     """Answer ``status`` to the next ``count`` requests (None: every one) that name ``bucket``
-    (None: any) and whose path contains ``only`` (None: any), from the first request whose path
-    contains ``after`` (None: now) on. Paths are matched unquoted."""
+    (None: any), whose path contains ``only`` (None: any) and whose HTTP method is ``method``
+    (None: any), from the first request whose path contains ``after`` (None: now) on. Paths are
+    matched unquoted."""
     with self.lock:
-      self.rule, self.after, self.only = (status, count, bucket), after, only
+      self.rule, self.after, self.only, self.method = (status, count, bucket), after, only, method
 
   def heal(self):
     with self.lock:
@@ -234,7 +236,8 @@ class FaultProxy:
     with self.lock:
       if self.after and self.after in path:
         self.after = None
-      if self.rule and not self.after and (self.only is None or self.only in path):
+      if self.rule and not self.after and (self.only is None or self.only in path) and (
+          self.method in (None, method)):
         status, count, bucket = self.rule
         if bucket is None or f'/b/{bucket}/' in path + '/' or f'/b/{bucket}?' in path:
           if count is not None:

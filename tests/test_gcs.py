@@ -355,6 +355,18 @@ def test_a_bucket_whose_metadata_the_credentials_may_not_read_is_named_at_start_
   assert f'may not read the metadata of bucket {bucket} (storage.buckets.get)' in out, out
 
 
+def test_a_retried_delete_answered_404_is_no_missing_bucket(gcs, proxy):
+  """The start-up check deletes its probe object; a retry of that delete whose first answer was
+  lost finds it gone (404). That was read as 'bucket does not exist'."""
+  root = gcs.new_bucket()
+  check = ('from t5x_variants.train import storage; '
+           f'print(storage.store_unusable("{root}/run"))')
+  proxy.fail(404, count=1, method='DELETE')
+  out = subprocess.run([sys.executable, '-c', check], env=dict(os.environ, **client_environment(proxy.url)),
+                       capture_output=True, text=True, check=True).stdout
+  assert out.strip() == 'None' and proxy.failed == 1, out
+
+
 @needs_data_layer
 def test_a_bucket_that_does_not_exist_is_one_line_at_start_up(gcs, capsys, local_cwd):
   from t5x_variants.cli import train  # pylint: disable=g-import-not-at-top

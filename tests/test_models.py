@@ -423,3 +423,11 @@ def test_deep_scanned_deepnorm_model_runs_forward_and_backward():
   assert np.isfinite(float(loss))
   assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree_util.tree_leaves(grads))
   assert float(np.abs(np.asarray(grads['encoder']['layers']['mlp']['wi']['kernel'][0])).sum()) > 0
+
+
+def test_a_list_given_for_a_tuple_field_becomes_the_tuple():
+  """gin gives ['random', 'dot_product'] as a list: the frozen config stayed unhashable (a static
+  argument of jit, a field of a Flax module) and unequal to the same mixture given as a tuple."""
+  given = tiny(self_attention=['random', 'dot_product'], ffn=['relu'])
+  assert given == tiny(self_attention=('random', 'dot_product'), ffn=('relu',))
+  assert hash(given) == hash(tiny(self_attention=('random', 'dot_product'), ffn=('relu',)))

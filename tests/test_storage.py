@@ -65,7 +65,65 @@ def test_the_sessions_one_process_opens_sort_in_their_order(monkeypatch):
   monkeypatch.setattr(storage, 'path', lambda p: epath.Path(str(p).replace('gs://', '/tmp/')))
   monkeypatch.setattr(epath.Path, 'mkdir', lambda self, **kwargs: None)
   for _ in range(12):
-    opened.append(storage.AppendedFile('gs://b/run/metrics.jsonl').path.name)
-  assert all(re.fullmatch(r'metrics\.\d{14}-\d+-\d{6}-[0-9a-f]{8}\.jsonl', n) for n in opened)
+    opened.append(storage.AppendedFile('gs://b/run/metrics.jsonl')._object.path.name)
+  assert all(re.fullmatch(r'metrics\.\d{14}-\d+-\d{6}-[0-9a-f]{8}-000000\.jsonl', n) for n in opened)
   counters = [n.split('-')[2] for n in opened]
   assert sorted(counters) == counters
+
+
+def test_a_growing_object_goes_on_in_a_next_part_so_each_upload_is_bounded(tmp_path, monkeypatch):
+  """An object is rewritten whole at each flush (a store cannot append): without parts, a long
+  run's metrics object was uploaded again in full every 30 s, bytes growing with the square of
+  the run. Past ROLL_BYTES the next part begins; the parts read back as one text in order, and
+  an event file's parts keep 'tfevents' in their names (TensorBoard reads them in name order)."""
+  monkeypatch.setattr(storage, 'path', lambda p: epath.Path(str(p).replace('gs://b', str(tmp_path))))
+  monkeypatch.setattr(storage, 'ROLL_BYTES', 100)
+  uploads = []
+  real = epath.Path.write_bytes
+  monkeypatch.setattr(epath.Path, 'write_bytes',
+                      lambda self, data: (uploads.append(len(data)), real(self, data))[1])
+  f = storage.AppendedFile('gs://b/run/metrics.jsonl', flush_secs=0)  # a rewrite at every line
+  lines = [f'{{"step": {i:04d}}}\n' for i in range(60)]  # 15 bytes each
+  for line in lines:
+    f.write(line)
+  f.close()
+  assert max(uploads) <= 100 + 15 and sum(uploads) < 60 * 15 * 5  # (without parts: 27,450 bytes)
+  parts = sorted(p.name for p in (tmp_path / 'run').iterdir())
+  assert len(parts) == 9 and [p.rsplit('-', 1)[1] for p in parts] == [f'{k:06d}.jsonl' for k in range(9)]
+  assert storage.read_appended('gs://b/run/metrics.jsonl') == ''.join(lines)
+  writers = storage._EpathRecordWriters()
+  writers.directory_check('gs://b/run/tb')
+  events = writers.open('gs://b/run/tb/events.out.tfevents.1.host')
+  for _ in range(3):
+    events.write(b'x' * 60)
+    events.flush()
+  assert sorted(p.name for p in (tmp_path / 'run' / 'tb').iterdir()) == [
+      'events.out.tfevents.1.host', 'events.out.tfevents.1.host.000001']
+
+
+def test_a_replacing_write_reaches_the_disk_before_its_rename(tmp_path, monkeypatch):
+  """(a host that crashed after the rename but before the page cache was written could leave an
+  empty config.gin or eval_results.json)"""
+  import os  # pylint: disable=g-import-not-at-top
+  calls, real_fsync, real_replace = [], os.fsync, os.replace
+  monkeypatch.setattr(os, 'fsync', lambda fd: (
+      calls.append(('fsync', os.readlink(f'/proc/self/fd/{fd}'))), real_fsync(fd))[1])
+  monkeypatch.setattr(os, 'replace', lambda a, b: (calls.append(('replace', str(b))), real_replace(a, b))[1])
+  storage.write_text(tmp_path / 'config.gin', 'x = 1\n')
+  assert calls == [('fsync', str(tmp_path / f'.config.gin.{os.getpid()}.tmp')),
+                   ('replace', str(tmp_path / 'config.gin')), ('fsync', str(tmp_path))]
+
+
+def test_a_local_copy_of_an_object_does_not_trust_a_file_already_named_so(tmp_path, monkeypatch):
+  """The copy is named by the object's contents in the shared temporary directory: a file of
+  that name with other bytes (another user's, a damaged disk) is replaced, not read."""
+  import hashlib  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(storage, 'path', lambda p: epath.Path(str(p).replace('gs://b', str(tmp_path))))
+  monkeypatch.setattr(storage.tempfile, 'gettempdir', lambda: str(tmp_path / 'tmp'))
+  (tmp_path / 'run').mkdir()
+  (tmp_path / 'run' / 'spm.model').write_bytes(b'model')
+  planted = tmp_path / 'tmp' / f't5xv-{hashlib.sha256(b"model").hexdigest()[:16]}-spm.model'
+  planted.parent.mkdir()
+  planted.write_bytes(b'other')
+  assert storage.local_copy('gs://b/run/spm.model') == str(planted)
+  assert planted.read_bytes() == b'model'

@@ -199,6 +199,8 @@ class TransformerConfig:
       if field.name not in SIZES and not _is(value, field.type):
         raise ValueError(f'TransformerConfig.{field.name} must be {_described(field.type)}, '
                          f'not {value!r}')
+      if isinstance(value, list):  # gin's [...] for a tuple: kept hashable, as frozen promises
+        object.__setattr__(self, field.name, tuple(value))
     _check('architecture', self.architecture, ARCHITECTURES)
     _check('norm', self.norm, norms.NORMS)
     _check('placement', self.placement, placement.PLACEMENTS)

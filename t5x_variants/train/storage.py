@@ -15,8 +15,9 @@ Object stores cannot append to an object (gcsfs's append mode silently replaces 
 ``AppendedFile`` there is one object per writer session (``metrics.<session>.jsonl`` beside
 ``metrics.jsonl``: a training run, a resumed run and a t5xv-eval running beside it each write
 their own), kept in memory and rewritten whole on ``flush`` (the trainer's, at each checkpoint),
-at the first record ``REMOTE_FLUSH_SECS`` or more after the last rewrite, and at close;
-``read_appended`` reads them all back in order. A local file is appended to and flushed at once.
+at the first record ``REMOTE_FLUSH_SECS`` or more after the last rewrite, and at close, a next
+part begun at ``ROLL_BYTES`` (so a long run uploads each byte a bounded number of times, not a
+number growing with the run); ``read_appended`` reads them all back in order. A local file is appended to and flushed at once.
 TensorBoard event files on a store are rewritten whole in the same way (each writer has its own
 file already), as tensorboardX's own gs:// writer does it. Only process 0 writes the shared files;
 callers check.
@@ -36,6 +37,7 @@ from etils import epath
 
 PathLike = Union[str, epath.Path]
 REMOTE_FLUSH_SECS = 30.0  # how often an AppendedFile or an event file is rewritten on a store
+ROLL_BYTES = 1 << 22  # the size at which such an object is left whole and the next part begun
 _sessions = itertools.count()  # tells apart the sessions one process opens in the same second
 
 
@@ -76,8 +78,8 @@ def write_text(p: PathLike, text: str):
 
 def write_bytes(p: PathLike, data: bytes):
   """Writes ``data`` to ``p`` (its parent made first), whole: a local file through a temporary
-  file renamed over it (through a symlink, over its target), so a process killed mid-write leaves
-  the old file, never half a file; an object is written whole by the store (a rename there is a
+  file renamed over it (through a symlink, over its target) after its bytes reached the disk, so a
+  process killed or a host crashed mid-write leaves the old file, never half a file; an object is written whole by the store (a rename there is a
   copy and a delete, not atomic), and a device or pipe (``/dev/stdout``) is written directly."""
   p = path(p)
   p.parent.mkdir(parents=True, exist_ok=True)
@@ -88,9 +90,20 @@ def write_bytes(p: PathLike, data: bytes):
   tmp = target.with_name(f'.{target.name}.{os.getpid()}.tmp')
   try:
     tmp.write_bytes(data)
+    _sync(tmp)  # on the disk before the rename: a host crash leaves the old file or the new one
     os.replace(tmp, target)
   finally:
     tmp.unlink(missing_ok=True)
+  _sync(target.parent)  # the rename itself
+
+
+def _sync(p: epath.Path):
+  """fsync of a local file or directory."""
+  fd = os.open(p, os.O_RDONLY)
+  try:
+    os.fsync(fd)
+  finally:
+    os.close(fd)
 
 
 def store_unusable(directory: PathLike):
@@ -104,7 +117,7 @@ def store_unusable(directory: PathLike):
     probe.write_text('ok')
     probe.read_text()
     list(probe.parent.iterdir())
-    probe.unlink()
+    probe.unlink(missing_ok=True)  # (a 404: a retried delete whose first answer was lost)
   except FileNotFoundError:
     return (f'bucket {bucket} does not exist (or these credentials cannot see it): create it, e.g. '
             f'gcloud storage buckets create {scheme(directory)}://{bucket}, or fix the path')
@@ -150,9 +163,17 @@ def local_copy(p: PathLike) -> str:
   data = path(p).read_bytes()
   local = os.path.join(tempfile.gettempdir(),
                        f't5xv-{hashlib.sha256(data).hexdigest()[:16]}-{path(p).name}')
-  if not os.path.exists(local):
+  if not _holds(local, data):  # (a file of that name left by anyone else is not trusted)
     write_bytes(local, data)  # whole: a reader in another process never sees half of it
   return local
+
+
+def _holds(local: str, data: bytes) -> bool:
+  try:
+    with open(local, 'rb') as f:
+      return f.read() == data
+  except OSError:
+    return False
 
 
 @contextlib.contextmanager
@@ -215,11 +236,13 @@ class AppendedFile:
     self.flush_secs, self._flushed = flush_secs, time.time()
     if self.remote:
       # Sorted by name: the second, then this process's own order (padded: 10 after 9); the
-      # random part keeps apart two hosts whose processes share a pid in the same second.
+      # random part keeps apart two hosts whose processes share a pid in the same second; then
+      # the object's part (_RewrittenObject).
       session = (f'{time.strftime("%Y%m%d%H%M%S", time.gmtime())}-{os.getpid()}-'
                  f'{next(_sessions):06d}-{uuid.uuid4().hex[:8]}')
-      self.path = self.path.with_name(f'{self.path.stem}.{session}{self.path.suffix}')
-      self._text, self._dirty = io.StringIO(), False
+      p = self.path
+      self._object = _RewrittenObject(
+          lambda part: p.with_name(f'{p.stem}.{session}-{part:06d}{p.suffix}'))
     else:  # unbuffered: a write that fails (a full disk) raises once and leaves nothing to retry
       self._file = open(self.path, 'ab', buffering=0)  # pylint: disable=consider-using-with
       if self._file.tell():
@@ -230,8 +253,7 @@ class AppendedFile:
 
   def write(self, line: str):
     if self.remote:
-      self._text.write(line)
-      self._dirty = True
+      self._object.write(line.encode())
       if time.time() - self._flushed >= self.flush_secs:
         self.flush()
     else:
@@ -240,9 +262,8 @@ class AppendedFile:
         data = data[self._file.write(data):]
 
   def flush(self):
-    if self.remote and self._dirty:
-      self.path.write_text(self._text.getvalue())
-      self._dirty = False
+    if self.remote:
+      self._object.flush()
     self._flushed = time.time()
 
   def close(self):
@@ -252,26 +273,39 @@ class AppendedFile:
 
 
 class _RewrittenObject:
-  """A tensorboardX record file on an object store: written whole from a buffer on each flush."""
+  """A growing object on a store (a store cannot append): held in memory and written whole at
+  each flush with new bytes. Once it holds ``ROLL_BYTES`` it is left as it is and the writing goes
+  on in object ``name(part)`` of the next part (names that sort in order), so a flush uploads at
+  most that much, not everything written so far."""
 
-  def __init__(self, p: str):
-    self.path, self.buffer = path(p), io.BytesIO()
+  def __init__(self, name):
+    self._name, self.part = name, 0
+    self.path, self.buffer, self._dirty = path(name(0)), io.BytesIO(), False
 
   def write(self, data: bytes):
     self.buffer.write(data)
+    self._dirty = True
 
   def flush(self):
+    if not self._dirty:
+      return
     self.path.write_bytes(self.buffer.getvalue())
+    self._dirty = False
+    if self.buffer.tell() >= ROLL_BYTES:
+      self.part += 1
+      self.path, self.buffer = path(self._name(self.part)), io.BytesIO()
 
   def close(self):
     self.flush()
 
 
 class _EpathRecordWriters:
-  """tensorboardX's writer factory for a URI scheme (its own gs:// one needs google-cloud-storage)."""
+  """tensorboardX's writer factory for a URI scheme (its own gs:// one needs google-cloud-storage).
+  An event file's later parts are ``<file>.000001`` ...: TensorBoard reads every file of a
+  directory with 'tfevents' in its name, in name order."""
 
   def open(self, p: str):
-    return _RewrittenObject(p)
+    return _RewrittenObject(lambda part: f'{p}.{part:06d}' if part else p)
 
   def directory_check(self, p: str):
     path(p).mkdir(parents=True, exist_ok=True)
