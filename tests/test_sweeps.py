@@ -492,6 +492,7 @@ def test_verdicts():
   assert statistics.verdict(Interval(-0.1, 1)) == 'not distinguishable at n=1 seeds'
   assert statistics.verdict(None) == 'no seed finished in both'
   same = statistics.t_interval([0.02, 0.02, 0.02])  # a zero-width interval is no evidence
+  assert statistics.verdict(statistics.t_interval([3.0 - 3.1, 2.9 - 3.0])).startswith('no verdict')
   assert statistics.verdict(same) == 'no verdict: the same difference at all n=3 seeds (no spread to test)'
   assert statistics.verdict(Interval(-0.1, 3, -0.2, -0.05), 'less', 'more') == 'less'
 
@@ -550,8 +551,9 @@ def test_report_cli_baseline_flag(tmp_path, capsys):
   out = tmp_path / 'out'
   assert report_cli.main([f'--run_dirs={",".join(dirs)}', f'--output_dir={out}',
                           '--baseline=a']) == 0
-  # b - a = -0.1 on both seeds: zero spread, so an interval of width 0 below 0
-  assert '| b | 0, 1 | 2 | -0.1000 | [-0.1000, -0.1000] | better |' in (out / 'report.md').read_text()
+  # b - a = -0.1 on both seeds: zero spread, an interval of width 0, which is no evidence
+  assert ('| b | 0, 1 | 2 | -0.1000 | [-0.1000, -0.1000] | no verdict: the same difference at all '
+          'n=2 seeds (no spread to test) |') in (out / 'report.md').read_text()
   text = (out / 'report.md').read_text()
   assert '| final log-ppl |' in text and 'Log-perplexity: teacher-forced' in text
   with pytest.raises(SystemExit) as exit_info:
@@ -598,6 +600,7 @@ def test_ranking_lines_carry_the_bootstrap_interval_and_its_n():
                          'the 2 seeds finished in every variant: Spearman rho = ')
   assert 'Bootstrap 95% interval of rho over seeds: [' in text
   assert '(n = 2 seeds finished in every variant, resampled with replacement 1000 times' in text
+  assert '2 seeds have only 3 distinct resamples: the interval is coarse' in text  # {0,0} {0,1} {1,1}
   one_seed = [t for t in trials if t.variant != 'bilinear' or t.seed == 0]  # bilinear: seed 0 only
   assert 'No bootstrap interval for rho (n = 1 seeds finished in every variant' in (
       report.ranking_lines(report.Group('glu', one_seed, papers.GLU))[0])

@@ -9,6 +9,7 @@ pending."""
 import collections
 import dataclasses
 import itertools
+import math
 import os
 import re
 from typing import List, Optional, Sequence, Tuple
@@ -256,12 +257,14 @@ def ranking_lines(group: Group, resamples: int = 1000) -> List[str]:
                  'nothing to resample).')
   else:
     low, high, undefined = interval
+    distinct = math.comb(2 * seeds - 1, seeds)  # multisets of the seeds
     lines.append(f'Bootstrap 95% interval of rho over seeds: [{low:.2f}, {high:.2f}] '
                  f'(n = {seeds} seeds finished in every variant, resampled with replacement '
                  f'{resamples} times, the same draw for every variant (a seed\'s runs share their '
                  'data order), RNG seed 0, 2.5th-97.5th percentiles'
                  + (f'; {undefined} resamples with all means equal left out' if undefined else '')
-                 + ').')
+                 + ').' + (f' {seeds} seeds have only {distinct} distinct resamples: the interval '
+                           'is coarse and may end at the point estimate.' if distinct < resamples else ''))
   return [' '.join(lines), '']
 
 

@@ -72,10 +72,11 @@ def format_interval(interval: Optional[Interval], digits: int = 3, mean: bool = 
 def verdict(interval: Optional[Interval], below: str = 'better', above: str = 'worse') -> str:
   """``below`` ('better': lower log-perplexity) if the 95% interval of variant - baseline lies
   entirely below 0, ``above`` if entirely above, else ``not distinguishable at n=K seeds``. The
-  same difference at every seed has no spread to test (a zero-width interval): no verdict."""
+  same difference at every seed (to rounding) has no spread to test (a zero-width interval): no
+  verdict."""
   if interval is None:
     return 'no seed finished in both'
-  if interval.n > 1 and interval.low == interval.high:
+  if interval.n > 1 and interval.high - interval.low <= 1e-9 * max(1.0, abs(interval.mean)):
     return f'no verdict: the same difference at all n={interval.n} seeds (no spread to test)'
   if interval.high is not None and interval.high < 0:
     return below
