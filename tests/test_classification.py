@@ -306,6 +306,14 @@ def test_t5xv_eval_of_whole_examples_evaluates_each_at_the_longest_length(regist
   assert whole['loss'] != evaluate('cut', {'inputs': 8})['loss']
   saved = json.loads((tmp_path / 'whole' / 'eval_results.json').read_text())['validation']
   assert saved['settings']['glue_sst2_cls_local']['task_feature_lengths'] is None
+  # A model whose parameters are sized by its rows' length (a synthesizer's) cannot read longer
+  # ones: one error before any checkpoint is read (the synthesizer's own said to resize it).
+  sized = dataclasses.replace(config, self_attention='random', encoder_max_length=longest - 1)
+  with pytest.raises(ValueError, match=(
+      f'the longest validation example of glue_sst2_cls_local makes encoder rows of {longest} '
+      fr'tokens, more than this model reads \(encoder_max_length {longest - 1}: .*EVAL_FEATURE_LENGTHS')):
+    eval_cli.evaluate_checkpoints(sized, checkpoint_path=str(tmp_path / 'whole'),
+                                  mixture_or_task_name='glue_sst2_cls_local', task_feature_lengths=None)
 
 
 def test_t5xv_eval_reports_the_glue_metrics_of_a_classifier(register, tmp_path):

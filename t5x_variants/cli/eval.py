@@ -105,6 +105,19 @@ def continuation_metrics(predictor, task, split: str, lengths, prompt_length: in
                                          sum(ex['num_target_tokens'] for ex in scored)}
 
 
+def _check_fits(config, task: str, split: str, lengths: Mapping[str, int]):
+  """ValueError if the rows of ``task``'s whole examples are longer than a model whose parameters
+  are sized by its stacks' lengths (learned positions, a synthesizer) can read."""
+  for stack in config.stacks if config.sized_by_length else ():
+    n = config.stack_length(stack, lengths)
+    if n > config.max_length(stack):
+      raise ValueError(f'the longest {split} example of {task} makes {stack} rows of {n} tokens, '
+                       f'more than this model reads ({stack}_max_length {config.max_length(stack)}: '
+                       'its learned positions or synthesizer are sized by it); evaluate it at '
+                       'lengths that fit (--gin.EVAL_FEATURE_LENGTHS, e.g. the run\'s '
+                       'TASK_FEATURE_LENGTHS)')
+
+
 def best_over_checkpoints(results) -> dict:
   """{task: {metric: {'value', 'step'}}}: each metric's best value over the evaluated checkpoints
   (lowest loss and log-perplexity, highest score), as the GLU-variants paper reports fine-tuning:
@@ -254,6 +267,7 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
     for name, longest in sorted(lengths.items()):
       print(f'{name} ({split}): whole examples, the longest ' +
             ', '.join(f'{k} {n} tokens' for k, n in longest.items()))
+      _check_fits(config, name, split, longest)
   settings = {'task_feature_lengths': None if whole else dict(task_feature_lengths),
               'max_batches': max_batches,
               'max_examples': max_examples, 'inference': inference, 'z_loss': z_loss,

@@ -238,8 +238,8 @@ class TransformerConfig:
         raise ValueError(f'{name} scales the residual only under DeepNorm (x + f(x) -> '
                          f'LN(alpha x + f(x))); placement {self.placement!r} has no alpha: unset '
                          'it or use placement deepnorm')
-    sized = self.position_embedding == 'learned' or self.attention_components != ('dot_product',)
-    if self.shared_encoder_decoder and sized and self.encoder_max_length != self.decoder_max_length:
+    if (self.shared_encoder_decoder and self.sized_by_length
+        and self.encoder_max_length != self.decoder_max_length):
       raise ValueError('shared_encoder_decoder with learned positions or a synthesizer (parameters '
                        'sized by the sequence length) needs encoder_max_length == decoder_max_length')
     if not self.inputs_bidirectional_attention and not self.prefix_lm:
@@ -340,6 +340,12 @@ class TransformerConfig:
 
   def max_length(self, stack: str) -> int:
     return self.encoder_max_length if stack == 'encoder' else self.decoder_max_length
+
+  @property
+  def sized_by_length(self) -> bool:
+    """Whether parameters are sized by each stack's ``max_length`` (learned positions, a
+    synthesizer's), so that no row may be longer."""
+    return self.position_embedding == 'learned' or self.attention_components != ('dot_product',)
 
   @property
   def uses_dropout(self) -> bool:
