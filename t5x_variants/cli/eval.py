@@ -111,8 +111,9 @@ def _check_fits(config, task: str, split: str, lengths: Mapping[str, int]):
   for stack in config.stacks if config.sized_by_length else ():
     n = config.stack_length(stack, lengths)
     if n > config.max_length(stack):
+      most = config.max_length(stack)
       raise ValueError(f'the longest {split} example of {task} makes {stack} rows of {n} tokens, '
-                       f'more than this model reads ({stack}_max_length {config.max_length(stack)}: '
+                       f'more than this model reads ({stack}_max_length {most}: '
                        'its learned positions or synthesizer are sized by it); evaluate it at '
                        'lengths that fit (--gin.EVAL_FEATURE_LENGTHS, e.g. the run\'s '
                        'TASK_FEATURE_LENGTHS)')

@@ -187,9 +187,9 @@ def without_autograph():
 
 def task_examples(task, split: str, lengths: Optional[Mapping[str, int]],
                   max_examples: Optional[int] = None, seed: int = 0) -> List[dict]:
-  """A seqio task's preprocessed examples in order (tokens trimmed to ``lengths``; None: whole), as numpy; a
-  random preprocessor (span corruption) seeded with ``seed``, so every call (and process) gets the
-  same examples."""
+  """A seqio task's preprocessed examples in order (tokens trimmed to ``lengths``; None: whole),
+  as numpy; a random preprocessor (span corruption) seeded with ``seed``, so every call (and
+  process) gets the same examples."""
   with explain_missing_data(task), without_autograph():
     ds = task.get_dataset(lengths, split=split, shuffle=False, seed=seed, num_epochs=1)
     if max_examples:
@@ -208,8 +208,9 @@ def whole_lengths(task, split: str) -> dict:
   needs = [getattr(p, 'func', p).__name__ for p in task.preprocessors if needs_lengths(p)]
   if needs:
     raise ValueError(f'{task.name} cannot be evaluated on whole examples: its preprocessor '
-                     f'{needs[0]} cuts the text to the feature lengths; evaluate it at given lengths '
-                     "(t5xv-eval's EVAL_FEATURE_LENGTHS: the run's TASK_FEATURE_LENGTHS unless set)")
+                     f'{needs[0]} cuts the text to the feature lengths; evaluate it at given '
+                     "lengths (t5xv-eval's EVAL_FEATURE_LENGTHS: the run's TASK_FEATURE_LENGTHS "
+                     'unless set)')
   longest = dict.fromkeys(task.output_features, 0)
   for example in task_examples(task, split, None):
     for feature in longest:

@@ -263,8 +263,9 @@ def ranking_lines(group: Group, resamples: int = 1000) -> List[str]:
                  f'{resamples} times, the same draw for every variant (a seed\'s runs share their '
                  'data order), RNG seed 0, 2.5th-97.5th percentiles'
                  + (f'; {undefined} resamples with all means equal left out' if undefined else '')
-                 + ').' + (f' {seeds} seeds have only {distinct} distinct resamples: the interval '
-                           'is coarse and may end at the point estimate.' if distinct < resamples else ''))
+                 + ').' + (f' {seeds} seeds have only {distinct} distinct resamples: the '
+                           'interval is coarse and may end at the point estimate.'
+                           if distinct < resamples else ''))
   return [' '.join(lines), '']
 
 

@@ -12,12 +12,13 @@ wrote is seen at the next listing (t5xv-eval beside a run), and its experimental
 lookup (a gRPC control-plane call per operation where it fails) is off.
 
 Object stores cannot append to an object (gcsfs's append mode silently replaces it): an
-``AppendedFile`` there is one object per writer session (``metrics.<session>.jsonl`` beside
-``metrics.jsonl``: a training run, a resumed run and a t5xv-eval running beside it each write
-their own), kept in memory and rewritten whole on ``flush`` (the trainer's, at each checkpoint),
-at the first record ``REMOTE_FLUSH_SECS`` or more after the last rewrite, and at close, a next
-part begun at ``ROLL_BYTES`` (so a long run uploads each byte a bounded number of times, not a
-number growing with the run); ``read_appended`` reads them all back in order. A local file is appended to and flushed at once.
+``AppendedFile`` there is one object per writer session (``metrics.<session>-<part>.jsonl``
+beside ``metrics.jsonl``: a training run, a resumed run and a t5xv-eval running beside it each
+write their own), kept in memory and rewritten whole on ``flush`` (the trainer's, at each
+checkpoint), at the first record ``REMOTE_FLUSH_SECS`` or more after the last rewrite, and at
+close; a next part is begun at ``ROLL_BYTES`` (so a long run uploads each byte a bounded number of
+times, not a number growing with the run); ``read_appended`` reads them all back in order. A
+local file is appended to and flushed at once.
 TensorBoard event files on a store are rewritten whole in the same way (each writer has its own
 file already), as tensorboardX's own gs:// writer does it. Only process 0 writes the shared files;
 callers check.
@@ -79,8 +80,9 @@ def write_text(p: PathLike, text: str):
 def write_bytes(p: PathLike, data: bytes):
   """Writes ``data`` to ``p`` (its parent made first), whole: a local file through a temporary
   file renamed over it (through a symlink, over its target) after its bytes reached the disk, so a
-  process killed or a host crashed mid-write leaves the old file, never half a file; an object is written whole by the store (a rename there is a
-  copy and a delete, not atomic), and a device or pipe (``/dev/stdout``) is written directly."""
+  process killed or a host crashed mid-write leaves the old file, never half a file; an object is
+  written whole by the store (a rename there is a copy and a delete, not atomic), and a device or
+  pipe (``/dev/stdout``) is written directly."""
   p = path(p)
   p.parent.mkdir(parents=True, exist_ok=True)
   if scheme(p) or (p.exists() and not p.is_file()):
