@@ -96,6 +96,11 @@ def test_multiprocess_flags_missing_are_one_error():
 @pytest.mark.parametrize('flags,message', [
     (['--multiprocess_gpu', '--multiprocess_tpu'], '--multiprocess_tpu and --multiprocess_gpu exclude'),
     (['--local_device_ids=0'], '--local_device_ids names the GPUs of one of several processes'),
+    # a forgotten --multiprocess_gpu: each of N hosts trained alone into one directory
+    (['--process_count=2', '--process_index=1'], '--process_count is for one of several processes: '
+                                                 'give it with --multiprocess_gpu'),
+    (['--multiprocess_gpu', '--coordinator_address=localhost', '--process_count=2',
+      '--process_index=0'], '--coordinator_address=localhost needs a port'),  # (jax: IndexError)
     (['--multiprocess_tpu'], '--multiprocess_tpu found no Cloud TPU pod to join'),  # a CPU host
 ])
 def test_multiprocess_flags_that_cannot_work_here_are_one_error(flags, message, monkeypatch):

@@ -364,7 +364,8 @@ def test_print_commands_lists_the_unfinished_runs(tmp_path, capsys):
   assert lines[3].endswith("--gin.MODEL_DIR=\"'" f"{tmp_path}/s/b-seed1'\" --gin.train.seed=1 "
                            '--gin.train/DatasetConfig.seed=1 --gin.train.log_period=5')
   saved = grid.Sweep.load(str(tmp_path / 's'))
-  saved.runs[0].status = 'done'
+  saved.runs[0].status = 'done'  # (with a directory at its last step: one without is trained)
+  write_metrics(saved.model_dir(saved.runs[0]), [train_record(4, 4.0)], total_steps=4)
   saved.save()
   assert sweep_cli.main(flags) == 0
   assert [l.split('MODEL_DIR=')[1].split()[0] for l in capsys.readouterr().out.splitlines()] == [
@@ -684,6 +685,7 @@ def test_print_commands_with_a_grid_and_resuming(tmp_path, capsys):
   # pre_ln+base=3e-4-seed0 recorded done: both skipped when called again with the same flags
   write_metrics(tmp_path / 's' / 'pre_ln+base=1e-4-seed0', [train_record(4, 4.0)], total_steps=4)
   saved.runs[1].status = 'done'
+  write_metrics(saved.model_dir(saved.runs[1]), [train_record(4, 4.0)], total_steps=4)
   saved.save()
   assert sweep_cli.main(flags) == 0
   assert [l.split('MODEL_DIR=')[1].split()[0] for l in capsys.readouterr().out.splitlines()] == [
@@ -1052,3 +1054,58 @@ def test_a_sweep_writes_its_batches_once_per_data_and_trains_from_them(tmp_path)
   saved = json.loads((tmp_path / 's' / 'sweep.json').read_text())
   assert [r['status'] for r in saved['runs']] == ['done'] * 4
   assert all(f'--batches_dir={tmp_path / "b"}' in r['command'] for r in saved['runs'])
+
+
+def test_what_a_sweep_and_its_report_must_not_mix(tmp_path, capsys):
+  """From helper-76's audit: a gin file edited between two calls of a sweep made half its runs
+  with other content, silently; --gin.MODEL_DIR or a seed given to a sweep overrode every run's
+  own (seeds that were one run: a zero-width interval); a diverged run trained from
+  --print_commands stayed pending (and printed again); a done run whose directory was deleted
+  stayed done, its best value averaged with seeds whose final was not; runs of other lengths
+  were one row without a word; an interrupted run left the sweep's exit status 0."""
+  from t5x_variants.cli import sweep as sweep_cli  # pylint: disable=g-import-not-at-top
+  base, relu = gin_files(tmp_path, 'base.gin', 'relu.gin')
+  build = lambda seeds: grid.Sweep.build(str(tmp_path / 's'), [base], [relu], seeds)
+  build(1).save()
+  (tmp_path / 'base.gin').write_text('learning_rate_schedule.base = 1e-4\n')
+  with pytest.raises(grid.SweepError, match=r'base.gin has changed since .* restore it, or use '
+                                            'another --sweep_dir'):
+    build(2).merge_previous()
+  (tmp_path / 'base.gin').write_text('# variant\n')
+  build(2).merge_previous()  # restored: the same content
+  for binding in ("MODEL_DIR = '/tmp/x'", 'train.seed = 5', 'train/DatasetConfig.seed = 5'):
+    with pytest.raises(grid.SweepError, match=f'--gin.{binding.split(" ")[0]}: the sweep sets it'):
+      grid.Sweep.build(str(tmp_path / 's'), [base], [relu], 1, bindings=[binding])
+  sweep = build(3)
+  evaluated = lambda step: {'step': step, 'kind': 'eval', 'task': 't', 'log_perplexity': 5.0 - step / 10}
+  write_metrics(sweep.model_dir(sweep.runs[0]), [train_record(2, 4.0), train_record(4, None)],
+                total_steps=6)  # diverged under a scheduler
+  for run, total in zip(sweep.runs[1:], (60, 6)):  # two lengths: 6 of 60 steps, 6 of 6
+    write_metrics(sweep.model_dir(run), [train_record(6, 4.0), evaluated(2), evaluated(6)],
+                  total_steps=total)
+  sweep.update_from_run_dirs()
+  assert [(r.status, r.diverged_step) for r in sweep.runs] == [('diverged', 4), ('pending', None),
+                                                               ('done', None)]
+  sweep.save()
+  assert '| relu | 1 diverged, 1 pending, 1 done | 6/6 or 60 (runs of other lengths) |' in (
+      '\n'.join(report.table(report.sweep_group(str(tmp_path / 's')))))
+  import shutil  # pylint: disable=g-import-not-at-top
+  shutil.rmtree(sweep.model_dir(sweep.runs[2]))
+  sweep.update_from_run_dirs()
+  assert (sweep.runs[2].status, sweep.runs[2].reason) == (
+      'interrupted', 'its directory no longer holds its last step (a rerun trains it from there)')
+  best_only = trial('relu', 0, None)  # a done trial with no final eval has no best value either
+  best_only.record.evals['t'] = [{'step': 2, 'log_perplexity': 4.0}]
+  assert report.final_value(best_only, best=True) is None
+  # The exit status: 1 while a run is left unfinished (here the fake trainer stops one early).
+  trainer = tmp_path / 'fake_trainer.py'
+  trainer.write_text(FAKE_TRAINER)
+  stopped = gin_files(tmp_path, 'stopped.gin')[0]
+  argv = [f'--sweep_dir={tmp_path / "exit"}', f'--gin_file={base}', f'--variants={stopped}']
+  runner_executable = runner.trainer_executable
+  try:
+    runner.trainer_executable = lambda: [sys.executable, str(trainer)]
+    assert sweep_cli.main(argv) == 1
+  finally:
+    runner.trainer_executable = runner_executable
+  assert '1 interrupted' in capsys.readouterr().out

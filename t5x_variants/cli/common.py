@@ -17,6 +17,7 @@ import contextlib
 import errno
 import logging
 import os
+import re
 import sys
 from typing import List, Optional, Sequence
 
@@ -145,8 +146,11 @@ def initialize_processes(args):
   if tpu and gpu:
     raise UsageError('--multiprocess_tpu and --multiprocess_gpu exclude each other: give the one '
                      "of this host's accelerators")
-  if not gpu and getattr(args, 'local_device_ids', None) is not None:
-    raise UsageError('--local_device_ids names the GPUs of one of several processes: give it with '
+  alone = [f for f in ('local_device_ids', 'coordinator_address', 'process_count', 'process_index')
+           if getattr(args, f, None) is not None]
+  if not gpu and alone:  # (ignored, N hosts would train N separate runs into one directory)
+    what = 'names the GPUs of' if alone[0] == 'local_device_ids' else 'is for'
+    raise UsageError(f'--{alone[0]} {what} one of several processes: give it with '
                      '--multiprocess_gpu and its coordinator flags, or leave it out')
   if tpu:
     try:
@@ -159,6 +163,9 @@ def initialize_processes(args):
                if getattr(args, f) is None]
     if missing:
       raise UsageError(f'--multiprocess_gpu needs --{", --".join(missing)}')
+    if not re.fullmatch(r'\S+:\d+', args.coordinator_address):
+      raise UsageError(f'--coordinator_address={args.coordinator_address} needs a port: '
+                       'HOST:PORT of process 0 (e.g. 10.0.0.1:1234)')
     jax.config.update('jax_cpu_collectives_implementation', 'gloo')
     jax.distributed.initialize(args.coordinator_address, args.process_count, args.process_index,
                                local_device_ids=getattr(args, 'local_device_ids', None))

@@ -105,7 +105,7 @@ def main(argv=None):
       return 0
     counts = runner.run_sweep(sweep, runner.trainer_executable(), parallel=args.parallel)
   print(f'sweep {sweep.sweep_dir}: ' + ', '.join(f'{n} {s}' for s, n in sorted(counts.items())))
-  return 0 if counts.get('failed', 0) == 0 else 1
+  return 0 if set(counts) <= set(grid.FINISHED) else 1  # a failed or interrupted run: not done
 
 
 if __name__ == '__main__':

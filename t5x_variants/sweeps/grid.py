@@ -15,18 +15,20 @@ passed on to the trainer, which saves a checkpoint once it is training), ``done`
 (non-finite loss, with its step) and ``failed`` (with the error line). Running a sweep again skips
 done and diverged runs (and runs whose directory reached the last step, e.g. trained from
 ``--print_commands``), resumes interrupted ones from their last checkpoint (the trainer does) and
-retries failed ones (runner.py runs them). Runs recorded by an earlier, larger grid stay in
-sweep.json (and in the report) without being scheduled. One sweep process at a time holds a
-sweep directory.
+retries failed ones (runner.py runs them); runs trained elsewhere are read back from their
+directories (``update_from_run_dirs``). Runs recorded by an earlier, larger grid stay in
+sweep.json (and in the report) without being scheduled. A gin file edited since the sweep's runs
+were made with it is refused (``digests``). One sweep process at a time holds a sweep directory.
 """
 import dataclasses
 import glob
+import hashlib
 import itertools
 import json
 import os
 import re
 import shlex
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from t5x_variants import PACKAGE_DIR
 from t5x_variants.sweeps import runs as run_records
@@ -130,6 +132,8 @@ class Sweep:
   batches_dir: Optional[str] = None  # every run reads pre-built batches from there
   kept: List[Run] = dataclasses.field(default_factory=list)  # recorded earlier, not in this grid
   search_paths: List[str] = dataclasses.field(default_factory=list)  # --gin_search_paths, passed on
+  # sha256 of each gin file the runs were made with, by real path: an edited file is refused
+  digests: Dict[str, str] = dataclasses.field(default_factory=dict)
 
   @classmethod
   def build(cls, sweep_dir: str, base: Sequence[str], variant_patterns: Sequence[str], seeds: int,
@@ -152,11 +156,15 @@ class Sweep:
     keys = [binding_key(axis[0][1]) for axis in grid_axes]
     names = [axis[0][0].split('=')[0] for axis in grid_axes]
     given = {binding_key(b) for b in bindings}
+    if given & set(PER_RUN_KEYS):
+      raise SweepError(f'--gin.{sorted(given & set(PER_RUN_KEYS))[0]}: the sweep sets it for every '
+                       'run itself (its directory, its seed); leave it out')
     if len(set(keys)) != len(keys) or len(set(names)) != len(names) or given & set(keys):
       raise SweepError('each --grid needs its own binding, not also given as --gin, and its own '
                        f'last name component (got {", ".join(keys)})')
     sweep = cls(_absolute(sweep_dir), base, axes, seeds, list(bindings), paper, list(grid),
-                search_paths=search_paths)
+                search_paths=search_paths,
+                digests={os.path.realpath(f): _digest(f) for f in [*base, *sum(axes, [])]})
     choices = [[(stem(f), [f], []) for f in files] for files in axes]
     choices += [[(label, [], [binding]) for label, binding in axis] for axis in grid_axes]
     combos = list(itertools.product(*choices))
@@ -217,11 +225,13 @@ class Sweep:
     return cls(**d, runs=runs)
 
   def merge_previous(self):
-    """Keeps the record of runs this sweep directory already has; refuses a different base."""
+    """Keeps the record of runs this sweep directory already has; refuses a different base,
+    other bindings, and a gin file whose content changed since."""
     if not storage.path(storage.join(self.sweep_dir, SWEEP_FILE)).exists():
       return
     old = Sweep.load(self.sweep_dir)
-    if (old.base, old.bindings) != (self.base, self.bindings):
+    if (len(old.base) != len(self.base) or not all(map(_same_file, old.base, self.base))
+        or old.bindings != self.bindings):
       raise SweepError(f'{self.sweep_dir} holds a sweep of other base gin files or bindings '
                        f'({" ".join(old.base + old.bindings)}); use another --sweep_dir')
     previous = {r.name: r for r in old.runs}
@@ -232,23 +242,41 @@ class Sweep:
         raise SweepError(f'{self.sweep_dir} recorded {run.name} with other variant files or grid '
                          f'bindings ({" ".join(was.variant_files + was.bindings)}, now '
                          f'{" ".join(run.variant_files + run.bindings)}); use another --sweep_dir')
+    edited = [f for f, d in self.digests.items() if old.digests.get(f, d) != d]
+    if edited:
+      raise SweepError(f'{edited[0]} has changed since {self.sweep_dir}\'s runs were made with it '
+                       '(its runs and new ones would be two configurations in one table): restore '
+                       'it, or use another --sweep_dir')
+    self.digests = {**old.digests, **self.digests}
     self.runs = [previous.get(r.name, r) for r in self.runs]
     names = {r.name for r in self.runs}
     self.kept = [r for r in old.runs if r.name not in names]
     self.paper = self.paper or old.paper
 
   def update_from_run_dirs(self):
-    """Marks done the unfinished runs whose directory reached its last step (trained elsewhere),
-    and interrupted a done one whose directory lacks the eval of its last step (recorded done
-    before that counted: a rerun redoes the eval)."""
+    """What the run directories say of runs trained elsewhere (``--print_commands``) or changed
+    since: an unfinished run whose directory reached its last step is done, one its trainer
+    stopped at a non-finite step diverged there; a done one whose directory lacks the eval of its
+    last step (recorded done before that counted), or no longer holds that step (deleted, cut),
+    is interrupted: a rerun redoes what is missing."""
     for run in self.all_runs():
       if run.status == 'diverged':
         continue
       record = run_records.read_run(self.model_dir(run))
       if run.status != 'done' and record.finished():
         run.status, run.reason = 'done', None
-      elif run.status == 'done' and record.trained() and not record.finished():
-        run.status, run.reason = 'interrupted', 'no eval of its last step (a rerun redoes it)'
+      elif run.status != 'done' and record.stopped_non_finite():
+        run.status, run.diverged_step = 'diverged', record.diverged_at() or record.step
+        run.reason = 'stopped at a non-finite step (read from its directory)'
+      elif run.status == 'done' and not record.finished():
+        run.status, run.reason = 'interrupted', (
+            'no eval of its last step (a rerun redoes it)' if record.trained() else
+            'its directory no longer holds its last step (a rerun trains it from there)')
+
+
+def _digest(path: str) -> str:
+  with open(path, 'rb') as f:
+    return hashlib.sha256(f.read()).hexdigest()
 
 
 def _same_file(a: str, b: str) -> bool:

@@ -95,8 +95,10 @@ def mean_std(values: Sequence[float]) -> str:
 
 
 def final_value(trial: Trial, best: bool = False) -> Optional[float]:
-  """Final (or best) held-out log-perplexity of a finished trial that did not diverge, else None."""
-  if trial.status != 'done' or diverged_step(trial) is not None:
+  """Final (or best) held-out log-perplexity of a finished trial that did not diverge, else None
+  (the best only where there is a final: both are of the same trials)."""
+  if (trial.status != 'done' or diverged_step(trial) is not None
+      or trial.record.final_eval() is None):
     return None
   return trial.record.best_eval() if best else trial.record.final_eval()
 
@@ -223,6 +225,9 @@ def table(group: Group) -> List[str]:
     speeds = [s for s in (r.tokens_per_second() for r in records) if s]
     diverged = [diverged_step(t) for t in trials  # a running run's blow-up may still recover
                 if t.status in grid.FINISHED and diverged_step(t) is not None]
+    totals = sorted({r.total_steps for r in records if r.total_steps})
+    if len(totals) > 1:  # runs of other lengths in one row: say so, with every length
+      total = ' or '.join(map(str, totals)) + ' (runs of other lengths)'
     row = [v, _status(trials), f'{steps}' + (f'/{total}' if total else ''),
            f'{params:,}' if params else '—', f'{np.mean(speeds):,.0f}' if speeds else '—',
            mean_std(final_values(trials)), format_interval(t_interval(final_values(trials))),
