@@ -92,6 +92,23 @@ def test_the_shared_encoder_decoder_file_runs_the_encoder_on_the_decoders_stack(
   assert "architecture: encoder_decoder (the encoder on the decoder's parameters)" in model_info(c)
 
 
+@pytest.mark.parametrize('first, last', [('language_model', 'prefix_lm'), ('prefix_lm', 'decoder_only'),
+                                         ('language_model', 'decoder_only'),
+                                         ('encoder_decoder_shared', 'encoder_decoder'),
+                                         ('prefix_lm', 'encoder_only')])
+def test_a_later_architecture_file_makes_the_model_it_makes_alone(first, last):
+  """(helper-75: the files set only the flags they turn on, so an earlier file's survived: the
+  language model's causal inputs under prefix_lm.gin, the prefix LM's rows under decoder_only.gin,
+  the shared stack under encoder_decoder.gin)"""
+  fields = ('architecture', 'prefix_lm', 'inputs_bidirectional_attention', 'shared_encoder_decoder')
+  def config(*files):
+    gin.clear_config()
+    recipe.parse_gin(['gin/models/t5_tiny.gin', *(f'gin/architectures/{f}.gin' for f in files)], [])
+    return recipe.build_config()
+  alone = config(last)
+  assert [getattr(config(first, last), f) for f in fields] == [getattr(alone, f) for f in fields]
+
+
 @pytest.mark.parametrize('run_file, continues', [('finetune.gin', True),
                                                   ('finetune_classification.gin', False)])
 def test_text_to_text_fine_tuning_goes_on_with_the_optimizer_state_bert_starts_afresh(
@@ -169,6 +186,8 @@ def test_t5xv_info_prints_table_constants_and_total(capsys):
      "--gin.TransformerConfig.norm=\"'rms'\""),
     (['--gin.TransformerConfig.d_model=[8,'], '--gin.TransformerConfig.d_model=[8,: [8, is not a gin value'),
     (['--gin.TransformerConfig.encoder_alpha=2.0'], 'encoder_alpha scales the residual only under DeepNorm'),
+    (['--gin.TransformerConfig.subln_cross_attention=True'],  # (ignored: helper-75)
+     "subln_cross_attention gives Sub-LN's inner LN to cross-attention: it needs placement 'subln'"),
     # A value of another type (a flag given 'no' tied the embeddings; a rate 'x' failed in JAX).
     (["--gin.TransformerConfig.tie_embeddings='no'"], "TransformerConfig.tie_embeddings must be True or "
                                                       "False, not 'no'"),

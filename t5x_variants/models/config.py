@@ -238,6 +238,11 @@ class TransformerConfig:
         raise ValueError(f'{name} scales the residual only under DeepNorm (x + f(x) -> '
                          f'LN(alpha x + f(x))); placement {self.placement!r} has no alpha: unset '
                          'it or use placement deepnorm')
+    if self.subln_cross_attention and (self.placement, self.architecture) != ('subln',
+                                                                              'encoder_decoder'):
+      raise ValueError("subln_cross_attention gives Sub-LN's inner LN to cross-attention: it needs "
+                       f"placement 'subln' and an encoder-decoder (here {self.placement!r}, "
+                       f'{self.architecture!r}); unset it')
     if (self.shared_encoder_decoder and self.sized_by_length
         and self.encoder_max_length != self.decoder_max_length):
       raise ValueError('shared_encoder_decoder with learned positions or a synthesizer (parameters '
