@@ -1060,7 +1060,7 @@ def test_what_a_sweep_and_its_report_must_not_mix(tmp_path, capsys):
   """From helper-76's audit: a gin file edited between two calls of a sweep made half its runs
   with other content, silently; --gin.MODEL_DIR or a seed given to a sweep overrode every run's
   own (seeds that were one run: a zero-width interval); a diverged run trained from
-  --print_commands stayed pending (and printed again); a done run whose directory was deleted
+  --print_commands stayed pending (and printed again); a done run whose metrics were cut
   stayed done, its best value averaged with seeds whose final was not; runs of other lengths
   were one row without a word; an interrupted run left the sweep's exit status 0."""
   from t5x_variants.cli import sweep as sweep_cli  # pylint: disable=g-import-not-at-top
@@ -1089,11 +1089,16 @@ def test_what_a_sweep_and_its_report_must_not_mix(tmp_path, capsys):
   sweep.save()
   assert '| relu | 1 diverged, 1 pending, 1 done | 6/6 or 60 (runs of other lengths) |' in (
       '\n'.join(report.table(report.sweep_group(str(tmp_path / 's')))))
-  import shutil  # pylint: disable=g-import-not-at-top
-  shutil.rmtree(sweep.model_dir(sweep.runs[2]))
+  write_metrics(sweep.model_dir(sweep.runs[2]), [train_record(2, 4.0), evaluated(2)],
+                total_steps=6)  # its metrics cut
   sweep.update_from_run_dirs()
   assert (sweep.runs[2].status, sweep.runs[2].reason) == (
-      'interrupted', 'its directory no longer holds its last step (a rerun trains it from there)')
+      'interrupted', 'its metrics no longer reach its last step (a rerun trains it from there)')
+  import shutil  # pylint: disable=g-import-not-at-top
+  sweep.runs[2].status = 'done'
+  shutil.rmtree(sweep.model_dir(sweep.runs[2]))  # unreadable (a store's read failing reads so)
+  sweep.update_from_run_dirs()
+  assert sweep.runs[2].status == 'done'  # no evidence: a finished run is not trained again
   best_only = trial('relu', 0, None)  # a done trial with no final eval has no best value either
   best_only.record.evals['t'] = [{'step': 2, 'log_perplexity': 4.0}]
   assert report.final_value(best_only, best=True) is None

@@ -18,7 +18,7 @@ done and diverged runs (and runs whose directory reached the last step, e.g. tra
 retries failed ones (runner.py runs them); runs trained elsewhere are read back from their
 directories (``update_from_run_dirs``). Runs recorded by an earlier, larger grid stay in
 sweep.json (and in the report) without being scheduled. A gin file edited since the sweep's runs
-were made with it is refused (``digests``). One sweep process at a time holds a sweep directory.
+were made with it is refused (``digests``: the files named, not those they include). One sweep process at a time holds a sweep directory.
 """
 import dataclasses
 import glob
@@ -257,8 +257,9 @@ class Sweep:
     """What the run directories say of runs trained elsewhere (``--print_commands``) or changed
     since: an unfinished run whose directory reached its last step is done, one its trainer
     stopped at a non-finite step diverged there; a done one whose directory lacks the eval of its
-    last step (recorded done before that counted), or no longer holds that step (deleted, cut),
-    is interrupted: a rerun redoes what is missing."""
+    last step (recorded done before that counted), or whose metrics no longer reach that step
+    (cut), is interrupted: a rerun redoes what is missing. A directory that cannot be read (no
+    config.gin: deleted, or a store's read failing) changes nothing."""
     for run in self.all_runs():
       if run.status == 'diverged':
         continue
@@ -268,10 +269,11 @@ class Sweep:
       elif run.status != 'done' and record.stopped_non_finite():
         run.status, run.diverged_step = 'diverged', record.diverged_at() or record.step
         run.reason = 'stopped at a non-finite step (read from its directory)'
-      elif run.status == 'done' and not record.finished():
+      elif run.status == 'done' and record.total_steps is not None and not record.finished():
+        # (only where its config.gin was read: an unreadable directory is no evidence)
         run.status, run.reason = 'interrupted', (
             'no eval of its last step (a rerun redoes it)' if record.trained() else
-            'its directory no longer holds its last step (a rerun trains it from there)')
+            'its metrics no longer reach its last step (a rerun trains it from there)')
 
 
 def _digest(path: str) -> str:
