@@ -18,7 +18,8 @@ done and diverged runs (and runs whose directory reached the last step, e.g. tra
 retries failed ones (runner.py runs them); runs trained elsewhere are read back from their
 directories (``update_from_run_dirs``). Runs recorded by an earlier, larger grid stay in
 sweep.json (and in the report) without being scheduled. A gin file edited since the sweep's runs
-were made with it is refused (``digests``: the files named, not those they include). One sweep process at a time holds a sweep directory.
+were made with it is refused (``digests``: the files named, not those they include). One sweep
+process at a time holds a sweep directory.
 """
 import dataclasses
 import glob
