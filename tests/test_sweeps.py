@@ -433,11 +433,76 @@ def test_no_variants_is_one_run_and_one_sweep_per_directory(tmp_path):
   base, = gin_files(tmp_path, 'base.gin')
   sweep = grid.Sweep.build(str(tmp_path / 's'), [base], [], 2)
   assert [r.name for r in sweep.runs] == ['base-seed0', 'base-seed1']
-  holder = runner._lock(str(tmp_path / 's'))  # pylint: disable=protected-access
+  holder = runner.lock(str(tmp_path / 's'))
   with pytest.raises(grid.SweepError, match=r'another t5xv-sweep \(or a trainer it started\) is running'):
     runner.run_sweep(sweep, ['true'], say=lambda _: None)
   holder.close()
 
+
+
+def test_a_held_sweep_directory_is_refused_before_sweep_json_is_touched(tmp_path, capsys):
+  """Was: a second t5xv-sweep (or --print_commands) rewrote sweep.json before finding the lock."""
+  from t5x_variants.cli import sweep as sweep_cli  # pylint: disable=g-import-not-at-top
+  base, a = gin_files(tmp_path, 'base.gin', 'a.gin')
+  flags = [f'--sweep_dir={tmp_path}/s', f'--gin_file={base}', f'--variants={a}', '--print_commands']
+  assert sweep_cli.main(flags) == 0
+  before = (tmp_path / 's' / 'sweep.json').read_bytes()
+  holder = runner.lock(str(tmp_path / 's'))
+  capsys.readouterr()
+  for more in (['--seeds=3'], ['--seeds=3', '--print_commands']):
+    with pytest.raises(SystemExit) as e:
+      sweep_cli.main(flags[:3] + more)
+    assert e.value.code == 2 and 'another t5xv-sweep' in capsys.readouterr().err
+    assert (tmp_path / 's' / 'sweep.json').read_bytes() == before
+  holder.close()
+  assert sweep_cli.main(flags[:3] + ['--seeds=3', '--print_commands']) == 0
+
+
+def test_gin_files_and_search_paths_are_recorded_absolute(tmp_path, monkeypatch):
+  """Was: as given, so a scheduler starting a printed command elsewhere read other files."""
+  (tmp_path / 'inc').mkdir()
+  gin_files(tmp_path, 'base.gin', 'a.gin')
+  monkeypatch.chdir(tmp_path)
+  sweep = grid.Sweep.build('s', ['base.gin'], ['a.gin'], 1, search_paths=['inc'])
+  assert sweep.command(sweep.runs[0])[1:4] == [
+      f'--gin_file={tmp_path}/base.gin', f'--gin_file={tmp_path}/a.gin',
+      f'--gin_search_paths={tmp_path}/inc']
+
+
+SLOW_TO_STOP_TRAINER = '''
+import os, signal, sys, time
+model_dir = next(a for a in sys.argv if a.startswith('--gin.MODEL_DIR=')).split('=', 1)[1].strip("'")
+signal.signal(signal.SIGTERM, lambda *_: time.sleep(60))  # a checkpoint that takes long to save
+open(os.path.join(model_dir, 'pid'), 'w').write(str(os.getpid()))
+time.sleep(60)
+'''
+
+
+def test_a_second_signal_while_the_trainers_stop_records_them_interrupted(tmp_path):
+  """Was: the second Ctrl-C left sweep.json saying running."""
+  import signal  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+  trainer = tmp_path / 'trainer.py'
+  trainer.write_text(SLOW_TO_STOP_TRAINER)
+  base, a = gin_files(tmp_path, 'base.gin', 'a.gin')
+  script = ('import sys; from t5x_variants.sweeps import grid, runner; '
+            f'runner.run_sweep(grid.Sweep.build({str(tmp_path / "s")!r}, [{base!r}], [{a!r}], 1), '
+            f'[sys.executable, {str(trainer)!r}])')
+  sweep = subprocess.Popen([sys.executable, '-c', script], cwd=REPO,
+                           env=dict(os.environ, PYTHONPATH=REPO), stderr=subprocess.PIPE)
+  pid_file = tmp_path / 's' / 'a-seed0' / 'pid'
+  deadline = time.time() + 60
+  while not pid_file.exists() and time.time() < deadline:
+    time.sleep(0.1)
+  trainer_pid = int(pid_file.read_text())
+  try:
+    sweep.send_signal(signal.SIGTERM)
+    time.sleep(1)  # the trainer saving, the sweep waiting for it
+    sweep.send_signal(signal.SIGTERM)
+    assert 'KeyboardInterrupt' in sweep.communicate(timeout=30)[1].decode()
+    assert grid.Sweep.load(str(tmp_path / 's')).runs[0].status == 'interrupted'
+  finally:
+    os.kill(trainer_pid, signal.SIGKILL)
 
 # --- statistics over seeds ------------------------------------------------------------------------
 
@@ -652,6 +717,7 @@ def test_grid_axis_names_and_binds_each_run(tmp_path):
     (['lr='], 'expected --grid=BINDING=VALUE1'),
     (['=1,2'], 'expected --grid=BINDING=VALUE1'),
     (['a.lr=1,1'], 'must be distinct'),
+    (['a.lr=1e-3,0.001'], 'must be distinct'),  # one value: two runs of one configuration
     (["a.name='x',x"], 'must be distinct'),  # the same run name
     (['train.seed=1,2'], 'sets it for every run'),
     (['a.lr=1,2', 'a.lr=3'], 'its own binding'),

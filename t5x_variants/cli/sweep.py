@@ -95,15 +95,17 @@ def main(argv=None):
     if args.write_batches:
       return write_batches(sweep, args.batches_dir, args.verbosity)
     sweep.batches_dir = args.batches_dir and os.path.abspath(args.batches_dir)
-    sweep.merge_previous()
-    sweep.update_from_run_dirs()
-    sweep.save()
-    if args.print_commands:
-      for run in sweep.runs:
-        if run.status not in grid.FINISHED:
-          print(grid.shell_line(sweep.command(run)))
-      return 0
-    counts = runner.run_sweep(sweep, runner.trainer_executable(), parallel=args.parallel)
+    with runner.lock(sweep.sweep_dir) as held:  # before sweep.json is read or written
+      sweep.merge_previous()
+      sweep.update_from_run_dirs()
+      sweep.save()
+      if args.print_commands:
+        for run in sweep.runs:
+          if run.status not in grid.FINISHED:
+            print(grid.shell_line(sweep.command(run)))
+        return 0
+      counts = runner.run_sweep(sweep, runner.trainer_executable(), parallel=args.parallel,
+                                held=held)
   print(f'sweep {sweep.sweep_dir}: ' + ', '.join(f'{n} {s}' for s, n in sorted(counts.items())))
   return 0 if set(counts) <= set(grid.FINISHED) else 1  # a failed or interrupted run: not done
 

@@ -21,6 +21,7 @@ sweep.json (and in the report) without being scheduled. A gin file edited since 
 were made with it is refused (``digests``: the files named, not those they include). One sweep
 process at a time holds a sweep directory.
 """
+import ast
 import dataclasses
 import glob
 import hashlib
@@ -48,11 +49,12 @@ class SweepError(ValueError):
 
 def locate(pattern: str, search_paths: Sequence[str] = ()) -> List[str]:
   """The gin files a path or glob names, looked up as ``t5xv-train`` looks them up: from the
-  working directory, then each search path, then the installed package (which ships ``gin/``)."""
+  working directory, then each search path, then the installed package (which ships ``gin/``);
+  absolute, so the runs' commands read the same files from any working directory."""
   for root in ['', *search_paths, PACKAGE_DIR]:
     path = os.path.join(root, pattern)
-    found = [m for m in (sorted(glob.glob(path)) if glob.has_magic(pattern) else [path])
-             if os.path.isfile(m)]
+    found = [os.path.abspath(m) for m in (sorted(glob.glob(path)) if glob.has_magic(pattern)
+                                          else [path]) if os.path.isfile(m)]
     if found:
       return found
   return []
@@ -101,7 +103,8 @@ def parse_grid(flag: str) -> List[Tuple[str, str]]:
     raise SweepError(f'--grid {key}: the sweep sets it for every run itself')
   name = re.split(r'[./]', key)[-1]
   labels = [grid_label(v) for v in values]
-  if not all(labels) or len(set(labels)) != len(labels):
+  if (not all(labels) or len(set(labels)) != len(labels)
+      or len(set(map(_literal, values))) != len(values)):
     raise SweepError(f'--grid {flag!r}: its values must be distinct and name distinct runs '
                      f'(as {", ".join(repr(f"{name}={l}") for l in labels)})')
   return [(f'{name}={label}', f'{key} = {value}') for label, value in zip(labels, values)]
@@ -145,7 +148,7 @@ class Sweep:
     binding each), in the order given."""
     if seeds < 1:
       raise SweepError(f'--seeds must be at least 1, got {seeds}')
-    search_paths = [p for p in search_paths if p]
+    search_paths = [os.path.abspath(p) for p in search_paths if p]
     found = [locate(f, search_paths) for f in base]
     missing = [f for f, paths in zip(base, found) if len(paths) != 1]
     if missing:
@@ -275,6 +278,16 @@ class Sweep:
         run.status, run.reason = 'interrupted', (
             'no eval of its last step (a rerun redoes it)' if record.trained() else
             'its metrics no longer reach its last step (a rerun trains it from there)')
+
+
+def _literal(value: str):
+  """A grid value as gin reads it where it is a Python literal (``1e-3`` and ``0.001`` are one
+  value: two runs of one configuration), else as written."""
+  try:
+    parsed = ast.literal_eval(value)
+  except (ValueError, SyntaxError):
+    return value
+  return type(parsed).__name__, repr(parsed)
 
 
 def _digest(path: str) -> str:

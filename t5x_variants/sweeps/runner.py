@@ -71,10 +71,10 @@ def _local_dir(sweep_dir: str) -> str:
                       't5xv-sweep-' + hashlib.sha256(sweep_dir.encode()).hexdigest()[:16])
 
 
-def _lock(sweep_dir: str):
+def lock(sweep_dir: str):
   """An exclusive lock on the sweep directory for this process's lifetime and its trainers' (two
-  sweeps on one directory would train the same runs). A sweep on an object store is locked on
-  this host only."""
+  sweeps on one directory would train the same runs, or one rewrite the other's sweep.json),
+  taken before sweep.json is read. A sweep on an object store is locked on this host only."""
   local = _local_dir(sweep_dir)
   os.makedirs(local, exist_ok=True)
   handle = open(os.path.join(local, '.lock'), 'w')
@@ -96,7 +96,7 @@ class _Attempt:
   start: float
 
 
-def _start(sweep: Sweep, run: Run, executable: Sequence[str], lock, shared: bool) -> _Attempt:
+def _start(sweep: Sweep, run: Run, executable: Sequence[str], held, shared: bool) -> _Attempt:
   """Starts ``run``'s trainer; ``shared``: beside others, so JAX takes device memory as needed
   instead of most of it at start (unless the environment says otherwise)."""
   env = dict(os.environ, **{SWEEP_PID_ENV: str(os.getpid())})
@@ -111,7 +111,7 @@ def _start(sweep: Sweep, run: Run, executable: Sequence[str], lock, shared: bool
     log_start = log.tell()
     # The trainer holds the sweep's lock too (pass_fds): a rerun sweep waits until it is gone.
     proc = subprocess.Popen(sweep.command(run, executable), stdout=log, stderr=subprocess.STDOUT,
-                            env=env, pass_fds=(lock.fileno(),))
+                            env=env, pass_fds=(held.fileno(),))
   return _Attempt(run, proc, log_file, log_start, time.time())
 
 
@@ -130,12 +130,14 @@ def _end(sweep: Sweep, attempt: _Attempt, returncode: int, interrupted: bool) ->
 
 
 def run_sweep(sweep: Sweep, executable: Sequence[str], say: Callable[[str], None] = print,
-              parallel: int = 1) -> Dict:
+              parallel: int = 1, held=None) -> Dict:
   """Trains every unfinished run of the grid in order, ``parallel`` at a time (each its own
   trainer process), saving sweep.json around each; a failed or diverged run does not stop the
   others. SIGINT and SIGTERM are passed on to the trainers as SIGTERM (they save a checkpoint),
-  and then raise KeyboardInterrupt. Returns {status: count}."""
-  lock = _lock(sweep.sweep_dir)
+  and then raise KeyboardInterrupt; a second one while they stop records them interrupted without
+  waiting. ``held``: the sweep directory's ``lock`` if the caller took it (else taken here).
+  Returns {status: count}."""
+  held = held or lock(sweep.sweep_dir)
   sweep.update_from_run_dirs()
   todo = [r for r in sweep.runs if r.status not in FINISHED]
   durations, running, started = [], [], 0
@@ -150,14 +152,20 @@ def run_sweep(sweep: Sweep, executable: Sequence[str], say: Callable[[str], None
                if durations else 'sweep eta: after the first run')
         say(f'[{started}/{len(todo)}] {run.variant} seed {run.seed}: training in '
             f'{sweep.model_dir(run)} ({eta})')
-        running.append(_start(sweep, run, executable, lock, parallel > 1))
+        running.append(_start(sweep, run, executable, held, parallel > 1))
       try:
         done = _wait_any(running)
       except KeyboardInterrupt:
         for attempt in running:  # SIGTERM: a background job's SIGINT is ignored until the
           attempt.proc.send_signal(signal.SIGTERM)  # trainer sets its handler
-        for attempt in running:
-          _end(sweep, attempt, attempt.proc.wait(), interrupted=True)
+        try:
+          for attempt in running:
+            _end(sweep, attempt, attempt.proc.wait(), interrupted=True)
+        except KeyboardInterrupt:  # (trainers still saving hold the lock: a rerun is refused until they end)
+          for attempt in running:
+            if attempt.run.status == 'running':
+              attempt.run.status = 'interrupted'
+          sweep.save()
         raise
       running.remove(done)
       durations.append(_end(sweep, done, done.proc.returncode, interrupted=False))
@@ -166,7 +174,7 @@ def run_sweep(sweep: Sweep, executable: Sequence[str], say: Callable[[str], None
           f'{format_duration(durations[-1])}' + (f': {run.reason}' if run.reason else ''))
   finally:
     signal.signal(signal.SIGTERM, previous_sigterm)
-    lock.close()
+    held.close()
   return dict(collections.Counter(r.status for r in sweep.runs))
 
 
