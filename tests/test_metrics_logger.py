@@ -49,13 +49,16 @@ def test_scalars_and_records(tmp_path, capsys):
   events = read_events(tmp_path)
   assert sorted(events.Tags()['scalars']) == sorted(
       [f'train/{k}' for k in train_metrics(0)] +
-      ['eval/glue_cola/loss', 'eval/glue_cola/accuracy', 'eval/glue_cola/test/loss'])
+      ['eval/glue_cola/loss', 'eval/glue_cola/accuracy', 'eval/glue_cola/test/loss',
+       'eval/glue_cola/validation/loss', 'eval/glue_cola/validation/accuracy'])
   assert scalars(events, 'eval/glue_cola/test/loss') == [(4, 5.0)]
   assert scalars(events, 'train/loss') == [(2, f32(2.718281828)), (4, f32(1.414213562))]
   assert scalars(events, 'train/tokens_per_second') == [(2, 1234.0), (4, 1234.0)]
-  assert scalars(events, 'eval/glue_cola/accuracy') == [(2, f32(0.6180339)), (4, f32(0.7071067))]
-  (step2, nan), step4 = scalars(events, 'eval/glue_cola/loss')
-  assert step2 == 2 and math.isnan(nan) and step4 == (4, 3.0)  # TensorBoard keeps NaN
+  # t5xv-eval's (with a split, validation too) apart from the run's own evals of the same step
+  assert scalars(events, 'eval/glue_cola/accuracy') == [(2, f32(0.6180339))]
+  assert scalars(events, 'eval/glue_cola/validation/accuracy') == [(4, f32(0.7071067))]
+  (step2, nan), = scalars(events, 'eval/glue_cola/loss')
+  assert step2 == 2 and math.isnan(nan)  # TensorBoard keeps NaN
 
   records = [json.loads(l) for l in (tmp_path / 'metrics.jsonl').read_text().splitlines()]
   assert all(r.pop('time') >= started for r in records)
@@ -89,6 +92,30 @@ def test_a_quick_resume_keeps_both_event_files(tmp_path):
     logger.close()
   assert len(list((tmp_path / 'tensorboard').iterdir())) == 2
   assert scalars(read_events(tmp_path), 'train/loss') == [(1, 0.25), (2, 0.5)]
+
+
+def test_a_resumed_session_supersedes_the_earlier_records_of_later_steps(tmp_path):
+  """Was: a session stopped at a non-finite step 6 (or killed after its checkpoint 4) left its
+  record of step 6 in the resumed run's curve when the rerun, logging every 4 steps, never logged
+  step 6 again; TensorBoard showed both sessions' points of the steps logged twice."""
+  from t5x_variants.train.metrics import read_records  # pylint: disable=g-import-not-at-top
+  first = MetricsLogger(str(tmp_path), console=False, start_step=0)
+  for step, loss in ((4, 1.0), (5, 9.0), (6, float('nan'))):
+    first.train(step, train_metrics(loss), 0, time.time())
+  first.eval(4, 'cola', {'loss': 2.0})
+  first.close()
+  again = MetricsLogger(str(tmp_path), console=False, start_step=4)
+  again.train(8, train_metrics(0.5), 4, time.time())
+  again.close()
+  assert [(r['kind'], r['step']) for r in read_records(str(tmp_path))] == [
+      ('train', 4), ('eval', 4), ('train', 8)]
+  assert scalars(read_events(tmp_path), 'train/loss') == [(4, 1.0), (8, 0.5)]
+  assert scalars(read_events(tmp_path), 'eval/cola/loss') == [(4, 2.0)]
+  lines = (tmp_path / 'metrics.jsonl').read_text().splitlines()
+  assert json.loads(lines[4]) == {'step': 4, 'kind': 'resumed'}
+  # a session with nothing to supersede writes no such record
+  MetricsLogger(str(tmp_path), console=False, start_step=8).close()
+  assert len((tmp_path / 'metrics.jsonl').read_text().splitlines()) == len(lines)
 
 
 def test_the_logger_does_not_import_tensorflow():

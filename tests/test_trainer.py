@@ -168,6 +168,8 @@ def test_a_non_finite_step_stops_or_is_skipped(reference, tmp_path):
   assert sorted(p.name for p in tmp_path.glob('checkpoint_*')) == ['checkpoint_1', 'checkpoint_2']
   result = run_train(tmp_path, 4, period=1, batches=poisoned, on_nonfinite='skip')
   assert result['step'] == 4
+  # the stopped session's record of step 3, superseded by the session resumed at step 2
+  assert {'step': 2, 'kind': 'resumed'} in map(json.loads, open(tmp_path / 'metrics.jsonl'))
   logged = {r['step']: r for r in records(tmp_path)}
   assert [logged[s]['skipped'] for s in range(1, 5)] == [0, 0, 1, 0]
   assert [logged[s]['loss'] for s in (1, 2)] == [ref[1], ref[2]]

@@ -28,6 +28,7 @@ finally:
 
 from t5x_variants.train import multihost, storage
 
+RESUMED = 'resumed'  # the kind of a trainer session's record of the step it resumed at (read_records)
 # Numbers each writer of this process: tensorboardX names its file by host and second only and
 # opens it with 'wb', so a logger reopened in the same second (a quick resume) would truncate it.
 _writer_ids = itertools.count()
@@ -40,22 +41,33 @@ def format_duration(seconds: float) -> str:
 
 def read_records(model_dir: str):
   """The records of a run directory's ``metrics.jsonl`` (every writer session's, in order), without
-  a line that is not whole JSON (being written as we read, or cut by a full disk)."""
+  a line that is not whole JSON (being written as we read, or cut by a full disk). A ``RESUMED``
+  record at step S (a trainer resumed there) drops the records before it of steps after S: an
+  earlier session's steps that its checkpoints did not keep (a stop at a non-finite step, a
+  kill), which the resumed session may not log again."""
   records = []
   for line in storage.read_appended(storage.join(model_dir, 'metrics.jsonl')).splitlines():
     try:
-      records.append(json.loads(line))
+      record = json.loads(line)
     except json.JSONDecodeError:
-      pass
+      continue
+    if record.get('kind') == RESUMED:
+      records = [r for r in records if r['step'] <= record['step']]
+    else:
+      records.append(record)
   return records
 
 
 class MetricsLogger:
   """``train(step, metrics)`` and ``eval(step, name, metrics)`` append to ``metrics.jsonl``,
   TensorBoard (tags ``train/<metric>``, ``eval/<name>/<metric>``) and the console;
-  ``diagnostics(step, values)`` to the first two (``diagnostics/<key>``)."""
+  ``diagnostics(step, values)`` to the first two (``diagnostics/<key>``). ``start_step``: the
+  trainer's, the step its session resumed at (0: a fresh start); the earlier sessions' records
+  of later steps are superseded, in ``metrics.jsonl`` by a ``RESUMED`` record and in TensorBoard
+  by its purge from step ``start_step + 1``."""
 
-  def __init__(self, model_dir: str, total_steps: Optional[int] = None, console: bool = True):
+  def __init__(self, model_dir: str, total_steps: Optional[int] = None, console: bool = True,
+               start_step: Optional[int] = None):
     self.model_dir = model_dir
     self.enabled = jax.process_index() == 0
     self.total_steps = total_steps
@@ -69,7 +81,10 @@ class MetricsLogger:
       # killed run loses at most its last second of scalars.
       logdir, flush_secs = storage.tensorboard_dir(model_dir)
       self._tb = tensorboardX.SummaryWriter(
-          logdir, flush_secs=flush_secs, filename_suffix=f'.{os.getpid()}.{next(_writer_ids)}')
+          logdir, flush_secs=flush_secs, filename_suffix=f'.{os.getpid()}.{next(_writer_ids)}',
+          purge_step=None if start_step is None else start_step + 1)
+      if start_step is not None and any(r['step'] > start_step for r in read_records(model_dir)):
+        self._jsonl.write(json.dumps({'step': start_step, 'kind': RESUMED}) + '\n')
     multihost.process0_does(f'opening {model_dir}/metrics.jsonl', open_files)
 
   def _write(self, record: Mapping, tags: Mapping[str, float]):
@@ -122,12 +137,13 @@ class MetricsLogger:
             flush=True)
 
   def eval(self, step: int, name: str, metrics: Mapping[str, float], split: Optional[str] = None):
-    """Logs an eval of task ``name``; one of another split than validation (t5xv-eval's
-    ``split``) is recorded with it and tagged ``eval/<name>/<split>/<metric>``. Every process
-    calls it (a write that fails stops them all: ``multihost.process0_does``)."""
+    """Logs an eval of task ``name``; t5xv-eval's (``split``, validation too) is recorded with its
+    split and tagged ``eval/<name>/<split>/<metric>``, apart from the run's own evals (of a few
+    batches, where t5xv-eval reads the whole split). Every process calls it (a write that fails
+    stops them all: ``multihost.process0_does``)."""
     record = {'step': step, 'kind': 'eval', 'task': name, **({'split': split} if split else {}),
               **{k: float(v) for k, v in metrics.items()}, 'time': time.time()}
-    tag = name if split in (None, 'validation') else f'{name}/{split}'
+    tag = name if split is None else f'{name}/{split}'
 
     def write():
       self._write(record, {f'eval/{tag}/{k}': v for k, v in metrics.items()})

@@ -385,7 +385,7 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
   _write_run_files(model_dir, config, files or {})  # after restoring: a refused resume keeps them
   loss = dict(label_smoothing=label_smoothing, z_loss=z_loss,
               loss_normalizing_factor=loss_normalizing_factor)
-  logger = MetricsLogger(model_dir, total_steps)
+  logger = MetricsLogger(model_dir, total_steps, start_step=start)
   evaluator = Evaluator(sharded.make_eval_step(z_loss), sharded.mesh, logger, eval_data,
                         eval_metric_fns, eval_batches)
   diag = (_DiagnosticsLog(sharded.make_diagnostics(model_dir, **loss), diagnostics_period, logger)
