@@ -285,6 +285,8 @@ def test_t5xv_data_prints_examples_and_statistics(capsys):
     (['--task=embedded_prefix_lm', '--inputs_length=2'], 'leaves no room to split a chunk'),
     (['--task=embedded_lm', '--gin.vocabulary.kind="file"', '--gin.vocabulary.path="/no/such.model"'],
      "existing SentencePiece .model file, got '/no/such.model'"),
+    (['--task=embedded_lm', '--gin.vocabulary.path="/x.model"'],  # (was: the embedded one used)
+     "vocabulary.path is read only with vocabulary.kind = 'file'"),
     (['--task=c4_span_corruption'], 'not prepared'),
     (['--task=embedded_lm', '--gin.vocabulary.kind="wordpiece"'], "unknown vocabulary kind 'wordpiece'"),
     (['--task=embedded_lm', '--n=-1'], '--n=-1 is out of range: it must be at least 1'),
@@ -297,6 +299,22 @@ def test_bad_input_gives_one_clear_error(argv, message, capsys):
   err = capsys.readouterr().err
   assert message in err and 'Traceback' not in err and 'In call to configurable' not in err
   assert len(err.strip().splitlines()) == 1 or 'Valid' in err
+
+
+def test_a_sentencepiece_model_without_t5s_special_ids_is_refused(tmp_path, capsys):
+  """Was accepted: with SentencePiece's defaults (unk 0, eos 2) decoding waited for id 1 (``<s>``)
+  and unknown pieces were weighted as padding."""
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  (tmp_path / 'text.txt').write_text('\n'.join(f'line {i} of a tiny corpus about cats and dogs'
+                                                for i in range(200)))
+  spm.SentencePieceTrainer.train(input=str(tmp_path / 'text.txt'), model_prefix=str(tmp_path / 'd'),
+                                 vocab_size=40, minloglevel=2)
+  with pytest.raises(SystemExit):
+    data_main(['--task=embedded_lm', '--gin.vocabulary.kind="file"',
+               f'--gin.vocabulary.path="{tmp_path}/d.model"'])
+  err = capsys.readouterr().err
+  assert "has pad, eos and unk ids (-1, 2, 0), not T5's (0, 1, 2)" in err, err
+  assert '--pad_id=0 --eos_id=1 --unk_id=2 --bos_id=-1' in err
 
 
 def test_local_corpus_from_txt_and_jsonl(tmp_path, capsys):

@@ -14,6 +14,7 @@ directory (delete it to start over).
 """
 import argparse
 import json
+import re
 import sys
 
 import gin
@@ -31,6 +32,9 @@ def split_args(argv):
                             formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument('--model_dir', default=DEFAULT_DIR)
   args, rest = p.parse_known_args(argv)
+  if any(re.match(r'--gin(\.|_bindings=)\s*MODEL_DIR\s*=', a) for a in rest):
+    p.error('the run directory is --model_dir=DIR (training, eval and decoding all read it); '
+            'leave out --gin.MODEL_DIR')
   return args.model_dir, rest
 
 

@@ -45,12 +45,26 @@ def embedded_spm_file(pieces: int = EMBEDDED_PIECES) -> str:
 
 @gin.configurable
 def vocabulary(kind: str = 'embedded', path: str = None) -> seqio.Vocabulary:
+  """The vocabulary of ``kind``; ``path`` only with ``kind='file'``, whose model must have T5's
+  special ids (the models, decoding and span corruption assume them)."""
   if kind not in KINDS:
     raise ValueError(f'unknown vocabulary kind {kind!r}; valid: {", ".join(KINDS)}')
+  if path is not None and kind != 'file':
+    raise ValueError(f"vocabulary.path is read only with vocabulary.kind = 'file' (kind is "
+                     f'{kind!r}): set both, or neither')
   if kind == 'bytes':
     return seqio.ByteVocabulary(extra_ids=EXTRA_IDS)
   if kind == 'file' and not (path and tf.io.gfile.exists(path)):
     raise ValueError(f"vocabulary(kind='file') needs path= an existing SentencePiece .model file, "
                      f'got {path!r}')
   spm_path = {'embedded': embedded_spm_file, 't5': lambda: T5_SPM_PATH, 'file': lambda: path}[kind]()
-  return seqio.SentencePieceVocabulary(spm_path, extra_ids=EXTRA_IDS)
+  vocab = seqio.SentencePieceVocabulary(spm_path, extra_ids=EXTRA_IDS)
+  if kind == 'file':
+    model = vocab.tokenizer
+    ids = model.pad_id(), model.eos_id(), model.unk_id()
+    if ids != (PAD_ID, EOS_ID, UNK_ID):
+      raise ValueError(f'{path} has pad, eos and unk ids {ids}, not T5\'s ({PAD_ID}, {EOS_ID}, '
+                       f'{UNK_ID}) that the models, decoding and span corruption use: train it '
+                       f'with spm_train --pad_id={PAD_ID} --eos_id={EOS_ID} --unk_id={UNK_ID} '
+                       '--bos_id=-1')
+  return vocab
