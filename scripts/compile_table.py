@@ -75,7 +75,8 @@ def row(number, what, topology, result) -> str:
   estimate = (f'{result["estimated_step_seconds"] * 1e3:.1f} ms, MFU {result["estimated_mfu"]:.1%}'
               if 'estimated_step_seconds' in result else '-')
   verdict = 'fits' if result['fits'] else 'does not fit'
-  return (f'| {number} | {what} | {topology} | {gib(result)} of {gib(result, "memory_limit_bytes")} | '
+  needed = gib(result, 'total_bytes' if result.get('total_bytes') is not None else 'temp_bytes')
+  return (f'| {number} | {what} | {topology} | {needed} of {gib(result, "memory_limit_bytes")} | '
           f'{verdict} | {result["compile_seconds"]:.0f} | {fitting} | {estimate} |')
 
 

@@ -111,11 +111,47 @@ def test_compiler_out_of_memory_messages():
   gib = 2**30
   assert aot.compiler_oom('RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory '
                           'in memory space hbm. Used 16.41G of 15.75G hbm. Exceeded hbm capacity '
-                          'by 673.93M.') == ('needed per chip', 16.41 * gib, 15.75 * gib)
+                          'by 673.93M.') == ('needed per chip', 'total_bytes', 16.41 * gib,
+                                             15.75 * gib)
   assert aot.compiler_oom('RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required '
                           'for HLO temporaries (43.94G) exceeds available HBM (15.75G).') == (
-                              'of temporaries needed per chip', 43.94 * gib, 15.75 * gib)
+                              'of temporaries needed per chip', 'temp_bytes', 43.94 * gib,
+                              15.75 * gib)
   assert aot.compiler_oom('INVALID_ARGUMENT: something else') is None
+
+
+def test_a_refusal_on_temporaries_is_shown_as_temporaries_not_as_the_total():
+  """Was: the compiler's figure of temporaries alone in the table's total row."""
+  import json  # pylint: disable=g-import-not-at-top
+  from t5x_variants.cli import compile as compile_cli  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(REPO, 'docs/compile/T5-large_v5e-4x4.json')) as f:
+    result = json.load(f)
+  rows = dict(re.split(r'\s{2,}', line, maxsplit=1) for line in compile_cli._table(result).splitlines())
+  assert rows['temporaries per device'] == '17.98 GiB' and rows['total per device'] == 'n/a'
+  assert aot.fit_line(result) == ('does not fit: 17.98 GiB of temporaries needed per chip, '
+                                  '15.75 GiB available')
+
+
+def test_the_cost_model_counts_the_whole_step_only_unrolled_and_in_one_microbatch():
+  """Was: an unrolled step of 4 microbatches got an estimate (the loop's body counted once: the
+  time of one microbatch, an MFU 4 times too high)."""
+  from t5x_variants.cli import compile as compile_cli  # pylint: disable=g-import-not-at-top
+  target = targets.host_target(1, accelerators=False)
+  for k, whole in ((1, True), (2, False)):
+    plan = aot.Plan(_plan(scan_layers=False).config, partitioning.MeshConfig(), k)
+    result = aot.compile_plan(plan, target, 4, LENGTHS, {**OPTIONS, 'num_microbatches': k})
+    assert result['cost_model']['counts_whole_step'] is whole
+  assert 'microbatch loop' in compile_cli._no_estimate(result)
+
+
+def test_suggest_does_not_prune_a_plan_that_holds_fewer_rows_per_device():
+  """A wider model axis splits the parameters but leaves each device more rows of the residual
+  stream: its failing to fit says nothing of data parallelism (was: taken to save as much)."""
+  config = _plan(remat='none').config
+  wide = aot.Plan(config, partitioning.MeshConfig(data=2, model=2), 1)
+  narrow = aot.Plan(config, partitioning.MeshConfig(data=4, model=1), 1)
+  assert not aot._saves_as_much(wide, narrow)  # pylint: disable=protected-access
+  assert aot._saves_as_much(aot.Plan(config, wide.mesh, 2), narrow)  # pylint: disable=protected-access
 
 
 @pytest.fixture(scope='module')
@@ -267,6 +303,11 @@ def compile_main(capsys, monkeypatch):
 @needs_libtpu
 @pytest.mark.parametrize('args, says', [
     (['--topology=v9:2x2'], "unknown topology 'v9:2x2'"),
+    (['--topology=v5e:2x2', '--batch=0'], '--batch=0 is out of range: it must be at least 1'),
+    (['--topology=v5e:2x2', '--device_memory_gib=-1'], '--device_memory_gib=-1.0 is out of range'),
+    (['--topology=v5e:2x2', '--gin_file=gin/architectures/decoder_only.gin', '--inputs_length=8'],
+     '--inputs_length: this model (decoder_only) reads targets only'),
+    (['--devices=1', '--suggest'], 'has no known limit: give --device_memory_gib'),
     (['--topology=v5e:2x2', '--gin.MeshConfig.data=8'], 'mesh data=8 x model=1 needs 8 devices, found 4'),
     (['--topology=v5e:2x2', '--gin.TransformerConfig.nonsense=1'], "doesn't have a parameter"),
     (['--topology=v5e:2x2', '--gin.MeshConfig.model=4', '--gin.TransformerConfig.num_heads=6'],
@@ -300,14 +341,15 @@ def test_compile_cli_does_not_fit_exits_2_with_suggestions(tmp_path):
                      '--max_compiles=1', f'--output={tmp_path}/c.json')
   assert out.returncode == 2, out.stderr[-2000:]
   assert out.stderr.startswith('t5xv-compile: error: does not fit: ') and 'GiB available' in out.stderr
-  assert 'configurations that fit v5e:2x2, cheapest first' in out.stdout
-  assert 'fits: ' in out.stdout  # at least one compiled plan fits
+  # the search's compiles, then what it found, cheapest first
+  searched, found_lines = out.stdout.split('configurations that fit v5e:2x2, cheapest first:\n')
+  assert 'compiled: fits: ' in searched and found_lines.startswith('  fits: ')
   import json
   result = json.loads((tmp_path / 'c.json').read_text())
   assert result['fits'] is False and result['compiler_refused']
   line = aot.fit_line(result)
   assert line.startswith('does not fit: ') and line.endswith('15.75 GiB available'), line
-  assert result['total_bytes'] > result['memory_limit_bytes'] == int(15.75 * 2**30)
+  assert aot.needed_bytes(result) > result['memory_limit_bytes'] == int(15.75 * 2**30)
   (found,) = result['suggestions']  # --max_compiles=1: the one plan compiled
   assert found['fits'] is True and found['total_bytes'] <= found['memory_limit_bytes']
   assert found['remat'] == 'full' and found['num_microbatches'] == aot.MAX_MICROBATCHES

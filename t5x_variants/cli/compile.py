@@ -17,29 +17,22 @@ import dataclasses
 import json
 import sys
 
-from t5x_variants.cli import common, launch, recipe
+from t5x_variants.cli import common, launch, ranges, recipe
 from t5x_variants.train import aot, hlo_traffic, partitioning, storage, targets
 
 
-def _run_settings(args, with_data: bool):
+def _run_settings(args):
   """(global batch size, {'inputs': n, 'targets': m}, packed) of the run: the flags, else the
-  gin-bound ``train/DatasetConfig`` (or, without the data layer, the ``BATCH_SIZE`` and
-  ``TASK_FEATURE_LENGTHS`` macros); whether its rows are packed, from ``DatasetConfig.pack``."""
+  gin-bound ``train/DatasetConfig`` that ``t5xv-train`` reads (with or without the data layer);
+  whether its rows are packed, from ``DatasetConfig.pack``."""
   import gin  # pylint: disable=g-import-not-at-top
   from t5x_variants.data.config import DatasetConfig  # pylint: disable=g-import-not-at-top
   with gin.config_scope('train'):
     dataset = DatasetConfig()
-  if with_data:
-    batch, lengths = dataset.batch_size, dict(dataset.task_feature_lengths or {})
-  else:
-    batch = recipe.gin_macro('BATCH_SIZE')
-    lengths = dict(recipe.gin_macro('TASK_FEATURE_LENGTHS') or {})
-  batch = args.batch or batch
+  lengths = dict(dataset.task_feature_lengths or {})
   for feature in ('inputs', 'targets'):
     lengths[feature] = getattr(args, f'{feature}_length') or lengths.get(feature)
-  if not batch:
-    raise common.UsageError('no batch size: give --batch or a run file (e.g. gin/runs/pretrain.gin)')
-  return batch, lengths, dataset.pack
+  return args.batch or dataset.batch_size, lengths, dataset.pack
 
 
 def _table(result) -> str:
@@ -74,7 +67,12 @@ def _table(result) -> str:
 
 
 def _no_estimate(result) -> str:
+  if 'estimate_refused' in result:
+    return f'n/a: the unrolled compile for it {result["estimate_refused"]}'
   seconds = result['cost_model']['optimal_seconds']
+  if result['num_microbatches'] > 1:
+    return ('n/a: the cost model counts the microbatch loop\'s body once (an estimate needs '
+            'train.num_microbatches = 1)')
   if not result['cost_model']['counts_whole_step']:
     return 'n/a: the cost model counts a scanned layer once (--estimate compiles layers unrolled)'
   if seconds is None or seconds <= 0:
@@ -102,6 +100,11 @@ def main(argv=None):
   parser.add_argument('--output', default=None, help='write the results as JSON here')
   with common.clear_errors('t5xv-compile'):
     args = common.parse_args(parser, argv)
+    ranges.check_flags(args, {'devices': 1, 'batch': 1, 'inputs_length': 1, 'targets_length': 1,
+                              'max_compiles': 1, 'traffic': 0})
+    if args.device_memory_gib is not None and not args.device_memory_gib > 0:
+      raise common.UsageError(f'--device_memory_gib={args.device_memory_gib} is out of range: it '
+                              'must be more than 0')
     if args.topology:
       targets.deviceless_environment()
       import jax  # pylint: disable=g-import-not-at-top
@@ -116,41 +119,53 @@ def main(argv=None):
     recipe.parse_recipe(args.gin_file, args.gin_bindings, args.gin_search_paths.split(','),
                         with_data)
     config = recipe.build_config()
-    batch, lengths, packed = _run_settings(args, with_data)
+    batch, lengths, packed = _run_settings(args)
+    unread = [f for f in ('inputs', 'targets')
+              if getattr(args, f'{f}_length') and f not in config.task_features]
+    if unread:
+      raise common.UsageError(f'--{unread[0]}_length: this model ({config.architecture}) reads '
+                              f'{" and ".join(config.task_features)} only')
     lengths = {f: lengths[f] for f in config.task_features}
     missing = [f'--{k}_length' for k, v in lengths.items() if not v]
     if missing:
       raise common.UsageError(f'no sequence lengths: give {" and ".join(missing)} or a run file')
     target = (targets.tpu_target(args.topology) if args.topology else
               targets.host_target(args.devices, accelerators=not launch.backend_is_cpu()))
+    if args.suggest and not args.device_memory_gib and target.memory_bytes is None:
+      raise common.UsageError(f'--suggest looks for what fits in a device\'s memory, and '
+                              f'{target.name} has no known limit: give --device_memory_gib')
     if args.device_memory_gib:
       target.memory_bytes = int(args.device_memory_gib * targets.GIB)
       target.memory_source = 'given with --device_memory_gib'
     options = aot.train_options()
     plan = aot.Plan(config, partitioning.MeshConfig(), options['num_microbatches'],
                     packed and config.head != 'classification')
-    unroll = args.estimate and config.scan_layers  # then the unrolled compile gives the traffic
-    result = aot.compile_plan(plan, target, batch, lengths, options,
-                              traffic=0 if unroll else args.traffic)
-    if unroll and not result.get('compiler_refused'):
+    result = aot.compile_plan(plan, target, batch, lengths, options, traffic=args.traffic)
+    if args.estimate and config.scan_layers and not result.get('compiler_refused'):
       unrolled = aot.compile_plan(dataclasses.replace(
           plan, config=dataclasses.replace(config, scan_layers=False)), target, batch, lengths, options,
           traffic=args.traffic)
-      for key in ('cost_model', 'estimated_step_seconds', 'estimated_mfu', 'traffic'):
-        if key in unrolled:
-          result[key] = unrolled[key]
-      result['estimate_from'] = 'an unrolled compile (scan_layers=False)'
+      if unrolled.get('compiler_refused'):  # the scanned compile's figures and traffic stand
+        result['estimate_refused'] = aot.fit_line(unrolled)
+      else:
+        for key in ('cost_model', 'estimated_step_seconds', 'estimated_mfu', 'traffic'):
+          if key in unrolled:
+            result[key] = unrolled[key]
+        result['estimate_from'] = 'an unrolled compile (scan_layers=False)'
     print(_table(result))
     if 'traffic' in result:
       print(hlo_traffic.table(result['traffic']))
-      if config.scan_layers and not unroll:
-        print('  (scanned layers: the loop body is counted once, not once per layer; --estimate '
-              'adds an unrolled compile that counts every layer)')
+      if not result['cost_model']['counts_whole_step']:
+        print('  (a loop\'s body is counted once: each scanned layer\'s, each microbatch\'s; '
+              '--estimate adds an unrolled compile that counts every layer)')
     if args.suggest or result['fits'] is False:
-      print(f'configurations that fit {target.name}, cheapest first '
+      print(f'searching for configurations that fit {target.name} '
             f'(at most {args.max_compiles} compiles):')
       result['suggestions'] = aot.suggest(plan, target, batch, lengths, options,
                                           max_compiles=args.max_compiles)
+      print(f'configurations that fit {target.name}, cheapest first:')
+      for found in result['suggestions']:
+        print(f'  {aot.fit_line(found)}: {found["flags"]}')
       if not result['suggestions']:
         print('  none found: try a larger slice, a smaller batch or bfloat16 '
               '(--gin.TransformerConfig.dtype="\'bfloat16\'")')

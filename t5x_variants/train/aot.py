@@ -9,9 +9,11 @@ batch or data is ever materialised, so a 3B-parameter step compiles on a laptop.
 Memory per device is XLA's for the compiled program: arguments (the state, a batch shard) +
 temporaries + outputs not aliased to donated arguments + generated code; it fits when that total
 is within the target's memory. A TPU compile that exceeds HBM may fail in the compiler; that
-failure is reported as "does not fit" with the compiler's own figures. XLA's cost analysis counts a loop body once, so its FLOPs and ``optimal_seconds``
-describe the step only when layers are unrolled (``scan_layers=False``); they are estimates of
-the compiler's model, never measurements.
+failure is reported as "does not fit" with the compiler's own figure (its total, or its
+temporaries alone). XLA's cost analysis counts a loop body once, so its FLOPs and
+``optimal_seconds`` describe the step only when layers are unrolled (``scan_layers=False``) and
+the batch is one microbatch (``num_microbatches=1``); they are estimates of the compiler's
+model, never measurements.
 """
 import dataclasses
 import inspect
@@ -57,9 +59,11 @@ class Plan:
 
 
 _SIZE = r'([\d.]+)([KMGT]?)'
-# The TPU compiler's two forms of "out of memory" (figures in binary units): (what, used, limit).
-_OOM = ((rf'Used {_SIZE} of {_SIZE} hbm', 'needed per chip'),
-        (rf'HLO temporaries \({_SIZE}\) exceeds available HBM \({_SIZE}\)', 'of temporaries needed per chip'))
+# The TPU compiler's two forms of "out of memory" (figures in binary units): (pattern, what its
+# figure counts, the result's key for it).
+_OOM = ((rf'Used {_SIZE} of {_SIZE} hbm', 'needed per chip', 'total_bytes'),
+        (rf'HLO temporaries \({_SIZE}\) exceeds available HBM \({_SIZE}\)',
+         'of temporaries needed per chip', 'temp_bytes'))
 
 
 def _bytes(number: str, unit: str) -> float:
@@ -67,13 +71,19 @@ def _bytes(number: str, unit: str) -> float:
 
 
 def compiler_oom(message: str) -> Optional[tuple]:
-  """(what the figure counts, bytes needed, bytes available) from the TPU compiler's out-of-memory
-  message, or None if ``message`` is not one."""
-  for pattern, what in _OOM:
+  """(what the figure counts, its key, bytes needed, bytes available) from the TPU compiler's
+  out-of-memory message, or None if ``message`` is not one."""
+  for pattern, what, key in _OOM:
     m = re.search(pattern, message)
     if m:
-      return what, _bytes(*m.group(1, 2)), _bytes(*m.group(3, 4))
+      return what, key, _bytes(*m.group(1, 2)), _bytes(*m.group(3, 4))
   return None
+
+
+def needed_bytes(result: Dict) -> float:
+  """The bytes per device that decided the fit: the total, or where the compiler refused the
+  program on its temporaries, those."""
+  return result['total_bytes'] if result.get('total_bytes') is not None else result['temp_bytes']
 
 
 def abstract_batch(config: TransformerConfig, batch: int, lengths, sharding,
@@ -129,9 +139,10 @@ def compile_plan(plan: Plan, target: Target, batch: int, lengths, options: Dict,
     oom = compiler_oom(str(e))
     if oom is None:
       raise
-    result.update(compile_seconds=time.perf_counter() - start, fits=False, compiler_refused=True,
-                  needed=oom[0], total_bytes=oom[1], memory_limit_bytes=oom[2],
-                  memory_limit_source='the TPU compiler\'s HBM limit')
+    result.update({'compile_seconds': time.perf_counter() - start, 'fits': False,
+                   'compiler_refused': True, 'needed': oom[0], oom[1]: oom[2],
+                   'memory_limit_bytes': oom[3],
+                   'memory_limit_source': 'the TPU compiler\'s HBM limit'})
     return result
   result['compile_seconds'] = time.perf_counter() - start
   m = compiled.memory_analysis()
@@ -147,10 +158,11 @@ def compile_plan(plan: Plan, target: Target, batch: int, lengths, options: Dict,
   seconds = cost.get('optimal_seconds')
   result['cost_model'] = {'flops_per_device': cost.get('flops'), 'optimal_seconds': seconds,
                           'bytes_accessed_per_device': cost.get('bytes accessed'),
-                          'counts_whole_step': not plan.config.scan_layers}
+                          'counts_whole_step': (not plan.config.scan_layers
+                                                and plan.num_microbatches == 1)}
   if traffic:
     result['traffic'] = hlo_traffic.summary(compiled.as_text(), top=traffic)
-  if seconds and seconds > 0 and not plan.config.scan_layers and target.peak_tflops:
+  if seconds and seconds > 0 and result['cost_model']['counts_whole_step'] and target.peak_tflops:
     result['estimated_step_seconds'] = seconds
     result['estimated_mfu'] = (result['model_flops_per_step'] / seconds
                                / (target.num_devices * target.peak_tflops * 1e12))
@@ -159,7 +171,7 @@ def compile_plan(plan: Plan, target: Target, batch: int, lengths, options: Dict,
 
 def fit_line(result: Dict) -> str:
   """'fits: ... GiB of ... (margin ...)' or 'does not fit: X GiB needed per chip, Y available'."""
-  total, limit = result['total_bytes'] / GIB, result['memory_limit_bytes']
+  total, limit = needed_bytes(result) / GIB, result['memory_limit_bytes']
   if limit is None:
     return f'{total:.2f} GiB per device (no memory limit known: give --device_memory_gib)'
   limit /= GIB
@@ -222,7 +234,7 @@ def suggest(plan: Plan, target: Target, batch: int, lengths, options: Dict, want
   def fits(i: int) -> bool:
     if i not in results:
       results[i] = compile_plan(plans[i], target, batch, lengths, options)
-      log(f'  {fit_line(results[i])}: {plans[i].flags()}')
+      log(f'  compiled: {fit_line(results[i])}: {plans[i].flags()}')
     return bool(results[i]['fits'])
 
   if not plans or not fits(len(plans) - 1):
@@ -242,7 +254,9 @@ def suggest(plan: Plan, target: Target, batch: int, lengths, options: Dict, want
 
 def _saves_as_much(a: Plan, b: Plan) -> bool:
   """Whether ``a`` is at least as economical as ``b`` on every knob (so if ``a`` does not fit,
-  ``b`` is taken not to fit either)."""
+  ``b`` is taken not to fit either): remat, FSDP, the parameters split over a model axis, and
+  the rows each device holds at once (batch x model / (devices x microbatches): a larger model
+  axis leaves each device more rows of the residual stream, which it does not split)."""
   return (REMAT_ORDER.index(a.config.remat) >= REMAT_ORDER.index(b.config.remat)
-          and a.num_microbatches >= b.num_microbatches and a.mesh.fsdp >= b.mesh.fsdp
-          and a.mesh.model >= b.mesh.model)
+          and a.mesh.fsdp >= b.mesh.fsdp and a.mesh.model >= b.mesh.model
+          and a.mesh.model * b.num_microbatches <= b.mesh.model * a.num_microbatches)
