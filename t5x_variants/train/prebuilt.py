@@ -2,9 +2,9 @@
 and read back, batch for batch, on an accelerator host without it.
 
 ``t5xv-train --batches_dir=ROOT --write_batches`` writes the batches the run would read (its
-``train.total_steps`` training batches and every evaluation batch) to ``ROOT/<key>``;
-``t5xv-train --batches_dir=ROOT`` trains from them and imports no TensorFlow. The key is a hash
-of everything that decides the batches (the train and eval ``DatasetConfig``, the architecture,
+``train.total_steps`` training batches and each eval task's, all or at most
+``train.eval_batches``) to ``ROOT/<key>``; ``t5xv-train --batches_dir=ROOT`` trains from them
+and imports no TensorFlow. The key is a hash of everything that decides the batches (the train and eval ``DatasetConfig``, the architecture,
 the number of steps and eval batches, the initial checkpoint), so runs that read the same data (the rates of a learning
 rate sweep, the variants of one seed) share one directory, and a run whose data differs finds
 none. The data layer's own bindings (vocabulary, local corpus, task directories) are not in the
