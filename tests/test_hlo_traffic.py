@@ -53,3 +53,45 @@ ENTRY %main (a: bf16[8,8]) -> bf16[8,8] {
 '''
   assert set(hlo_traffic.computations(text)) == {'fused_dot', 'main'}
   assert hlo_traffic.summary(text)['by_kind'] == {'matmul': 2 * 8 * 8 * 2}
+
+
+def test_an_asynchronous_pair_counts_once_what_it_moves():
+  """A TPU program's asynchronous slice, copy and collective-permute count at their done: the
+  array written and what the start reads (a slice reads as much as it writes), not the start's
+  tuple, which names the operand and the destination again (was: a slice counted its 6-row
+  operand twice, and its done the whole tuple once more); a fusion that runs an all-reduce is a
+  collective (was: 'other')."""
+  text = '''HloModule m
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%all-reduce-scatter (input: f32[8,128]) -> f32[2,128] {
+  %input = f32[8,128]{1,0} parameter(0)
+  %all-reduce = f32[8,128]{1,0} all-reduce(%input), replica_groups={{0,1,2,3}}, to_apply=%add
+  %c = s32[] constant(0)
+  ROOT %ds = f32[2,128]{1,0} dynamic-slice(%all-reduce, %c, %c), dynamic_slice_sizes={2,128}
+}
+
+ENTRY %main (p: f32[6,128], q: f32[8,128]) -> f32[2,128] {
+  %p = f32[6,128]{1,0} parameter(0)
+  %q = f32[8,128]{1,0} parameter(1)
+  %slice-start = ((f32[6,128]{1,0}), f32[2,128]{1,0:S(1)}, s32[]) slice-start(%p), slice={[0:2], [0:128]}
+  %slice-done = f32[2,128]{1,0:S(1)} slice-done(%slice-start)
+  %copy-start = (f32[8,128]{1,0:S(1)}, f32[8,128]{1,0}, u32[]) copy-start(%q)
+  %copy-done = f32[8,128]{1,0:S(1)} copy-done(%copy-start)
+  %cp-start = (f32[8,128]{1,0}, f32[8,128]{1,0}, u32[], u32[]) collective-permute-start(%copy-done), source_target_pairs={{0,1}}
+  %cp-done = f32[8,128]{1,0} collective-permute-done(%cp-start)
+  %rs = f32[2,128]{1,0} fusion(%cp-done), kind=kCustom, calls=%all-reduce-scatter, metadata={op_name="jit(f)/transpose(jvp())/dot_general"}
+  ROOT %sum = f32[2,128]{1,0} add(%slice-done, %rs)
+}
+'''
+  row = 128 * 4
+  traffic = hlo_traffic.summary(text)
+  assert traffic['by_kind'] == {'async copy': 2 * (2 * row) + 2 * (8 * row),
+                                'collective': 2 * (8 * row) + (8 * row + 2 * row),
+                                'other': 3 * (2 * row)}
+  assert ['collective', 'backward: dot_general', 1, 10 * row] in traffic['by_source']

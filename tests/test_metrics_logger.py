@@ -161,6 +161,30 @@ def test_a_log_window_averages_the_loss_over_steps_and_the_accuracy_over_tokens(
   assert summary['token_accuracy'] == 0.625
 
 
+def test_a_pause_is_left_out_of_the_step_times(monkeypatch):
+  """A checkpoint, eval or diagnostics between two steps (``resume`` after it) is not the next
+  step's time: two 1-second steps around a 10-second pause log 1 s per step, 2 steps' tokens in
+  2 s (without ``resume``: 6 s per step)."""
+  from t5x_variants.train import meter  # pylint: disable=g-import-not-at-top
+  now = [100.0]
+  monkeypatch.setattr(meter.time, 'time', lambda: now[0])
+  logged = []
+  logger = types.SimpleNamespace(train=lambda step, summary, *_: logged.append((step, summary)))
+  step = {'loss': 1.0, 'z_loss': 0.0, 'token_accuracy': 0.5, 'num_tokens': 8.0, 'grad_norm': 1.0,
+          'learning_rate': 0.01, 'param_norm': 2.0, 'skipped': 0}
+  m = meter.TrainMeter(logger, start=0, log_period=2, total_steps=4)
+  now[0] = 101.0
+  m.add(step, 100, 4)
+  m.log(1)
+  now[0] = 111.0  # a checkpoint's save ends
+  m.resume()
+  now[0] = 112.0
+  m.add(step, 100, 4)
+  m.log(2)
+  assert [s for s, _ in logged] == [2]
+  assert logged[0][1]['step_time'] == 1.0 and logged[0][1]['tokens_per_second'] == 100.0
+
+
 def test_a_tensorboard_write_that_fails_on_its_thread_stops_the_logger_not_hangs_it(tmp_path):
   """tensorboardX writes on its own thread: one failed flush there (a bucket past its retries, a
   full disk) ended it, and the next record's scalars waited forever on its full queue."""

@@ -1,9 +1,10 @@
 """Where a compiled step's memory traffic goes: the bytes each instruction of the optimized HLO
 (``compiled.as_text()``) reads and writes, its output plus its operands, for every instruction
-outside a fusion (a fusion counts once, as a whole; a loop body once, as the compiler's cost model
-counts it), grouped by kind and by the model op it came from (its ``op_name``, layer numbers
-folded, backward ops marked). Our arithmetic on the program's shapes, not the compiler's cost
-model: that one also weighs where each buffer lives, so the totals differ.
+outside a fusion (a fusion counts once, as a whole; an asynchronous start/done pair once; a loop
+body once, as the compiler's cost model counts it), grouped by kind and by the model op it came
+from (its ``op_name``, layer numbers folded, backward ops marked). Our arithmetic on the
+program's shapes, not the compiler's cost model: that one also weighs where each buffer lives,
+so the totals differ.
 """
 import collections
 import re
@@ -14,11 +15,13 @@ _ITEM_BYTES = {'pred': 1, 's8': 1, 'u8': 1, 's16': 2, 'u16': 2, 'f16': 2, 'bf16'
 _ARRAY = re.compile(r'\b(' + '|'.join(_ITEM_BYTES) + r')\[([0-9,]*)\]')
 _HEADER = re.compile(r'^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$')
 _INSTRUCTION = re.compile(r'^\s*(?:ROOT )?%(\S+) = (.*?) ([a-z][a-z0-9-]*)\((.*)$')
-# No traffic of their own: names for other buffers, control flow, and the waiting half of an
-# asynchronous pair (its start counts the bytes).
+# No traffic of their own: names for other buffers and control flow. An asynchronous pair (X-start,
+# X-done: a copy, a slice, a collective, or 'async-start' around a called computation) counts once,
+# at its done: the array the done returns, written, and what the start reads (for a slice, the
+# part it reads: as much as it writes); the start's tuple holds the operand and the destination
+# again and is not counted.
 _FREE = {'parameter', 'get-tuple-element', 'tuple', 'constant', 'bitcast', 'after-all',
-         'partition-id', 'replica-id', 'while', 'call', 'conditional', 'copy-done',
-         'all-gather-done', 'all-reduce-done', 'collective-permute-done', 'async-done'}
+         'partition-id', 'replica-id', 'while', 'call', 'conditional'}
 _COLLECTIVES = ('all-gather', 'all-reduce', 'reduce-scatter', 'collective-permute', 'all-to-all')
 MATMULS = {'dot', 'convolution'}
 
@@ -54,8 +57,9 @@ def computations(text: str) -> Dict[str, List[tuple]]:
 
 
 def opcodes(program: Dict[str, List[tuple]], opcode: str, line: str) -> set:
-  """The opcodes an instruction runs: a fusion's, those of the computation it calls."""
-  callee = re.search(r'calls=%?([\w.\-]+)', line) if opcode == 'fusion' else None
+  """The opcodes an instruction runs: a fusion's or an 'async-start''s, those of the computation
+  it calls."""
+  callee = re.search(r'calls=%?([\w.\-]+)', line) if opcode in ('fusion', 'async-start') else None
   return {i[2] for i in program.get(callee.group(1), [])} if callee else {opcode}
 
 
@@ -71,6 +75,11 @@ def source(op_name: str) -> str:
   return ('backward: ' if backward else '') + '/'.join(parts)
 
 
+def _operands(rest: str) -> List[str]:
+  """The operand names of an instruction, from the text after its 'opcode('."""
+  return re.findall(r'%([\w.\-]+)', rest.split(')')[0])
+
+
 def instructions(text: str) -> List[Instruction]:
   """Every instruction with traffic, outside fusions and reducers."""
   program = computations(text)
@@ -82,21 +91,23 @@ def instructions(text: str) -> List[Instruction]:
     if name in inner:
       continue
     shapes = {n: shape for n, shape, _, _, _ in body}
+    starts = {n: (op, rest, line) for n, _, op, rest, line in body if op.endswith('-start')}
     for n, shape, op, rest, line in body:
-      if op in _FREE:
+      if op in _FREE or op.endswith('-start'):
         continue
-      operands = re.findall(r'%([\w.\-]+)', rest.split(')')[0])
-      # an async copy's output is (destination, source, context): the copy writes one array
-      written = array_bytes(_ARRAY.search(shape).group(0)) if op == 'copy-start' else array_bytes(shape)
-      moved = written + sum(array_bytes(shapes.get(o, '')) for o in operands)
+      written = array_bytes(shape)
+      if op.endswith('-done') and _operands(rest)[0] in starts:
+        op, rest, line = starts[_operands(rest)[0]]
+      read = (written if op == 'slice-start' else
+              sum(array_bytes(shapes.get(o, '')) for o in _operands(rest)))
       words = opcodes(program, op, line)
       if words & MATMULS:
         kind = 'matmul'
-      elif op == 'custom-call':
+      elif op != 'fusion' and 'custom-call' in words:  # a custom call, or one started asynchronously
         kind = 'kernel'
-      elif op.startswith(_COLLECTIVES):
+      elif any(w.startswith(_COLLECTIVES) for w in words):
         kind = 'collective'
-      elif op == 'copy-start':
+      elif op in ('copy-start', 'slice-start'):
         kind = 'async copy'
       elif op in ('copy', 'transpose'):
         kind = 'copy'
@@ -104,6 +115,7 @@ def instructions(text: str) -> List[Instruction]:
         kind = 'reduction'
       else:
         kind = 'other'
+      moved = written + read
       op_name = re.search(r'op_name="([^"]*)"', line)
       found.append(Instruction(n, kind, source(op_name.group(1)) if op_name else '', moved))
   return found
