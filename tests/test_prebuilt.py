@@ -146,6 +146,10 @@ def test_a_run_from_prebuilt_batches_without_tensorflow_matches_the_data_layer_r
   assert [r['kind'] for r in records('prebuilt')].count('eval') == 3  # steps 0, 3, 6
   assert (tmp_path / 'prebuilt' / 'vocab.model').read_bytes() == (
       tmp_path / 'reference' / 'vocab.model').read_bytes()
+  # resumed from the data layer, the run cannot take the pre-built position: one line that says so
+  out = run([train, '--gin.TRAIN_STEPS=8'], 'prebuilt')
+  assert out.returncode == 2 and 'cannot take its data position' in out.stderr, out.stderr[-2000:]
+  assert 'pre-built batches (--batches_dir) where the run that wrote it read' in out.stderr
 
 
 @needs_data_layer

@@ -195,7 +195,8 @@ class Checkpointer:
         if e.part == 'data':
           raise CheckpointError(
               f'{path} has a readable state but this run cannot take its data position ({e}): '
-              'another number of processes or other data settings than the run that wrote it? '
+              'another number of processes, other data settings, or pre-built batches '
+              '(--batches_dir) where the run that wrote it read the data layer (or the reverse)? '
               f'{retry} (If its data file is damaged, rename {path.name} to '
               f'{path.name}.unreadable to resume from the checkpoint before it.)') from e
         mismatch = saved is not None and _saved_mismatch(saved, abstract_state, 'opt_state')
