@@ -87,7 +87,8 @@ def test_topology_names():
   assert targets.parse_topology('v5e:4x4') == ('v5e', (4, 4))
   assert targets.parse_topology('v4:2x2x2') == ('v4', (2, 2, 2))
   for bad, says in (('v9:2x2', 'unknown topology'), ('v5e-16', 'unknown topology'),
-                    ('v4:4x4', 'v4 slices have 3 dimensions')):
+                    ('v4:4x4', 'v4 slices have 3 dimensions'), ('v5e:32x32', 'v5e slices are 1x1, '),
+                    ('v6e:4x2', 'v6e slices are 1x1, ')):
     with pytest.raises(ValueError, match=says):
       targets.parse_topology(bad)
 
@@ -271,6 +272,15 @@ def test_a_model_axis_wider_than_a_host_is_refused_for_a_multi_host_slice():
   mesh = partitioning.MeshConfig(data=2, model=8).mesh(pod.devices)
   with pytest.raises(ValueError, match="over 4 processes: each process must hold whole shards"):
     partitioning.check_batch(64, mesh)
+
+
+@needs_libtpu
+def test_a_2d_slice_of_up_to_8_chips_is_one_host():
+  """v5litepod-1 and -8 are one host (libtpu's default hosts of 2x2 chips refused 1x1 and made
+  2x4 two hosts, so a model axis of 8 was refused there); v5e:4x4 stays 4 hosts of 4."""
+  hosts = lambda spec: len({d.process_index for d in targets.tpu_target(spec).devices})
+  assert targets.tpu_target('v5e:1x1').num_devices == 1
+  assert hosts('v5e:2x4') == 1 and hosts('v6e:2x4') == 1 and hosts('v5e:4x4') == 4
 
 
 def _compile_cli(*args):

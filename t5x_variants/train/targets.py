@@ -3,14 +3,16 @@ N-device host mesh.
 
 A TPU target (``v5e:4x4``, ``v4:2x2x2``, ``v5p:2x2x4``, ``v6e:8x8``: generation, then chips
 per dimension) is described by libtpu's compile-only topology (``jax.experimental.topologies``,
-extra ``tpu``); its devices can be compiled for but hold no data. v4 and v5p chips are one
-"megacore" device each (two TensorCores), as on Cloud TPU. The memory per chip is what the TPU
+extra ``tpu``); its devices can be compiled for but hold no data. A v5e or v6e slice is one that
+Cloud TPU offers, one host up to 8 chips (``v5e:2x4``), hosts of 4 chips above. v4 and v5p chips
+are one "megacore" device each (two TensorCores), as on Cloud TPU. The memory per chip is what the TPU
 compiler allows, the dense bf16 peak of a chip or GPU its published figure (``PUBLISHED_PEAKS``).
 A host target (``--devices=N``) uses N accelerators of this host when it has them, else N
 virtual CPU devices (which compile the same sharded program for XLA's CPU backend: its memory
 figures are the CPU compiler's).
 """
 import dataclasses
+import math
 import os
 import re
 from typing import List, Optional
@@ -26,6 +28,11 @@ TPU_GENERATIONS = {
     'v5p': ('v5p', 'megacore', 3, 95.74),
     'v6e': ('v6e', 'default', 2, 31.25),
 }
+
+# The slices Cloud TPU offers of the 2-D generations (v5e, v6e: up to a 256-chip pod); those of
+# up to 8 chips are one host (1, 4 or 8 chips), larger ones hosts of 4 chips (libtpu's default).
+SLICES_2D = ((1, 1), (2, 2), (2, 4), (4, 4), (4, 8), (8, 8), (8, 16), (16, 16))
+ONE_HOST_CHIPS = 8
 
 # Published dense peak TFLOP/s per device, (bf16, fp32), by jax's ``device_kind``: a TPU's exactly
 # ('TPU v5' is a v5p chip, 'TPU v5 lite' a v5e), a GPU's by its model in the name ('NVIDIA H100
@@ -90,13 +97,16 @@ def parse_topology(spec: str):
   if len(shape) != dims or min(shape) < 1:
     example = 'x'.join(['2'] * dims)
     raise ValueError(f'topology {spec!r}: {gen} slices have {dims} dimensions (e.g. {gen}:{example})')
+  if dims == 2 and shape not in SLICES_2D:
+    offered = ', '.join('x'.join(map(str, s)) for s in SLICES_2D)
+    raise ValueError(f'topology {spec!r}: {gen} slices are {offered} (a pod is 16x16)')
   return gen, shape
 
 
 def tpu_target(spec: str) -> Target:
   """The compile-only devices of a named TPU slice (libtpu needed)."""
   gen, shape = parse_topology(spec)
-  prefix, chip_config, _, hbm_gib = TPU_GENERATIONS[gen]
+  prefix, chip_config, dims, hbm_gib = TPU_GENERATIONS[gen]
   try:
     import libtpu  # pylint: disable=g-import-not-at-top,unused-import
   except ImportError as e:
@@ -105,8 +115,10 @@ def tpu_target(spec: str) -> Target:
   deviceless_environment()
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
   name = f'{prefix}:{"x".join(map(str, shape))}'
+  one_host = dims == 2 and math.prod(shape) <= ONE_HOST_CHIPS
+  hosts = {'chips_per_host_bounds': [*shape, 1]} if one_host else {}
   try:
-    devices = topologies.get_topology_desc(name, 'tpu', chip_config_name=chip_config).devices
+    devices = topologies.get_topology_desc(name, 'tpu', chip_config_name=chip_config, **hosts).devices
   except Exception as e:  # pylint: disable=broad-except
     raise ValueError(f'libtpu cannot describe topology {spec!r}: {str(e).splitlines()[0]}') from e
   kind = devices[0].device_kind
