@@ -85,10 +85,12 @@ def test_eval_skips_checkpoints_already_evaluated(quickstart, capsys, monkeypatc
     return {'rank_accuracy': float(len(targets) == len(scores))}
   monkeypatch.setattr(seqio.Task, 'score_metric_fns', property(lambda task: [rank_accuracy]))
   run_dir = quickstart[0]
+  events = os.listdir(os.path.join(run_dir, 'tensorboard'))
   assert eval_cli.main([f'--gin_file={run_dir}/config.gin', '--gin_file=gin/runs/eval.gin',
                         f"--gin.CHECKPOINT_PATH='{run_dir}'", '--gin.EVAL_ALL=True']) == 0
   out = capsys.readouterr().out
   assert out.count('already evaluated on validation, skipped') == 2
+  assert os.listdir(os.path.join(run_dir, 'tensorboard')) == events  # no empty events file
   assert 'embedded_span_corruption: its metrics of scores (rank_accuracy) are not computed' in out
 
 

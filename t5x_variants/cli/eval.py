@@ -277,7 +277,7 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
     settings['batch_size'] = batch_size
   _check_settings(results, results_file, split, names, settings)
   predictor = Predictor(config, options=options, z_loss=z_loss)
-  logger = MetricsLogger(str(run_dir), console=True)
+  logger = None  # opened at the first record: a call that evaluates nothing writes no events file
   new = {}
   for path in paths:
     step = path.name.split('_')[-1]
@@ -298,6 +298,7 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
           and 'inputs' not in task.output_features:
         metrics.update(continuation_metrics(predictor, task, split, lengths[task.name],
                                             prompt_length, batch_size, max_examples))
+      logger = logger or MetricsLogger(str(run_dir), console=True)
       logger.eval(int(step), task.name, metrics, split=split)
       results.setdefault(step, {})[task.name] = metrics
       new.setdefault(int(step), {})[task.name] = metrics
@@ -305,7 +306,8 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
     results[AVERAGE] = benchmark_averages(results)
     multihost.process0_does(f'writing {results_file}', lambda: storage.write_text(
         results_file, json.dumps(all_results, indent=1, sort_keys=True)))
-  logger.close()
+  if logger:
+    logger.close()
   evaluated = sum(step.isdigit() for step in results)
   for task, metrics in sorted(results.get(BEST, {}).items()):
     print(f'best of {evaluated} checkpoint(s), {task} ({split}): ' + ', '.join(
