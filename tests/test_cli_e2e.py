@@ -14,6 +14,7 @@ import sys
 import types
 
 import gin
+import numpy as np
 import pytest
 from etils import epath
 
@@ -76,14 +77,7 @@ def test_quickstart_trains_evaluates_and_decodes_quietly(quickstart):
 
 
 @pytest.mark.slow
-def test_eval_skips_checkpoints_already_evaluated(quickstart, capsys, monkeypatch):
-  """Also: a task's metrics of scores, which t5xv-eval does not compute, are named, not dropped
-  unsaid."""
-  import seqio  # pylint: disable=g-import-not-at-top
-
-  def rank_accuracy(targets, scores):
-    return {'rank_accuracy': float(len(targets) == len(scores))}
-  monkeypatch.setattr(seqio.Task, 'score_metric_fns', property(lambda task: [rank_accuracy]))
+def test_eval_skips_checkpoints_already_evaluated(quickstart, capsys):
   run_dir = quickstart[0]
   events = os.listdir(os.path.join(run_dir, 'tensorboard'))
   assert eval_cli.main([f'--gin_file={run_dir}/config.gin', '--gin_file=gin/runs/eval.gin',
@@ -91,7 +85,30 @@ def test_eval_skips_checkpoints_already_evaluated(quickstart, capsys, monkeypatc
   out = capsys.readouterr().out
   assert out.count('already evaluated on validation, skipped') == 2
   assert os.listdir(os.path.join(run_dir, 'tensorboard')) == events  # no empty events file
-  assert 'embedded_span_corruption: its metrics of scores (rank_accuracy) are not computed' in out
+
+
+@pytest.mark.slow
+def test_eval_computes_a_tasks_metrics_of_scores(quickstart, tmp_path, monkeypatch):
+  """A task's score_metric_fns (rank classification's) get each example's log-likelihood of its
+  targets, in the split's order with its postprocessed target: summed over the split and divided
+  by its target tokens, the teacher-forced log-perplexity of the same pass (was: not computed,
+  a line said so)."""
+  import seqio  # pylint: disable=g-import-not-at-top
+  seen = {}
+
+  def sum_of_scores(targets, scores):
+    seen.update(targets=targets, scores=scores)
+    return {'sum_of_scores': float(np.sum(scores))}
+  monkeypatch.setattr(seqio.Task, 'score_metric_fns', property(lambda task: [sum_of_scores]))
+  run_dir = tmp_path / 'run'
+  shutil.copytree(quickstart[0], run_dir, ignore=shutil.ignore_patterns('eval_results.json'))
+  assert eval_cli.main([f'--gin_file={run_dir}/config.gin', '--gin_file=gin/runs/eval.gin',
+                        f"--gin.CHECKPOINT_PATH='{run_dir}/checkpoint_40'"]) == 0
+  with open(run_dir / 'eval_results.json') as f:
+    metrics = json.load(f)['validation']['40']['embedded_span_corruption']
+  assert len(seen['targets']) == len(seen['scores']) and isinstance(seen['targets'][0], str)
+  assert -metrics['sum_of_scores'] / metrics['num_tokens'] == pytest.approx(
+      metrics['log_perplexity'], rel=1e-4)
 
 
 @pytest.mark.slow

@@ -5,7 +5,8 @@
 CHECKPOINT_PATH is a run directory (its newest checkpoint, or all with ``--gin.EVAL_ALL=True``)
 or one ``checkpoint_<step>`` directory. For every task of MIXTURE_OR_TASK_NAME it computes the
 teacher-forced loss, log-perplexity and token accuracy, and, for tasks with metrics (GLUE,
-SuperGLUE), decodes greedily and applies the task's postprocessor and metrics. A decoder-only
+SuperGLUE), decodes greedily and applies the task's postprocessor and metrics; a task's metrics
+of scores (rank classification) get each example's log-likelihood of its targets. A decoder-only
 model on a language-modelling task, with ``--gin.PROMPT_LENGTH=N``, is prompted with each
 example's first N target tokens: ``continuation_exact_match`` (percent of greedy continuations
 equal to the reference) and ``continuation_log_perplexity`` (of the reference continuation given
@@ -68,6 +69,15 @@ def teacher_forced(predictor, task_name: str, split: str, lengths, batch_size: i
                              max_batches, metric_fns, name=f'the {split} data of {task_name}')
 
 
+def _target_text(task, example) -> str:
+  """An example's target as text: its pretokenized feature, else its tokens decoded (as seqio's
+  Evaluator)."""
+  from t5x_variants.data import tasks  # pylint: disable=g-import-not-at-top
+  if 'targets_pretokenized' in example:
+    return tasks.text(example['targets_pretokenized'])
+  return task.output_features['targets'].vocabulary.decode(until_eos(example['targets']))
+
+
 def inference_metrics(predictor, task, split: str, lengths, batch_size: int,
                       max_examples: Optional[int]):
   """The task's own metrics of greedy (or DecodeOptions) predictions, after its postprocessor."""
@@ -77,13 +87,40 @@ def inference_metrics(predictor, task, split: str, lengths, batch_size: int,
   vocab = task.output_features['targets'].vocabulary
   decoded = decode_examples(predictor, vocab, examples, lengths['inputs'], lengths['targets'],
                             batch_size)
-  targets = [task.postprocess_fn(tasks.text(ex['targets_pretokenized']), example=ex, is_target=True)
+  targets = [task.postprocess_fn(_target_text(task, ex), example=ex, is_target=True)
              for ex in decoded]
   predictions = [task.postprocess_fn(ex['prediction'], example=ex, is_target=False) for ex in decoded]
   metrics = {}
   for fn in task.predict_metric_fns:
     metrics.update(fn(targets, predictions))
   return {k: float(v) for k, v in metrics.items()}
+
+
+def scores_metrics(predictor, task, split: str, lengths, batch_size: int,
+                   max_examples: Optional[int]):
+  """The task's metrics of scores (seqio's ``score_metric_fns``, e.g. rank classification's): each
+  example's log p(targets | inputs) summed over its target tokens with EOS (``Predictor.score``,
+  seqio's score), beside its postprocessed target, in the split's order."""
+  from t5x_variants.data import tasks  # pylint: disable=g-import-not-at-top
+  examples = multihost.same(f'the {split} examples of {task.name}',
+                            lambda: tasks.task_examples(task, split, lengths, max_examples))
+  scored = score_examples(predictor, examples, lengths['inputs'], lengths['targets'], batch_size)
+  targets = [task.postprocess_fn(_target_text(task, ex), example=ex, is_target=True)
+             for ex in scored]
+  scores = np.array([ex['log_likelihood'] for ex in scored])
+  metrics = {}
+  for fn in task.score_metric_fns:
+    metrics.update(fn(targets, scores))
+  return {k: float(v) for k, v in metrics.items()}
+
+
+def _unscored(task, config) -> Optional[str]:
+  """Why the task's metrics of scores cannot be computed for this model, None if they can."""
+  if config.architecture == 'encoder_only':
+    return 'an encoder-only model does not score targets'
+  if 'inputs' not in task.output_features:
+    return 'its examples have no inputs to score the targets given'
+  return None
 
 
 def continuation_metrics(predictor, task, split: str, lengths, prompt_length: int, batch_size: int,
@@ -251,10 +288,10 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
                                             key=lambda found: found[1:])
   subtasks = getattr(mixture, 'tasks', [mixture])
   for task in subtasks:
-    if task.score_metric_fns:
+    if task.score_metric_fns and inference and _unscored(task, config):
       left_out = ', '.join(getattr(f, '__name__', repr(f)) for f in task.score_metric_fns)
-      print(f'{task.name}: its metrics of scores ({left_out}) are not computed: t5xv-eval '
-            'computes the metrics of decoded text only')
+      print(f'{task.name}: its metrics of scores ({left_out}) are not computed: '
+            f'{_unscored(task, config)}')
   results_file = run_dir / RESULTS
   all_results = read_results(results_file)
   results = all_results.setdefault(split, {})
@@ -294,6 +331,9 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
       if inference and task.predict_metric_fns and config.architecture != 'encoder_only':
         metrics.update(inference_metrics(predictor, task, split, lengths[task.name], batch_size,
                                          max_examples))
+      if inference and task.score_metric_fns and not _unscored(task, config):
+        metrics.update(scores_metrics(predictor, task, split, lengths[task.name], batch_size,
+                                      max_examples))
       elif inference and prompt_length and config.architecture == 'decoder_only' \
           and 'inputs' not in task.output_features:
         metrics.update(continuation_metrics(predictor, task, split, lengths[task.name],
