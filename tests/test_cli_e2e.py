@@ -113,10 +113,12 @@ def test_eval_computes_a_tasks_metrics_of_scores(quickstart, tmp_path, monkeypat
 
 @pytest.mark.slow
 @pytest.mark.parametrize('method', ['greedy', 'beam'])
-def test_infer_writes_jsonl(quickstart, method, tmp_path):
+def test_infer_writes_jsonl(quickstart, method, tmp_path, capsys):
+  """Also: a text longer than the inputs length is cut to it, and a line says so."""
   run_dir = quickstart[0]
   texts = tmp_path / 'texts.txt'
-  texts.write_text('The file is opened in binary mode.\nReturn the number of items.\n')
+  texts.write_text('The file is opened in binary mode.\nReturn the number of items.\n'
+                   + 'item ' * 2000 + '\n')
   out = tmp_path / f'{method}.jsonl'
   assert infer.main([f'--gin_file={run_dir}/config.gin', '--gin_file=gin/runs/infer.gin',
                      f"--gin.CHECKPOINT_PATH='{run_dir}'", f"--gin.INFER_OUTPUT='{out}'",
@@ -124,6 +126,7 @@ def test_infer_writes_jsonl(quickstart, method, tmp_path):
   rows = [json.loads(line) for line in out.read_text().splitlines()]
   assert [r['inputs'] for r in rows] == texts.read_text().splitlines()
   assert all(r['prediction'] and r['score'] < 0 for r in rows)
+  assert '1 of the 3 texts of ' in capsys.readouterr().out
 
 
 @pytest.mark.slow
@@ -149,6 +152,7 @@ def test_a_prefix_lm_trains_evaluates_and_decodes(tmp_path):
   rows = [json.loads(line) for line in out.read_text().splitlines()]
   assert [r['inputs'] for r in rows] == texts.read_text().splitlines()
   assert all(r['prediction'] and r['score'] < 0 for r in rows)
+  assert '1 of the 3 texts of ' in capsys.readouterr().out
   _finetune_on_local_sst2(run_dir, tmp_path)  # GLUE's inputs then its label word, by decoding
 
 
