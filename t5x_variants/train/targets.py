@@ -139,7 +139,10 @@ def host_target(num_devices: int, accelerators: bool = True) -> Target:
     limit = (devices[0].memory_stats() or {}).get('bytes_limit')
     source = 'the device\'s allocator limit'
   else:
-    jax.config.update('jax_num_cpu_devices', num_devices)
+    try:
+      jax.config.update('jax_num_cpu_devices', num_devices)
+    except RuntimeError:  # jax has started its CPU backend already: its devices are what there is
+      pass
     devices = jax.devices('cpu')
     if len(devices) < num_devices:
       raise ValueError(f'--devices={num_devices}: this process already started jax with '
