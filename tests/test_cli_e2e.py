@@ -555,6 +555,7 @@ def test_infer_in_two_processes_decodes_once_or_stops_both_on_different_inputs(q
       each=lambda i: [f"--gin.INPUT_FILE='{inputs[i]}'"])
   outs, codes = infer_in_two([texts[0], texts[0]])
   assert codes == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+  assert 'process 1 of 2: joining the others at 127.0.0.1:' in outs[1]  # said before jax's wait
   rows = [json.loads(line) for line in out.read_text().splitlines()]
   assert [r['inputs'] for r in rows] == texts[0].read_text().splitlines()
   out.unlink()

@@ -139,6 +139,9 @@ def set_verbosity(verbosity: int):
 # --- processes ---------------------------------------------------------------------------------
 
 
+JOIN_WAIT_SECS = 300  # jax.distributed's own default
+
+
 def initialize_processes(args):
   """Joins the other processes, if the flags ask for it. Must run before any other jax call."""
   import jax  # pylint: disable=g-import-not-at-top
@@ -167,8 +170,14 @@ def initialize_processes(args):
       raise UsageError(f'--coordinator_address={args.coordinator_address} needs a port: '
                        'HOST:PORT of process 0 (e.g. 10.0.0.1:1234)')
     jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+    # said first: a process that never comes makes jax abort the others after its wait, in C++,
+    # with no Python error to explain it
+    print(f'process {args.process_index} of {args.process_count}: joining the others at '
+          f'{args.coordinator_address} (jax waits {JOIN_WAIT_SECS} s for all of them to start, '
+          'then aborts every process)', flush=True)
     jax.distributed.initialize(args.coordinator_address, args.process_count, args.process_index,
-                               local_device_ids=getattr(args, 'local_device_ids', None))
+                               local_device_ids=getattr(args, 'local_device_ids', None),
+                               initialization_timeout=JOIN_WAIT_SECS)
 
 
 def import_data_layer():
