@@ -224,7 +224,8 @@ def test_quickstart_takes_its_directory_either_way():
     assert quickstart.split_args(argv) == ('/tmp/q', ['--gin.TRAIN_STEPS=4'])
   assert quickstart.split_args([]) == (quickstart.DEFAULT_DIR, [])
   # Was: training went to --gin.MODEL_DIR, eval and decoding to --model_dir's (another run), exit 0
-  for flag in ("--gin.MODEL_DIR='/tmp/r'", "--gin_bindings=MODEL_DIR = '/tmp/r'"):
+  for flag in ("--gin.MODEL_DIR='/tmp/r'", "--gin_bindings=MODEL_DIR = '/tmp/r'",
+               "--gin.train.model_dir='/tmp/r'", "--gin_bindings= train.model_dir='/tmp/r'"):
     with pytest.raises(SystemExit) as e:
       quickstart.split_args(['--model_dir=/tmp/q', flag])
     assert e.value.code == 2

@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from conftest import HOST_DEVICES, needs_data_layer
+from conftest import HOST_DEVICES, ON_GPU, needs_data_layer
 from t5x_variants.train import aot, partitioning, targets
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -317,7 +317,9 @@ def compile_main(capsys, monkeypatch):
     (['--topology=v5e:2x2', '--device_memory_gib=-1'], '--device_memory_gib=-1.0 is out of range'),
     (['--topology=v5e:2x2', '--gin_file=gin/architectures/decoder_only.gin', '--inputs_length=8'],
      '--inputs_length: this model (decoder_only) reads targets only'),
-    (['--devices=1', '--suggest'], 'has no known limit: give --device_memory_gib'),
+    (['--topology=v5e:2x2', '--device_memory_gib=inf'], 'must be more than 0 and finite'),
+    pytest.param(['--devices=1', '--suggest'], 'has no known limit: give --device_memory_gib',
+                 marks=pytest.mark.skipif(ON_GPU, reason="a GPU's allocator gives its limit")),
     (['--topology=v5e:2x2', '--gin.MeshConfig.data=8'], 'mesh data=8 x model=1 needs 8 devices, found 4'),
     (['--topology=v5e:2x2', '--gin.TransformerConfig.nonsense=1'], "doesn't have a parameter"),
     (['--topology=v5e:2x2', '--gin.MeshConfig.model=4', '--gin.TransformerConfig.num_heads=6'],
@@ -328,6 +330,25 @@ def test_compile_bad_input_is_one_line(compile_main, args, says):
   assert status == 2, err[-2000:]
   assert err.startswith('t5xv-compile: error: ') and says in err, err
   assert len(err.strip().splitlines()) == 1, err
+
+
+def test_estimate_with_microbatches_compiles_once_and_says_why(compile_main, monkeypatch, capsys):
+  """The cost model counts a microbatch loop's body once, unrolled or not: --estimate then makes
+  no unrolled compile (was: a second whole compile whose figures replaced the first's)."""
+  import gin  # pylint: disable=g-import-not-at-top
+  from t5x_variants.cli import compile as compile_cli  # pylint: disable=g-import-not-at-top
+  compiled = []
+  real = aot.compile_plan
+  monkeypatch.setattr(aot, 'compile_plan', lambda plan, *a, **k: compiled.append(plan) or real(plan, *a, **k))
+  gin.clear_config()
+  try:
+    assert compile_cli.main(['--gin_file=gin/runs/pretrain.gin', '--gin_file=gin/models/t5_tiny.gin',
+                             '--devices=1', '--estimate', '--gin.train.num_microbatches=2',
+                             '--batch=4', '--inputs_length=32', '--targets_length=8']) == 0
+  finally:
+    gin.clear_config()
+  assert [p.config.scan_layers for p in compiled] == [True]
+  assert 'n/a: the cost model counts the microbatch loop' in capsys.readouterr().out
 
 
 def test_compile_reads_a_fine_tune_run_without_its_checkpoint(compile_main):

@@ -15,6 +15,7 @@ model ops they came from). Exit status 2 when the configuration does not fit.
 """
 import dataclasses
 import json
+import math
 import sys
 
 from t5x_variants.cli import common, launch, ranges, recipe
@@ -102,9 +103,9 @@ def main(argv=None):
     args = common.parse_args(parser, argv)
     ranges.check_flags(args, {'devices': 1, 'batch': 1, 'inputs_length': 1, 'targets_length': 1,
                               'max_compiles': 1, 'traffic': 0})
-    if args.device_memory_gib is not None and not args.device_memory_gib > 0:
+    if args.device_memory_gib is not None and not 0 < args.device_memory_gib < math.inf:
       raise common.UsageError(f'--device_memory_gib={args.device_memory_gib} is out of range: it '
-                              'must be more than 0')
+                              'must be more than 0 and finite')
     if args.topology:
       targets.deviceless_environment()
       import jax  # pylint: disable=g-import-not-at-top
@@ -141,7 +142,9 @@ def main(argv=None):
     plan = aot.Plan(config, partitioning.MeshConfig(), options['num_microbatches'],
                     packed and config.head != 'classification')
     result = aot.compile_plan(plan, target, batch, lengths, options, traffic=args.traffic)
-    if args.estimate and config.scan_layers and not result.get('compiler_refused'):
+    # (with microbatches there is no estimate to make: the loop's body is counted once either way)
+    if (args.estimate and config.scan_layers and options['num_microbatches'] == 1
+        and not result.get('compiler_refused')):
       unrolled = aot.compile_plan(dataclasses.replace(
           plan, config=dataclasses.replace(config, scan_layers=False)), target, batch, lengths, options,
           traffic=args.traffic)
@@ -156,8 +159,9 @@ def main(argv=None):
     if 'traffic' in result:
       print(hlo_traffic.table(result['traffic']))
       if not result['cost_model']['counts_whole_step']:
-        print('  (a loop\'s body is counted once: each scanned layer\'s, each microbatch\'s; '
-              '--estimate adds an unrolled compile that counts every layer)')
+        print('  (a loop\'s body is counted once: each scanned layer\'s, each microbatch\'s'
+              + ('' if args.estimate else '; --estimate adds an unrolled compile that counts every '
+                 'layer') + ')')
     if args.suggest or result['fits'] is False:
       print(f'searching for configurations that fit {target.name} '
             f'(at most {args.max_compiles} compiles):')

@@ -32,9 +32,9 @@ def split_args(argv):
                             formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument('--model_dir', default=DEFAULT_DIR)
   args, rest = p.parse_known_args(argv)
-  if any(re.match(r'--gin(\.|_bindings=)\s*MODEL_DIR\s*=', a) for a in rest):
+  if any(re.match(r'(--gin\.|--gin_bindings=)?\s*(MODEL_DIR|train\.model_dir)\s*=', a) for a in rest):
     p.error('the run directory is --model_dir=DIR (training, eval and decoding all read it); '
-            'leave out --gin.MODEL_DIR')
+            'leave out --gin.MODEL_DIR and --gin.train.model_dir')
   return args.model_dir, rest
 
 
