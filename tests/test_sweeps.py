@@ -712,13 +712,20 @@ def test_grid_axis_names_and_binds_each_run(tmp_path):
   assert plots.depth_axis('pre_ln+base=3e-4+num_decoder_layers=12') == ('pre_ln+base=3e-4', 12)
 
 
+def test_a_grid_value_that_is_no_hashable_literal_is_taken_as_written():
+  """(was: a TypeError from comparing it)"""
+  assert [label for label, _ in grid.parse_grid('a.x={[1]:2},3')] == ['x=1_2', 'x=3']
+
+
 @pytest.mark.parametrize('flags,match', [
     (['lr'], 'expected --grid=BINDING=VALUE1'),
     (['lr='], 'expected --grid=BINDING=VALUE1'),
     (['=1,2'], 'expected --grid=BINDING=VALUE1'),
-    (['a.lr=1,1'], 'must be distinct'),
-    (['a.lr=1e-3,0.001'], 'must be distinct'),  # one value: two runs of one configuration
-    (["a.name='x',x"], 'must be distinct'),  # the same run name
+    (['a.lr=1,1'], '1 and 1 are one value'),
+    (['a.lr=1e-3,0.001'], '1e-3 and 0.001 are one value'),  # two runs of one configuration
+    (['a.warmup=1000,1e3'], '1000 and 1e3 are one value'),  # (was: int and float, two runs)
+    (['a.lr=1,1.0'], '1 and 1.0 are one value'),
+    (["a.name='x',x"], 'must name distinct runs'),  # the same run name
     (['train.seed=1,2'], 'sets it for every run'),
     (['a.lr=1,2', 'a.lr=3'], 'its own binding'),
     (['a.lr=1,2', 'b.lr=3'], 'its own'),  # both would be named lr=...

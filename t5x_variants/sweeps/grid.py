@@ -103,9 +103,14 @@ def parse_grid(flag: str) -> List[Tuple[str, str]]:
     raise SweepError(f'--grid {key}: the sweep sets it for every run itself')
   name = re.split(r'[./]', key)[-1]
   labels = [grid_label(v) for v in values]
-  if (not all(labels) or len(set(labels)) != len(labels)
-      or len(set(map(_literal, values))) != len(values)):
-    raise SweepError(f'--grid {flag!r}: its values must be distinct and name distinct runs '
+  literals = [_literal(v) for v in values]
+  same = [(a, b) for i, a in enumerate(values) for j, b in enumerate(values)
+          if i < j and literals[i] == literals[j]]
+  if same:
+    raise SweepError(f'--grid {flag!r}: {same[0][0]} and {same[0][1]} are one value (two runs of '
+                     'one configuration): give it once')
+  if not all(labels) or len(set(labels)) != len(labels):
+    raise SweepError(f'--grid {flag!r}: its values must name distinct runs '
                      f'(as {", ".join(repr(f"{name}={l}") for l in labels)})')
   return [(f'{name}={label}', f'{key} = {value}') for label, value in zip(labels, values)]
 
@@ -281,12 +286,15 @@ class Sweep:
 
 
 def _literal(value: str):
-  """A grid value as gin reads it where it is a Python literal (``1e-3`` and ``0.001`` are one
-  value: two runs of one configuration), else as written."""
+  """A grid value as gin reads it where it is a Python literal, a number by its value (``1e-3``
+  and ``0.001``, ``1000`` and ``1e3`` are one value: two runs of one configuration), else as
+  written."""
   try:
     parsed = ast.literal_eval(value)
-  except (ValueError, SyntaxError):
+  except Exception:  # pylint: disable=broad-except  (not a literal, or an unhashable one's parts)
     return value
+  if isinstance(parsed, (int, float)) and not isinstance(parsed, bool):
+    return 'number', float(parsed)
   return type(parsed).__name__, repr(parsed)
 
 
