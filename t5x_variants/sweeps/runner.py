@@ -153,29 +153,36 @@ def run_sweep(sweep: Sweep, executable: Sequence[str], say: Callable[[str], None
         say(f'[{started}/{len(todo)}] {run.variant} seed {run.seed}: training in '
             f'{sweep.model_dir(run)} ({eta})')
         running.append(_start(sweep, run, executable, held, parallel > 1))
-      try:
-        done = _wait_any(running)
-      except KeyboardInterrupt:
-        for attempt in running:  # SIGTERM: a background job's SIGINT is ignored until the
-          attempt.proc.send_signal(signal.SIGTERM)  # trainer sets its handler
-        try:
-          for attempt in running:
-            _end(sweep, attempt, attempt.proc.wait(), interrupted=True)
-        except KeyboardInterrupt:  # (trainers still saving hold the lock: a rerun is refused until they end)
-          for attempt in running:
-            if attempt.run.status == 'running':
-              attempt.run.status = 'interrupted'
-          sweep.save()
-        raise
+      done = _wait_any(running)
       running.remove(done)
       durations.append(_end(sweep, done, done.proc.returncode, interrupted=False))
       run = done.run
       say(f'[{todo.index(run) + 1}/{len(todo)}] {run.variant} seed {run.seed}: {run.status} in '
           f'{format_duration(durations[-1])}' + (f': {run.reason}' if run.reason else ''))
+  except KeyboardInterrupt:  # while waiting, or saving sweep.json, or copying a log to a bucket
+    _stop(sweep, running)
+    raise
   finally:
     signal.signal(signal.SIGTERM, previous_sigterm)
     held.close()
   return dict(collections.Counter(r.status for r in sweep.runs))
+
+
+def _stop(sweep: Sweep, running: List[_Attempt]):
+  """Passes a signal on to the running trainers as SIGTERM (a background job's SIGINT is ignored
+  until the trainer sets its handler) and records each outcome; a second signal while they stop
+  records them interrupted without waiting (trainers still saving hold the lock: a rerun is
+  refused until they end)."""
+  for attempt in running:
+    attempt.proc.send_signal(signal.SIGTERM)
+  try:
+    for attempt in running:
+      _end(sweep, attempt, attempt.proc.wait(), interrupted=True)
+  except KeyboardInterrupt:
+    for attempt in running:
+      if attempt.run.status == 'running':
+        attempt.run.status = 'interrupted'
+    sweep.save()
 
 
 def _wait_any(running: List[_Attempt]) -> _Attempt:
