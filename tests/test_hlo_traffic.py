@@ -95,3 +95,39 @@ ENTRY %main (p: f32[6,128], q: f32[8,128]) -> f32[2,128] {
                                 'collective': 2 * (8 * row) + (8 * row + 2 * row),
                                 'other': 3 * (2 * row)}
   assert ['collective', 'backward: dot_general', 1, 10 * row] in traffic['by_source']
+
+
+def test_a_wrapped_asynchronous_computation_counts_once():
+  """'async-start' runs the computation it calls: counted at its done by what that runs (a
+  reduce-scatter: a collective), the computation not again as top-level code (was: twice); a done
+  reached through a tuple element or an 'async-update' finds its start (was: the start's tuple
+  counted again)."""
+  text = '''HloModule m
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%wrapped (p: f32[8,128]) -> f32[2,128] {
+  %p = f32[8,128]{1,0} parameter(0)
+  ROOT %rs = f32[2,128]{1,0} reduce-scatter(%p), dimensions={0}, to_apply=%add
+}
+
+ENTRY %main (x: f32[8,128], y: f32[2,128]) -> (f32[2,128], f32[8,128]) {
+  %x = f32[8,128]{1,0} parameter(0)
+  %y = f32[2,128]{1,0} parameter(1)
+  %rs-start = ((f32[8,128]{1,0}), f32[2,128]{1,0}, s32[]) async-start(%x), calls=%wrapped
+  %rs-update = ((f32[8,128]{1,0}), f32[2,128]{1,0}, s32[]) async-update(%rs-start)
+  %rs-done = f32[2,128]{1,0} async-done(%rs-update)
+  %ag-start = (f32[2,128]{1,0}, f32[8,128]{1,0}) all-gather-start(%y), dimensions={0}
+  %ag = (f32[2,128]{1,0}, f32[8,128]{1,0}) bitcast(%ag-start)
+  %ag-done = f32[8,128]{1,0} all-gather-done(%ag)
+  ROOT %t = (f32[2,128]{1,0}, f32[8,128]{1,0}) tuple(%rs-done, %ag-done)
+}
+'''
+  row = 128 * 4
+  found = hlo_traffic.instructions(text)
+  assert [(i.name, i.kind, i.bytes) for i in found] == [
+      ('rs-done', 'collective', 2 * row + 8 * row), ('ag-done', 'collective', 8 * row + 2 * row)]

@@ -19,9 +19,9 @@ _INSTRUCTION = re.compile(r'^\s*(?:ROOT )?%(\S+) = (.*?) ([a-z][a-z0-9-]*)\((.*)
 # X-done: a copy, a slice, a collective, or 'async-start' around a called computation) counts once,
 # at its done: the array the done returns, written, and what the start reads (for a slice, the
 # part it reads: as much as it writes); the start's tuple holds the operand and the destination
-# again and is not counted.
+# again and is not counted, nor is an 'async-update' between them.
 _FREE = {'parameter', 'get-tuple-element', 'tuple', 'constant', 'bitcast', 'after-all',
-         'partition-id', 'replica-id', 'while', 'call', 'conditional'}
+         'partition-id', 'replica-id', 'while', 'call', 'conditional', 'async-update'}
 _COLLECTIVES = ('all-gather', 'all-reduce', 'reduce-scatter', 'collective-permute', 'all-to-all')
 MATMULS = {'dot', 'convolution'}
 
@@ -56,11 +56,30 @@ def computations(text: str) -> Dict[str, List[tuple]]:
   return found
 
 
+_CALLERS = ('fusion', 'async-start')  # run the computation they call, counted as one instruction
+
+
 def opcodes(program: Dict[str, List[tuple]], opcode: str, line: str) -> set:
   """The opcodes an instruction runs: a fusion's or an 'async-start''s, those of the computation
-  it calls."""
-  callee = re.search(r'calls=%?([\w.\-]+)', line) if opcode in ('fusion', 'async-start') else None
-  return {i[2] for i in program.get(callee.group(1), [])} if callee else {opcode}
+  it calls (and of the fusions in it)."""
+  callee = re.search(r'calls=%?([\w.\-]+)', line) if opcode in _CALLERS else None
+  if not callee:
+    return {opcode}
+  return set().union(*[opcodes(program, op, inner) for _, _, op, _, inner in
+                       program.get(callee.group(1), [])])
+
+
+def _start_of(name: str, body: Dict[str, tuple]):
+  """The '-start' instruction (opcode, rest, line) that a '-done''s operand ``name`` comes from,
+  through tuple elements and 'async-update's; None if there is none in ``body``."""
+  while name in body:
+    op, rest, _ = body[name]
+    if op.endswith('-start'):
+      return body[name]
+    if op not in ('get-tuple-element', 'async-update', 'bitcast'):
+      return None
+    name = (_operands(rest) or [None])[0]
+  return None
 
 
 def source(op_name: str) -> str:
@@ -85,19 +104,20 @@ def instructions(text: str) -> List[Instruction]:
   program = computations(text)
   inner = {callee for body in program.values() for _, _, op, _, line in body
            for key, callee in re.findall(r'(calls|to_apply)=%?([\w.\-]+)', line)
-           if op == 'fusion' or key == 'to_apply'}
+           if op in _CALLERS or key == 'to_apply'}
   found = []
   for name, body in program.items():
     if name in inner:
       continue
     shapes = {n: shape for n, shape, _, _, _ in body}
-    starts = {n: (op, rest, line) for n, _, op, rest, line in body if op.endswith('-start')}
+    by_name = {n: (op, rest, line) for n, _, op, rest, line in body}
     for n, shape, op, rest, line in body:
       if op in _FREE or op.endswith('-start'):
         continue
       written = array_bytes(shape)
-      if op.endswith('-done') and _operands(rest)[0] in starts:
-        op, rest, line = starts[_operands(rest)[0]]
+      if op.endswith('-done'):  # its start's reads, or (none found) its writes alone
+        op, rest, line = (_start_of((_operands(rest) or [''])[0], by_name)
+                          or (op[:-len('done')] + 'start', '', line))
       read = (written if op == 'slice-start' else
               sum(array_bytes(shapes.get(o, '')) for o in _operands(rest)))
       words = opcodes(program, op, line)
