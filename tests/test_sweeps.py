@@ -508,7 +508,8 @@ QUICK_AND_SLOW_TRAINERS = '''
 import os, signal, sys, time
 model_dir = next(a for a in sys.argv if a.startswith('--gin.MODEL_DIR=')).split('=', 1)[1].strip("'")
 if model_dir.endswith('a-seed0'):
-  sys.exit(0)
+  print('t5xv-train: error: boom')
+  sys.exit(3)
 def stop(*_):
   open(os.path.join(model_dir, 'stopped'), 'w').close()
   sys.exit(1)
@@ -521,7 +522,7 @@ time.sleep(60)
 def test_a_signal_while_a_run_ends_stops_the_running_trainers(tmp_path, monkeypatch):
   """A signal while the sweep records a run that ended (its sweep.json save, its log's copy to a
   bucket) is passed on to the trainers still running, as one while it waits (was: it left them
-  running on their own)."""
+  running on their own), and the ended run is recorded as it ended (was: left 'running')."""
   import time  # pylint: disable=g-import-not-at-top
   from t5x_variants.sweeps import runner  # pylint: disable=g-import-not-at-top
   trainer = tmp_path / 'trainer.py'
@@ -530,17 +531,22 @@ def test_a_signal_while_a_run_ends_stops_the_running_trainers(tmp_path, monkeypa
   sweep = grid.Sweep.build(str(tmp_path / 's'), [base], [f'{a},{b}'], 1)
   real_end = runner._end  # pylint: disable=protected-access
 
+  signals = [KeyboardInterrupt]
+
   def interrupted_end(sweep, attempt, returncode, interrupted):
-    if not interrupted:  # the quick run's end, once the slow one has started
+    if signals:  # the quick run's end, once the slow one has started
       while not (tmp_path / 's' / 'b-seed0' / 'started').exists():
         time.sleep(0.1)
-      raise KeyboardInterrupt
+      raise signals.pop()
     return real_end(sweep, attempt, returncode, interrupted)
   monkeypatch.setattr(runner, '_end', interrupted_end)
   with pytest.raises(KeyboardInterrupt):
     runner.run_sweep(sweep, [sys.executable, str(trainer)], say=lambda _: None, parallel=2)
   assert (tmp_path / 's' / 'b-seed0' / 'stopped').exists()
-  assert {r.name: r.status for r in grid.Sweep.load(str(tmp_path / 's')).runs}['b-seed0'] == 'interrupted'
+  runs = {r.name: r for r in grid.Sweep.load(str(tmp_path / 's')).runs}
+  assert runs['b-seed0'].status == 'interrupted'
+  assert (runs['a-seed0'].status, runs['a-seed0'].reason) == ('failed', 't5xv-train: error: boom')
+  assert runs['a-seed0'].seconds > 0
 
 
 # --- statistics over seeds ------------------------------------------------------------------------

@@ -94,6 +94,7 @@ class _Attempt:
   log_file: str
   log_start: int
   start: float
+  seconds_before: float  # the run's seconds in earlier attempts
 
 
 def _start(sweep: Sweep, run: Run, executable: Sequence[str], held, shared: bool) -> _Attempt:
@@ -112,13 +113,14 @@ def _start(sweep: Sweep, run: Run, executable: Sequence[str], held, shared: bool
     # The trainer holds the sweep's lock too (pass_fds): a rerun sweep waits until it is gone.
     proc = subprocess.Popen(sweep.command(run, executable), stdout=log, stderr=subprocess.STDOUT,
                             env=env, pass_fds=(held.fileno(),))
-  return _Attempt(run, proc, log_file, log_start, time.time())
+  return _Attempt(run, proc, log_file, log_start, time.time(), run.seconds or 0)
 
 
 def _end(sweep: Sweep, attempt: _Attempt, returncode: int, interrupted: bool) -> float:
-  """Records the run's outcome in sweep.json; returns its seconds."""
+  """Records the run's outcome in sweep.json (again, if a signal cut the first time short);
+  returns its seconds."""
   run, seconds = attempt.run, time.time() - attempt.start
-  run.seconds = (run.seconds or 0) + seconds
+  run.seconds = attempt.seconds_before + seconds
   finished = run_records.read_run(sweep.model_dir(run)).finished()
   _outcome(run, returncode, finished, attempt.log_file, attempt.log_start)
   if storage.scheme(sweep.sweep_dir):
@@ -154,8 +156,8 @@ def run_sweep(sweep: Sweep, executable: Sequence[str], say: Callable[[str], None
             f'{sweep.model_dir(run)} ({eta})')
         running.append(_start(sweep, run, executable, held, parallel > 1))
       done = _wait_any(running)
-      running.remove(done)
       durations.append(_end(sweep, done, done.proc.returncode, interrupted=False))
+      running.remove(done)  # (after its record: a signal in _end records it again)
       run = done.run
       say(f'[{todo.index(run) + 1}/{len(todo)}] {run.variant} seed {run.seed}: {run.status} in '
           f'{format_duration(durations[-1])}' + (f': {run.reason}' if run.reason else ''))
@@ -169,20 +171,24 @@ def run_sweep(sweep: Sweep, executable: Sequence[str], say: Callable[[str], None
 
 
 def _stop(sweep: Sweep, running: List[_Attempt]):
-  """Passes a signal on to the running trainers as SIGTERM (a background job's SIGINT is ignored
-  until the trainer sets its handler) and records each outcome; a second signal while they stop
-  records them interrupted without waiting (trainers still saving hold the lock: a rerun is
-  refused until they end)."""
-  for attempt in running:
-    attempt.proc.send_signal(signal.SIGTERM)
+  """Passes a signal on to the trainers still running as SIGTERM (a background job's SIGINT is
+  ignored until the trainer sets its handler) and records every attempt's outcome (one that had
+  ended as its own); a second signal while they stop stops the waiting. Any run still 'running'
+  then (its record cut short, or a trainer still saving: it holds the lock, so a rerun is refused
+  until it ends) is recorded interrupted."""
+  ended = [attempt.proc.poll() is not None for attempt in running]
+  for attempt, gone in zip(running, ended):
+    if not gone:
+      attempt.proc.send_signal(signal.SIGTERM)
   try:
-    for attempt in running:
-      _end(sweep, attempt, attempt.proc.wait(), interrupted=True)
+    for attempt, gone in zip(running, ended):
+      _end(sweep, attempt, attempt.proc.wait(), interrupted=not gone)
   except KeyboardInterrupt:
-    for attempt in running:
-      if attempt.run.status == 'running':
-        attempt.run.status = 'interrupted'
-    sweep.save()
+    pass
+  for run in sweep.all_runs():
+    if run.status == 'running':
+      run.status = 'interrupted'
+  sweep.save()
 
 
 def _wait_any(running: List[_Attempt]) -> _Attempt:
