@@ -133,6 +133,17 @@ def test_a_refusal_on_temporaries_is_shown_as_temporaries_not_as_the_total():
                                   '15.75 GiB available')
 
 
+def test_a_host_with_too_few_accelerators_compiles_for_virtual_cpu_devices():
+  """Listing the accelerators starts every backend, the CPU's too: the CPU device count is set
+  before (was: after, which jax refused, so --devices=N on a host with fewer GPUs failed)."""
+  code = ('from t5x_variants.train import targets; '
+          't = targets.host_target(4); print(t.platform, t.num_devices)')
+  env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
+  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, cwd=REPO,
+                       env={**env, 'JAX_PLATFORMS': 'cpu'})
+  assert out.stdout.split() == ['cpu', '4'], out.stderr[-2000:]
+
+
 def test_the_cost_model_counts_the_whole_step_only_unrolled_and_in_one_microbatch():
   """Was: an unrolled step of 4 microbatches got an estimate (the loop's body counted once: the
   time of one microbatch, an MFU 4 times too high)."""

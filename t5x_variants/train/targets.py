@@ -133,16 +133,16 @@ def host_target(num_devices: int, accelerators: bool = True) -> Target:
   import jax  # pylint: disable=g-import-not-at-top
   if num_devices < 1:
     raise ValueError(f'--devices must be >= 1, not {num_devices}')
+  try:  # before any backend starts (listing the accelerators starts the CPU's too)
+    jax.config.update('jax_num_cpu_devices', num_devices)
+  except RuntimeError:  # jax has started already: its CPU devices are what there is
+    pass
   accelerators = [d for d in jax.devices() if d.platform != 'cpu'] if accelerators else []
   if len(accelerators) >= num_devices:
     devices = accelerators[:num_devices]
     limit = (devices[0].memory_stats() or {}).get('bytes_limit')
     source = 'the device\'s allocator limit'
   else:
-    try:
-      jax.config.update('jax_num_cpu_devices', num_devices)
-    except RuntimeError:  # jax has started its CPU backend already: its devices are what there is
-      pass
     devices = jax.devices('cpu')
     if len(devices) < num_devices:
       raise ValueError(f'--devices={num_devices}: this process already started jax with '
