@@ -446,6 +446,19 @@ def test_best_over_checkpoints_takes_the_lowest_loss_and_the_highest_score():
       'stsb': {'pearson': {'value': 85.0, 'step': 20}}}
 
 
+def test_max_examples_keeps_a_rank_classification_question_whole():
+  """Rank classification's rows of one question (its choices) share idx[0]: a limit that falls
+  inside one leaves it out (was: scored from some of its choices, or t5's metric's assertion);
+  rows without such an idx are cut at the limit."""
+  rows = [{'idx': np.array([q, c])} for q in range(3) for c in range(2)]
+  questions = lambda kept: [int(ex['idx'][0]) for ex in kept]
+  assert questions(eval_cli.whole_questions(rows, 3)) == [0, 0]
+  assert questions(eval_cli.whole_questions(rows, 4)) == [0, 0, 1, 1]
+  assert questions(eval_cli.whole_questions(rows, None)) == [0, 0, 1, 1, 2, 2]
+  assert eval_cli.whole_questions(rows[:1], 1) == rows[:1]
+  assert len(eval_cli.whole_questions([{'idx': 7}] * 5, 3)) == 3
+
+
 def test_benchmark_averages_are_t5s_best_step_and_each_tasks_best_step():
   """As T5's eval_utils: a task's score is its metrics' mean (MNLI's matched and mismatched one
   task), the benchmark's the mean over its tasks at a step where all have one, reported at its

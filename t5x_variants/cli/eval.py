@@ -102,8 +102,11 @@ def scores_metrics(predictor, task, split: str, lengths, batch_size: int,
   example's log p(targets | inputs) summed over its target tokens with EOS (``Predictor.score``,
   seqio's score), beside its postprocessed target, in the split's order."""
   from t5x_variants.data import tasks  # pylint: disable=g-import-not-at-top
-  examples = multihost.same(f'the {split} examples of {task.name}',
-                            lambda: tasks.task_examples(task, split, lengths, max_examples))
+  examples = multihost.same(f'the {split} examples of {task.name}', lambda: whole_questions(
+      tasks.task_examples(task, split, lengths, max_examples and max_examples + 1), max_examples))
+  if not examples:
+    raise ValueError(f'{task.name}: max_examples {max_examples} holds no whole question (its '
+                     'choices, rows of one idx); raise it')
   scored = score_examples(predictor, examples, lengths['inputs'], lengths['targets'], batch_size)
   targets = [task.postprocess_fn(_target_text(task, ex), example=ex, is_target=True)
              for ex in scored]
@@ -112,6 +115,17 @@ def scores_metrics(predictor, task, split: str, lengths, batch_size: int,
   for fn in task.score_metric_fns:
     metrics.update(fn(targets, scores))
   return {k: float(v) for k, v in metrics.items()}
+
+
+def whole_questions(examples, limit: Optional[int]):
+  """The first ``limit`` examples (None: all), less a question cut short: rank classification's
+  rows of one question (its choices, in a row) share the first entry of their ``idx``, and a
+  metric of their scores needs them all (read one row past the limit to see)."""
+  if limit is None or len(examples) <= limit:
+    return examples
+  question = lambda ex: np.ravel(ex['idx'])[0] if np.size(ex.get('idx', ())) > 1 else None
+  cut = question(examples[limit])
+  return [ex for ex in examples[:limit] if cut is None or question(ex) != cut]
 
 
 def _unscored(task, config) -> Optional[str]:

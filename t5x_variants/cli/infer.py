@@ -21,7 +21,8 @@ from t5x_variants.cli import common, ranges, recipe
 from t5x_variants.train import multihost, storage
 from t5x_variants.features import EOS_ID
 from t5x_variants.train.predictor import (DecodeOptions, Predictor, continuation_length,
-                                          decode_examples, prompted, score_examples, until_eos)
+                                          continues_text, decode_examples, prompted, score_examples,
+                                          until_eos)
 
 
 def check_output(output_file: str):
@@ -87,11 +88,13 @@ def infer(config, *, checkpoint_path: str = gin.REQUIRED, output_file: str = gin
   # Each process reads its own copy of the inputs and decodes them all: the same on every one.
   vocab, examples, input_length, target_length = multihost.same(
       'the examples to decode', read, key=lambda value: value[1:])
-  cut = sum(len(ex['inputs']) > input_length for ex in examples) if input_file and input_length else 0
+  eos = 0 if continues_text(config) else 1  # a language model's prompt is read without its EOS
+  cut = sum(len(until_eos(ex['inputs'])) + eos > input_length for ex in examples) if (
+      input_file and input_length) else 0
   if cut:
     print(f'{cut} of the {len(examples)} texts of {input_file} are longer than the inputs length, '
-          f'{input_length} tokens with EOS: each is cut to it (to decode them whole, set '
-          '--gin.TASK_FEATURE_LENGTHS with a longer \'inputs\')')
+          f'{input_length} tokens{" with EOS" if eos else ""}: each is cut to it (to decode them '
+          'whole, set --gin.TASK_FEATURE_LENGTHS with a longer \'inputs\')')
   predictor.load(checkpoint_path)
   decoded = decode_examples(predictor, vocab, examples, input_length, target_length, batch_size)
   if decoded and 'targets' in decoded[0]:
