@@ -70,7 +70,8 @@ def spearman_corrcoef(targets, predictions) -> Dict[str, float]:
 
 
 def multirc_f1a(targets, predictions) -> Dict[str, float]:
-  """Binary F1 over every answer option; items are {'group': question, 'value': 0/1/-1}."""
+  """Binary F1 over every answer option (SuperGLUE's F1a, T5's ``f1``); items are {'group':
+  question, 'value': 0/1/-1}."""
   return {'f1a': _binary_f1([t['value'] for t in targets], [p['value'] for p in predictions])}
 
 
