@@ -124,7 +124,10 @@ def test_one_process_per_gpu_names_its_devices(monkeypatch, capsys):
   flags = ['--multiprocess_gpu', '--coordinator_address=h:1234', '--process_count=8', '--process_index=3']
   for extra, ids in (([], None), (['--local_device_ids=3'], [3]), (['--local_device_ids=2,3'], [2, 3])):
     common.initialize_processes(common.parser('t5xv-x', 'doc').parse_args(flags + extra))
-    assert calls.pop() == (('h:1234', 8, 3), {'local_device_ids': ids})
+    assert calls.pop() == (('h:1234', 8, 3), {'local_device_ids': ids,
+                                              'initialization_timeout': common.JOIN_WAIT_SECS})
+    assert capsys.readouterr().out.startswith('process 3 of 8: joining the others at h:1234 (jax '
+                                              f'waits {common.JOIN_WAIT_SECS} s')
   with pytest.raises(SystemExit) as e:
     common.parser('t5xv-x', 'doc').parse_args(flags + ['--local_device_ids=gpu3'])
   assert e.value.code == 2 and capsys.readouterr().err == (
