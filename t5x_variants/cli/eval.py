@@ -345,13 +345,13 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
       if inference and task.predict_metric_fns and config.architecture != 'encoder_only':
         metrics.update(inference_metrics(predictor, task, split, lengths[task.name], batch_size,
                                          max_examples))
-      if inference and task.score_metric_fns and not _unscored(task, config):
-        metrics.update(scores_metrics(predictor, task, split, lengths[task.name], batch_size,
-                                      max_examples))
       elif inference and prompt_length and config.architecture == 'decoder_only' \
           and 'inputs' not in task.output_features:
         metrics.update(continuation_metrics(predictor, task, split, lengths[task.name],
                                             prompt_length, batch_size, max_examples))
+      if inference and task.score_metric_fns and not _unscored(task, config):
+        metrics.update(scores_metrics(predictor, task, split, lengths[task.name], batch_size,
+                                      max_examples))
       logger = logger or MetricsLogger(str(run_dir), console=True)
       logger.eval(int(step), task.name, metrics, split=split)
       results.setdefault(step, {})[task.name] = metrics
