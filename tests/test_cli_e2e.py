@@ -446,6 +446,15 @@ def test_best_over_checkpoints_takes_the_lowest_loss_and_the_highest_score():
       'stsb': {'pearson': {'value': 85.0, 'step': 20}}}
 
 
+def test_a_model_or_task_that_cannot_score_targets_says_why():
+  """The line t5xv-eval prints where a task's metrics of scores are left out."""
+  task = lambda *features: types.SimpleNamespace(output_features=dict.fromkeys(features))
+  model = lambda architecture: types.SimpleNamespace(architecture=architecture)
+  assert eval_cli._unscored(task('inputs', 'targets'), model('encoder_decoder')) is None  # pylint: disable=protected-access
+  assert 'encoder-only' in eval_cli._unscored(task('inputs', 'targets'), model('encoder_only'))  # pylint: disable=protected-access
+  assert 'no inputs' in eval_cli._unscored(task('targets'), model('decoder_only'))  # pylint: disable=protected-access
+
+
 def test_max_examples_keeps_a_rank_classification_question_whole():
   """Rank classification's rows of one question (its choices) share idx[0]: a limit that falls
   inside one leaves it out (was: scored from some of its choices, or t5's metric's assertion);
