@@ -316,6 +316,35 @@ def test_t5xv_eval_of_whole_examples_evaluates_each_at_the_longest_length(regist
                                   mixture_or_task_name='glue_sst2_cls_local', task_feature_lengths=None)
 
 
+def test_whole_examples_are_measured_over_the_examples_read(register, tmp_path, capsys):
+  """With max_batches (and max_examples for the passes that decode or score) whole examples are
+  measured over the first examples those read, not the split: here the longest comes third and
+  one batch of two reads it not, so the task is evaluated at the second-longest length, with the
+  figures of that length given."""
+  from t5x_variants.cli import eval as eval_cli
+  sentences = ['a gorgeous film', 'warm', 'dull and lifeless to the very end']
+  (register / 'SST-2' / 'dev.tsv').write_text(
+      '\n'.join(['sentence\tlabel'] + [f'{s}\t{i % 2}' for i, s in enumerate(sentences)]) + '\n')
+  config = dataclasses.replace(CLS, vocab_size=seqio.ByteVocabulary().vocab_size)
+  read = len('sst2 sentence: a gorgeous film') + 1  # bytes and EOS
+
+  def evaluate(run, lengths):
+    save_fresh_state(config, tmp_path / run, seed=2, step=3)
+    return eval_cli.evaluate_checkpoints(
+        config, checkpoint_path=str(tmp_path / run), mixture_or_task_name='glue_sst2_cls_local',
+        task_feature_lengths=lengths, batch_size=2, max_batches=1)[3]['glue_sst2_cls_local']
+  whole = evaluate('whole', None)
+  assert (f'glue_sst2_cls_local (validation): whole examples, the longest of its first 2 inputs '
+          f'{read} tokens' in capsys.readouterr().out)
+  assert whole == pytest.approx(evaluate('given', {'inputs': read}), rel=1e-6)
+  # The passes beside the teacher-forced one read max_examples (scores one more); all: None.
+  assert eval_cli.examples_read((), 2, 3, None) == 6
+  assert eval_cli.examples_read(('predict',), 2, 1, 9) == 10
+  assert eval_cli.examples_read(('scores',), 8, 2, 9) == 16
+  assert eval_cli.examples_read(('predict',), 2, 1, None) is None
+  assert eval_cli.examples_read((), 2, None, 5) is None
+
+
 def test_t5xv_eval_reports_the_glue_metrics_of_a_classifier(register, tmp_path):
   """evaluate_checkpoints on a classification task: eval_results.json {split: {step: {task: metrics}}}
   with the loss and the task's accuracy of the checkpoint's predicted labels."""

@@ -137,6 +137,34 @@ def _unscored(task, config) -> Optional[str]:
   return None
 
 
+def inference_passes(task, config, inference: bool, prompt_length: Optional[int]) -> tuple:
+  """The passes beside the teacher-forced one that evaluate ``task``: 'predict' (decoded text and
+  the task's metrics of it), else 'continuation' (a decoder-only model prompted with the first
+  ``prompt_length`` target tokens of a language-modelling task), and 'scores' (its metrics of
+  scores). None without ``inference``."""
+  if not inference:
+    return ()
+  passes = []
+  if task.predict_metric_fns and config.architecture != 'encoder_only':
+    passes.append('predict')
+  elif prompt_length and config.architecture == 'decoder_only' and 'inputs' not in task.output_features:
+    passes.append('continuation')
+  if task.score_metric_fns and not _unscored(task, config):
+    passes.append('scores')
+  return tuple(passes)
+
+
+def examples_read(passes, batch_size: int, max_batches: Optional[int],
+                  max_examples: Optional[int]) -> Optional[int]:
+  """How many of a split's first examples an evaluation with ``passes`` reads (None: all): the
+  teacher-forced pass ``max_batches`` batches, the others ``max_examples`` (scores one more, to see
+  whether the last question is whole)."""
+  if max_batches is None or (passes and max_examples is None):
+    return None
+  teacher_forced = max_batches * batch_size
+  return max(teacher_forced, max_examples + 1) if passes else teacher_forced
+
+
 def continuation_metrics(predictor, task, split: str, lengths, prompt_length: int, batch_size: int,
                          max_examples: Optional[int]):
   """A decoder-only model prompted with the first ``prompt_length`` target tokens of each example:
@@ -285,7 +313,7 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
                          prompt_length: Optional[int] = None):
   """{step: {task: metrics}} of the checkpoints evaluated on ``split`` by this call.
   ``task_feature_lengths`` None evaluates every example whole (T5X's eval.gin), each task at the
-  lengths of its longest example in ``split`` (tasks.whole_lengths)."""
+  lengths of its longest example in ``split`` of those read (tasks.whole_lengths, examples_read)."""
   from t5x_variants.data import classification, tasks  # pylint: disable=g-import-not-at-top
   recipe.use_run_vocabulary(checkpoint_path)
   paths = [checkpoints.checkpoint_path(checkpoint_path)]
@@ -311,13 +339,16 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
   results = all_results.setdefault(split, {})
   options = DecodeOptions()
   whole = task_feature_lengths is None
+  read = {task.name: examples_read(inference_passes(task, config, inference, prompt_length),
+                                   batch_size, max_batches, max_examples) for task in subtasks}
   lengths = {task.name: dict(task_feature_lengths) if not whole else
              multihost.same(f'the longest {split} examples of {task.name}',
-                            functools.partial(tasks.whole_lengths, task, split))
+                            functools.partial(tasks.whole_lengths, task, split, read[task.name]))
              for task in subtasks}
   if whole:
     for name, longest in sorted(lengths.items()):
-      print(f'{name} ({split}): whole examples, the longest ' +
+      of = f' of its first {read[name]}' if read[name] else ''
+      print(f'{name} ({split}): whole examples, the longest{of} ' +
             ', '.join(f'{k} {n} tokens' for k, n in longest.items()))
       _check_fits(config, name, split, longest)
   settings = {'task_feature_lengths': None if whole else dict(task_feature_lengths),
@@ -342,14 +373,14 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
     for task in sorted(subtasks, key=lambda t: t.name):
       metrics = teacher_forced(predictor, task.name, split, lengths[task.name], batch_size,
                                max_batches, task.predict_metric_fns if classify else ())
-      if inference and task.predict_metric_fns and config.architecture != 'encoder_only':
+      passes = inference_passes(task, config, inference, prompt_length)
+      if 'predict' in passes:
         metrics.update(inference_metrics(predictor, task, split, lengths[task.name], batch_size,
                                          max_examples))
-      elif inference and prompt_length and config.architecture == 'decoder_only' \
-          and 'inputs' not in task.output_features:
+      if 'continuation' in passes:
         metrics.update(continuation_metrics(predictor, task, split, lengths[task.name],
                                             prompt_length, batch_size, max_examples))
-      if inference and task.score_metric_fns and not _unscored(task, config):
+      if 'scores' in passes:
         metrics.update(scores_metrics(predictor, task, split, lengths[task.name], batch_size,
                                       max_examples))
       logger = logger or MetricsLogger(str(run_dir), console=True)

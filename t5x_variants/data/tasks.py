@@ -197,10 +197,11 @@ def task_examples(task, split: str, lengths: Optional[Mapping[str, int]],
     return list(ds.as_numpy_iterator())
 
 
-def whole_lengths(task, split: str) -> dict:
-  """{feature: the longest example of ``split`` in tokens, EOS included}: the lengths at which every
-  example is evaluated whole, as seqio's Evaluator measures them when it is given none (there over
-  all of a mixture's tasks at once, here per task). ValueError for a task whose preprocessors
+def whole_lengths(task, split: str, max_examples: Optional[int] = None) -> dict:
+  """{feature: the longest example of ``split`` (of its first ``max_examples``; None: all) in tokens,
+  EOS included}: the lengths at which every example read is evaluated whole, as seqio's Evaluator
+  measures them when it is given none (there over all of a mixture's tasks at once, here per
+  task). ValueError for a task whose preprocessors
   cannot run without lengths (span corruption, the LM objectives: they cut the text to them)."""
   def needs_lengths(preprocessor):  # a sequence_length parameter without a default
     param = inspect.signature(preprocessor).parameters.get('sequence_length')
@@ -212,7 +213,7 @@ def whole_lengths(task, split: str) -> dict:
                      "lengths (t5xv-eval's EVAL_FEATURE_LENGTHS: the run's TASK_FEATURE_LENGTHS "
                      'unless set)')
   longest = dict.fromkeys(task.output_features, 0)
-  for example in task_examples(task, split, None):
+  for example in task_examples(task, split, None, max_examples):
     for feature in longest:
       longest[feature] = max(longest[feature], len(example[feature]))
   if not all(longest.values()):
