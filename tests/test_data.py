@@ -247,6 +247,23 @@ def test_a_decoder_only_model_on_a_task_with_inputs_is_refused_not_fed_targets_a
   assert pipeline.get_dataset('embedded_lm', {'targets': 64}, 'decoder_only') is not None
 
 
+@pytest.mark.parametrize('name, lengths', [('embedded_lm', {'targets': 64}),
+                                           ('embedded_span_corruption', {'inputs': 64, 'targets': 16}),
+                                           ('glue_rte', {'inputs': 64, 'targets': 4})])
+def test_an_encoder_only_model_on_a_task_that_is_not_mlm_is_refused_saying_which_it_reads(name, lengths):
+  """A bare KeyError ('inputs') or seqio's missing 'mlm_weights' before."""
+  with pytest.raises(ValueError, match=f'{name} is not a masked-language-modelling task.*embedded_mlm.*'
+                                       'glue_rte_cls'):
+    pipeline.get_dataset(name, lengths, 'encoder_only')
+
+
+@pytest.mark.parametrize('targets', [32, 128])
+def test_mlm_targets_of_another_length_than_the_inputs_are_refused_before_the_first_batch(targets):
+  """They failed in tf.data at the first batch ('encoder_target_tokens' has length ...)."""
+  with pytest.raises(ValueError, match=f'the targets length {targets} is not the inputs length 64'):
+    pipeline.get_dataset('embedded_mlm', {'inputs': 64, 'targets': targets}, 'encoder_only')
+
+
 @pytest.mark.parametrize('name, preprocessor', [('embedded_span_corruption', 'span_corruption'),
                                                 ('embedded_lm', 'lm'), ('embedded_prefix_lm', 'prefix_lm')])
 def test_a_task_that_cuts_text_to_lengths_has_no_whole_examples(name, preprocessor):

@@ -59,6 +59,10 @@ def mlm(dataset: tf.data.Dataset, sequence_length: Dict[str, int],
   if sequence_length['inputs'] < 2:
     raise ValueError(f"sequence_length['inputs']={sequence_length['inputs']} leaves no room for a "
                      'token besides EOS')
+  if sequence_length.get('targets', sequence_length['inputs']) != sequence_length['inputs']:
+    raise ValueError(f"an MLM example's targets are its inputs before masking, as long as them: "
+                     f"the targets length {sequence_length['targets']} is not the inputs length "
+                     f"{sequence_length['inputs']}; give both the same (TASK_FEATURE_LENGTHS)")
   vocabulary = output_features['targets'].vocabulary
   vocab_size = vocabulary.vocab_size
   mask_id = vocab_size - 1 if mask_id is None else mask_id

@@ -21,7 +21,7 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from t5x_variants.data import classification, tasks
+from t5x_variants.data import classification, mlm, tasks
 from t5x_variants.data.config import DatasetConfig, check_loss_on_targets_only
 from t5x_variants.features import DATA_ARCHITECTURES
 
@@ -122,6 +122,12 @@ def _check_lengths(name: str, lengths: Mapping[str, int], features):
                      'accordingly')
 
 
+def _is_mlm(task) -> bool:
+  """Whether a task's examples are BERT's masked tokens (data/mlm.py), what MLMFeatureConverter
+  reads."""
+  return any(getattr(p, 'func', p) is mlm.mlm for p in task.preprocessors)
+
+
 def get_dataset(name: str, task_feature_lengths: Mapping[str, int], architecture: str,
                 split: str = 'train', shuffle: bool = True, seed: Optional[int] = 0,
                 num_epochs: Optional[int] = None, pack: bool = True, shard_index: int = 0,
@@ -149,6 +155,13 @@ def get_dataset(name: str, task_feature_lengths: Mapping[str, int], architecture
       raise ValueError(f'{name} has targets only; a prefix LM reads inputs, then targets: train it '
                        'on a task with inputs (e.g. c4_span_corruption, a GLUE task), or a plain '
                        'decoder-only model (gin/architectures/decoder_only.gin) on this one')
+    if architecture == 'encoder_only' and not all(map(_is_mlm, getattr(task, 'tasks', [task]))):
+      raise ValueError(f'{name} is not a masked-language-modelling task, the one an encoder-only '
+                       'model trains on without a head (its preprocessors end in data.mlm.mlm: '
+                       'c4_mlm, embedded_mlm); to fine-tune it on a GLUE task give it a '
+                       'classification head and the task\'s _cls form (glue_rte_cls: '
+                       'gin/runs/finetune_classification.gin), or train another architecture on '
+                       'this one')
     _check_lengths(name, task_feature_lengths, list(task.output_features))
     if architecture == 'encoder_only':  # the MLM weights are as long as the inputs
       task_feature_lengths = dict(task_feature_lengths, mlm_weights=task_feature_lengths['inputs'])
