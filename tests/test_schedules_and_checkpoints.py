@@ -166,9 +166,15 @@ def test_schedule_errors():
 @pytest.mark.parametrize('loss,message', [
     (dict(label_smoothing=1.5), r'train.label_smoothing must be in \[0, 1\), not 1.5'),
     (dict(z_loss=-1e-4), 'train.z_loss must be a number >= 0, not -0.0001'),
+    (dict(loss_normalizing_factor=0.0), "loss_normalizing_factor must be 'num_tokens', 'none', None "
+                                        'or a number > 0, not 0.0'),
+    (dict(loss_normalizing_factor=-1.0), 'or a number > 0, not -1.0'),
+    (dict(loss_normalizing_factor=True), 'or a number > 0, not True'),
+    (dict(loss_normalizing_factor='tokens'), "or a number > 0, not 'tokens'"),
 ])
 def test_a_loss_setting_out_of_range_is_refused_before_any_work(loss, message):
-  """label_smoothing 1.5 made every step non-finite, and the error advised a lower learning rate."""
+  """label_smoothing 1.5 made every step non-finite, and the error advised a lower learning rate;
+  a loss_normalizing_factor of 0 did the same, a negative one trained by gradient ascent."""
   from t5x_variants.train import trainer  # pylint: disable=g-import-not-at-top
   with pytest.raises(ValueError, match=message):
     trainer.train(None, None, model_dir='/nonexistent', total_steps=1, **loss)

@@ -5,6 +5,7 @@ the one-hot target smoothed to (1 - ls) on the target and ls / (V - 1) elsewhere
 2016); subtracting the entropy H(q_i) makes a perfect prediction cost 0. The z-loss term keeps the
 softmax normaliser near 1 (Chowdhery et al. 2022, PaLM Sec. 5).
 """
+import math
 from typing import Dict, Union
 
 import jax
@@ -47,14 +48,24 @@ def normalizing_factor(loss_normalizing_factor: Union[str, float], num_tokens):
   """'num_tokens': the number of weighted tokens (at least 1); 'none' or None (T5X's spelling, its
   T5.1.1 default): 1, the summed loss; a number: itself (T5's constant normaliser makes the loss
   independent of the batch's padding)."""
+  check_normalizing_factor(loss_normalizing_factor)
   if loss_normalizing_factor is None:
     return 1.0
   if isinstance(loss_normalizing_factor, str):
-    if loss_normalizing_factor not in NORMALIZERS:
-      raise ValueError(f'unknown loss_normalizing_factor {loss_normalizing_factor!r}; valid: '
-                       f'{", ".join(NORMALIZERS)} or a number')
     return jnp.maximum(num_tokens, 1.0) if loss_normalizing_factor == 'num_tokens' else 1.0
   return loss_normalizing_factor
+
+
+def check_normalizing_factor(loss_normalizing_factor):
+  """ValueError unless one of NORMALIZERS, None or a finite number > 0 (0 made every step's loss
+  infinite, a negative one trained by gradient ascent)."""
+  if loss_normalizing_factor is None or loss_normalizing_factor in NORMALIZERS:
+    return
+  number = isinstance(loss_normalizing_factor, (int, float)) and not isinstance(
+      loss_normalizing_factor, bool)
+  if not (number and math.isfinite(loss_normalizing_factor) and loss_normalizing_factor > 0):
+    raise ValueError(f'loss_normalizing_factor must be {", ".join(map(repr, NORMALIZERS))}, None '
+                     f'or a number > 0, not {loss_normalizing_factor!r}')
 
 
 def loss_and_metrics(logits, targets, weights, label_smoothing: float = 0.0, z_loss: float = 0.0,

@@ -25,7 +25,7 @@ import flax.linen as nn
 import gin
 import jax
 
-from t5x_variants.models import build_model, fresh_head_params, init_inputs
+from t5x_variants.models import build_model, fresh_head_params, init_inputs, losses
 from t5x_variants.models.config import TransformerConfig
 from t5x_variants.models.summary import model_info
 from t5x_variants.train import (checkpoints, diagnostics, evaluation, multihost, optimizer,
@@ -373,6 +373,7 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
                      '(at 1 or more every step\'s loss is not finite)')
   if isinstance(z_loss, bool) or not (isinstance(z_loss, (int, float)) and z_loss >= 0.0):
     raise ValueError(f'train.z_loss must be a number >= 0, not {z_loss!r}')
+  losses.check_normalizing_factor(loss_normalizing_factor)
   if diagnostics_period and config.shared_encoder_decoder:
     raise ValueError('per-layer diagnostics read each stack\'s own parameters; a shared '
                      'encoder-decoder has one stack: set train.diagnostics_period = 0')
