@@ -159,6 +159,17 @@ def test_magneto_recipes_follow_the_torchscale_example_commands():
   assert 'label_smoothing' not in gin.config_str()  # no --criterion: fairseq's plain cross-entropy
 
 
+def test_xiong_bert_recipe_has_berts_optimizer():
+  """vanilla/mlm.gin: BERT's AdamW (weight decay 0.01, not on norms and biases) clipped at 1.0."""
+  load('gin/experiments/vanilla/mlm.gin', 'gin/variants/norm/post_ln.gin',
+       bindings=['MODEL_DIR = "/tmp/unused"'])
+  assert query('make_optimizer.optimizer') == 'adamw'
+  assert (query('adamw.b1'), query('adamw.b2'), query('adamw.eps'), query('adamw.weight_decay'),
+          query('adamw.decay_norms_and_biases'), query('make_optimizer.global_norm_clip')) == (
+      0.9, 0.999, 1e-6, 0.01, False, 1.0)
+  assert float(optimizer.learning_rate_schedule()(10_000)) == pytest.approx(1e-4)
+
+
 def test_no_warmup_arm_differs_from_its_twin_in_the_warmup_alone():
   """vanilla/no_warmup.gin: peak rate from step 0; from the end of the twin's warmup on, the same rate."""
   schedules = []
