@@ -19,6 +19,7 @@ import pytest
 from etils import epath
 
 from conftest import HOST_DEVICES, needs_data_layer
+from t5x_variants.features import EOS_ID
 from t5x_variants.cli import eval as eval_cli, infer, train
 from train_helpers import records_of as records
 
@@ -113,9 +114,14 @@ def test_eval_computes_a_tasks_metrics_of_scores(quickstart, tmp_path, monkeypat
 
 @pytest.mark.slow
 @pytest.mark.parametrize('method', ['greedy', 'beam'])
-def test_infer_writes_jsonl(quickstart, method, tmp_path, capsys):
-  """Also: a text longer than the inputs length is cut to it, and a line says so."""
+def test_infer_writes_jsonl(quickstart, method, tmp_path, capsys, monkeypatch):
+  """Also: a text longer than the inputs length is cut to it, still ending in its EOS as seqio cuts
+  inputs, and a line says so."""
   run_dir = quickstart[0]
+  decoded = []
+  real_decode = infer.decode_examples
+  monkeypatch.setattr(infer, 'decode_examples', lambda predictor, vocab, examples, *args: decoded.extend(
+      examples) or real_decode(predictor, vocab, examples, *args))
   texts = tmp_path / 'texts.txt'
   texts.write_text('The file is opened in binary mode.\nReturn the number of items.\n'
                    + 'item ' * 2000 + '\n')
@@ -127,6 +133,9 @@ def test_infer_writes_jsonl(quickstart, method, tmp_path, capsys):
   assert [r['inputs'] for r in rows] == texts.read_text().splitlines()
   assert all(r['prediction'] and r['score'] < 0 for r in rows)
   assert '1 of the 3 texts of ' in capsys.readouterr().out
+  cut = decoded[2]['inputs']  # TINY_RUN's inputs length
+  assert len(cut) == 64 and cut[-1] == EOS_ID and EOS_ID not in cut[:-1]
+  assert len(decoded[1]['inputs']) < 64 and decoded[1]['inputs'][-1] == EOS_ID  # whole, as it was
 
 
 @pytest.mark.slow

@@ -49,7 +49,8 @@ def test_decoding_options_out_of_range_are_one_line_before_any_checkpoint(option
 
 def test_prompted_cuts_the_targets_into_prompt_and_continuation():
   examples = [{'targets': np.array([5, 6, 7, 8, EOS_ID, 0])}, {'targets': np.array([5, 6, 7, EOS_ID, 0, 0])},
-              {'targets': np.array([5, 6, 7, 8, 9, 10])}]  # trimmed to length: no EOS
+              {'targets': np.array([5, 6, 7, 8, 9, 10])},  # trimmed to length: no EOS
+              {'targets': np.array([0, 0, 0])}]  # empty (an IndexError before)
   got = prompted(examples, 3)
   assert [(e['inputs'].tolist(), e['targets'].tolist()) for e in got] == [
       ([5, 6, 7], [8, EOS_ID]), ([5, 6, 7], [8, 9, 10])]  # the second has nothing to continue

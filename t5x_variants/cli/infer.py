@@ -95,6 +95,9 @@ def infer(config, *, checkpoint_path: str = gin.REQUIRED, output_file: str = gin
     print(f'{cut} of the {len(examples)} texts of {input_file} are longer than the inputs length, '
           f'{input_length} tokens{" with EOS" if eos else ""}: each is cut to it (to decode them '
           'whole, set --gin.TASK_FEATURE_LENGTHS with a longer \'inputs\')')
+  if cut and eos:  # a cut input still ends in its EOS, as seqio's append_eos_after_trim cut them
+    for ex in examples:
+      ex['inputs'] = np.append(ex['inputs'][:-1][:input_length - 1], EOS_ID).astype(np.int32)
   predictor.load(checkpoint_path)
   decoded = decode_examples(predictor, vocab, examples, input_length, target_length, batch_size)
   if decoded and 'targets' in decoded[0]:

@@ -183,7 +183,7 @@ def prompted(examples: List[dict], prompt_length: Optional[int], task_name: str 
   out = []
   for ex in examples:
     ids = until_eos(ex['targets'], keep_eos=True)
-    if len(ids) > prompt_length + (ids[-1] == EOS_ID):
+    if ids and len(ids) > prompt_length + (ids[-1] == EOS_ID):
       out.append({'inputs': np.asarray(ids[:prompt_length], np.int32),
                   'targets': np.asarray(ids[prompt_length:], np.int32)})
   return out
