@@ -146,13 +146,18 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, subprocess_train
 
 def test_a_stop_at_the_last_step_commits_without_the_final_eval(tmp_path, monkeypatch):
   """A signal at the last step (not an eval step): its checkpoint commits with further signals
-  noted, so the final eval is left to the rerun (else it would run where nothing can stop it)."""
+  noted, so the final eval is left to the rerun (else it would run where nothing can stop it);
+  a finished run rerun evaluated its last step again before."""
   from t5x_variants.train import preemption  # pylint: disable=g-import-not-at-top
   from train_helpers import eval_batches  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(preemption.Preemption, 'reached', lambda self, step: step == 3)
   assert run_train(tmp_path, 3, period=10, eval_data=eval_batches, eval_period=2)['step'] == 3
   assert [r['step'] for r in records(tmp_path, 'eval')] == [2]
   assert sorted(p.name for p in tmp_path.glob('checkpoint_*')) == ['checkpoint_3']
+  # The rerun does that eval, once: a rerun of the finished run does not log it again.
+  for _ in range(2):
+    assert run_train(tmp_path, 3, period=10, eval_data=eval_batches, eval_period=2)['step'] == 3
+    assert [r['step'] for r in records(tmp_path, 'eval')] == [2, 3]
 
 
 def test_a_non_finite_step_stops_or_is_skipped(reference, tmp_path):

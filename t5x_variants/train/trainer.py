@@ -281,15 +281,15 @@ def _train_steps(run: _Run, preempt: preemption.Preemption, evaluator: Evaluator
   return False
 
 
-def _eval_due_at_start(start: int, eval_period: int, eval_at_start: bool,
+def _eval_due_at_start(start: int, total_steps: int, eval_period: int, eval_at_start: bool,
                        logger: MetricsLogger, tasks: Callable[[], Sequence[str]]) -> bool:
   """Whether to evaluate the parameters before the first step: a fresh run with
-  ``eval_at_start``, or a run resumed at an eval step whose eval of one of ``tasks()`` is not in
-  metrics.jsonl (a stop between the step's checkpoint, saved first, and the end of its eval).
-  Process 0's answer, for all."""
+  ``eval_at_start``, or a run resumed at an eval step (or its last, ``total_steps``, which
+  ``_finish`` evaluates) whose eval of one of ``tasks()`` is not in metrics.jsonl (a stop between
+  the step's checkpoint, saved first, and the end of its eval). Process 0's answer, for all."""
   if start == 0:
     return eval_at_start
-  if not eval_period or start % eval_period:
+  if not eval_period or (start % eval_period and start != total_steps):
     return False
   return multihost.process0_says('reading metrics.jsonl',
                                  lambda: not logger.evaluated(start, tasks()))
@@ -317,16 +317,18 @@ def _close_after(run: _Run):
     pass
 
 
-def _finish(run: _Run, evaluator: Evaluator, total_steps: int, eval_period: int,
+def _finish(run: _Run, evaluator: Evaluator, start: int, total_steps: int, eval_period: int,
             stopped: bool = False) -> dict:
   """Logs the steps since the last log (a stop between log periods), saves the last step, then
-  evaluates it if it is ``total_steps`` and no eval step, unless the run was ``stopped`` by a
-  signal (a rerun of the finished run redoes that eval), and closes the run's files."""
+  evaluates it if it is ``total_steps``, no eval step and trained since ``start``, unless the run
+  was ``stopped`` by a signal (a rerun of the finished run does that eval, ``_eval_due_at_start``),
+  and closes the run's files."""
   run.meter.flush(run.step)
   try:
     run.logger.check()
     run.ckpt.save(run.step, run.state, run.data, force=True)
-    if eval_period and run.step % eval_period and run.step == total_steps and not stopped:
+    if (eval_period and run.step % eval_period and run.step == total_steps and run.step > start
+        and not stopped):
       evaluator(run.step, run.state.params)
   except BaseException:
     _close_after(run)
@@ -394,7 +396,7 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
   run = _Run(state, start, data, sharded.make_train_step(num_microbatches, **loss), sharded.mesh,
              sharded.rng, ckpt, logger, TrainMeter(logger, start, log_period, total_steps), guard)
   try:
-    if eval_data and _eval_due_at_start(start, eval_period, eval_at_start, logger,
+    if eval_data and _eval_due_at_start(start, total_steps, eval_period, eval_at_start, logger,
                                         lambda: list(eval_data())):
       evaluator(start, state.params)
       run.meter.resume()
@@ -411,5 +413,5 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
     raise
   if preempted:  # another signal while the stop's checkpoint commits is noted, not obeyed
     with preemption.Preemption(ckpt):
-      return _finish(run, evaluator, total_steps, eval_period, stopped=True)
-  return _finish(run, evaluator, total_steps, eval_period)
+      return _finish(run, evaluator, start, total_steps, eval_period, stopped=True)
+  return _finish(run, evaluator, start, total_steps, eval_period)
