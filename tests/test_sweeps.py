@@ -217,7 +217,8 @@ def test_divergence(tmp_path, losses, skipped, expected):
 
 def test_the_diverged_column_counts_finished_runs_only(tmp_path):
   """A run still training whose loss is 1.1 nat above its lowest may recover: not 'diverged'
-  in the table (its runs column says it is unfinished); the same curve at its last step is."""
+  in the table (its runs column says it is unfinished) or the depth plot; the same curve at its
+  last step is."""
   blown = [train_record(1, 6.0), train_record(2, 5.0), train_record(3, 6.1)]
   write_metrics(tmp_path / 'running-seed0', blown, total_steps=10)
   write_metrics(tmp_path / 'done-seed0', blown + [{'step': 3, 'kind': 'eval', 'task': 't',
@@ -225,6 +226,8 @@ def test_the_diverged_column_counts_finished_runs_only(tmp_path):
   group = report.run_dirs_group([str(tmp_path / d) for d in ('running-seed0', 'done-seed0')])
   rows = {line.split(' | ')[0][2:]: line for line in report.table(group)[2:]}
   assert rows['running'].endswith('| no |') and rows['done'].endswith('| 1/1 (step 3) |'), rows
+  # The depth plot asks the same (it marked the running run's depth diverged).
+  assert {t.variant: report.diverged_step(t) for t in group.trials} == {'running': None, 'done': 3}
 
 
 def test_spearman_matches_scipy_with_ties():

@@ -83,6 +83,10 @@ def run_dirs_group(run_dirs: Sequence[str], name: str = 'runs', paper: Optional[
 
 
 def diverged_step(trial: Trial) -> Optional[int]:
+  """The step a finished trial diverged at, None if it did not or is not finished (a running
+  run's blow-up may still recover): the tables and the depth plot alike."""
+  if trial.status not in grid.FINISHED:
+    return None
   return trial.nonfinite_step if trial.nonfinite_step is not None else trial.record.diverged_at()
 
 
@@ -223,8 +227,7 @@ def table(group: Group) -> List[str]:
     total = next((r.total_steps for r in records if r.total_steps), None)
     params = next((r.params for r in records if r.params), None)
     speeds = [s for s in (r.tokens_per_second() for r in records) if s]
-    diverged = [diverged_step(t) for t in trials  # a running run's blow-up may still recover
-                if t.status in grid.FINISHED and diverged_step(t) is not None]
+    diverged = [diverged_step(t) for t in trials if diverged_step(t) is not None]
     totals = sorted({r.total_steps for r in records if r.total_steps})
     if len(totals) > 1:  # runs of other lengths in one row: say so, with every length
       total = ' or '.join(map(str, totals)) + ' (runs of other lengths)'
