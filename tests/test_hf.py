@@ -152,14 +152,51 @@ def test_an_mt5_imports_as_the_t5_v1_1_it_is(tmp_path):
 
 def test_an_import_whose_weights_and_config_disagree_is_one_error(tmp_path):
   """A config.json that does not describe its weights (here a vocabulary other than the
-  embedding's rows) is refused at import, naming the parameter, not at the first restore."""
+  embedding's rows, or attention widths other than the projections': a bare numpy reshape error
+  before) is refused at import, naming the parameter, not at the first restore."""
   _, hf_dir = hf_model(tmp_path, 'relu', True)
   config = json.loads((hf_dir / 'config.json').read_text())
   (hf_dir / 'config.json').write_text(json.dumps({**config, 'vocab_size': config['vocab_size'] * 2}))
   with pytest.raises(ValueError, match=r'weights and its config.json disagree: '
                                        r'token_embedder/embedding is \(\d+, \d+\) in the weights'):
     hf_cli.import_checkpoint(str(hf_dir), str(tmp_path / 'run'))
+  (hf_dir / 'config.json').write_text(json.dumps({**config, 'd_kv': config['d_kv'] // 2}))
+  with pytest.raises(ValueError, match=r'weights and its config.json disagree: encoder.block.0.layer.0.'
+                                       r'SelfAttention.q.weight is \(\d+, \d+\) in the weights, '
+                                       r'\(\d+, \d+\) by the config'):
+    hf_cli.import_checkpoint(str(hf_dir), str(tmp_path / 'run'))
   assert not (tmp_path / 'run').exists()
+
+
+@pytest.mark.parametrize('ids', [dict(decoder_start_token_id=5), dict(eos_token_id=2),
+                                 dict(pad_token_id=3, eos_token_id=[1, 4])])
+def test_an_import_with_other_special_ids_than_t5s_is_one_error(tmp_path, ids):
+  """Our T5 pads (and masks) id 0, starts decoding from 0 and stops at 1: another model's ids
+  were dropped without a word, and it decoded otherwise than transformers' generate."""
+  _, hf_dir = hf_model(tmp_path, 'relu', True)
+  config = json.loads((hf_dir / 'config.json').read_text())
+  (hf_dir / 'config.json').write_text(json.dumps({**config, **ids}))
+  with pytest.raises(ValueError, match=f'its config.json has {next(iter(ids))} .* has 0, 1 and 0'):
+    hf_cli.import_checkpoint(str(hf_dir), str(tmp_path / 'run'))
+  assert not (tmp_path / 'run').exists()
+  (hf_dir / 'config.json').write_text(json.dumps({**config, 'decoder_start_token_id': None,
+                                                  'eos_token_id': [1]}))  # T5's, as written
+  hf_cli.import_checkpoint(str(hf_dir), str(tmp_path / 'run'))
+
+
+@pytest.mark.parametrize('ffn', [('tanh',), ('tanh', 'linear')])
+def test_a_tanh_ffn_imports_and_exports_with_transformers_logits(ffn, tmp_path):
+  """feed_forward_proj 'tanh' / 'gated-tanh' (transformers' ACT2FN has it, as ours): refused
+  both ways before, saying neither side computes it."""
+  model, hf_dir = hf_model(tmp_path, ffn, False)
+  assert json.loads((hf_dir / 'config.json').read_text())['feed_forward_proj'] == (
+      'gated-tanh' if len(ffn) == 2 else 'tanh')
+  assert hf_cli.import_checkpoint(str(hf_dir), str(tmp_path / 'run')).activations == ffn
+  ours = our_logits(tmp_path / 'run')[0]
+  assert_logits_close(ours, hf_logits(model))
+  hf_cli.export_checkpoint(str(tmp_path / 'run'), str(tmp_path / 'out'))
+  exported = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path / 'out').eval()
+  assert_logits_close(hf_logits(exported), ours)
 
 
 def test_an_import_with_weights_left_over_or_of_another_head_is_one_error(tmp_path):
@@ -259,7 +296,7 @@ REFUSED = {
     'layernorm': (dict(norm='layernorm'), "norm 'layernorm'"),
     'decoder_only': (dict(architecture='decoder_only'), "architecture 'decoder_only'"),
     'encoder_only': (dict(architecture='encoder_only'), "architecture 'encoder_only'"),
-    'tanh': (dict(ffn=('tanh',)), "ffn ('tanh',)"),
+    'gated_exact_gelu': (dict(ffn=('gelu_exact', 'linear')), "ffn ('gelu_exact', 'linear')"),
     'unscaled_tied': (dict(tie_embeddings=True, scale_tied_logits=False),
                       'tie_embeddings without scale_tied_logits'),
     'bidirectional_decoder_buckets': (dict(relative_attention_bidirectional=True),

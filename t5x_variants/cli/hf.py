@@ -27,6 +27,7 @@ import gin
 import numpy as np
 
 from t5x_variants.cli import common, recipe
+from t5x_variants.features import EOS_ID, PAD_ID
 from t5x_variants.layers.ffn import FFN_VARIANTS
 from t5x_variants.models import hf_t5
 from t5x_variants.models.encoder_decoder import unshared_params
@@ -133,6 +134,12 @@ def import_checkpoint(hf_dir: str, model_dir: str, scan_layers: bool = True):
   if other:
     raise ValueError(f'{hf_dir} holds {other}, not T5ForConditionalGeneration (transformers T5 '
                      'or mT5 with its language-model head)')
+  special = {'pad_token_id': PAD_ID, 'eos_token_id': EOS_ID, 'decoder_start_token_id': PAD_ID}
+  odd = [f'{k} {hf[k]}' for k, want in special.items() if hf.get(k) not in (None, want, [want])]
+  if odd:
+    raise ValueError(f'{hf_dir}: its config.json has {", ".join(odd)}, where T5 (and this codebase, '
+                     'which pads and starts decoding with id 0 and ends with EOS id 1) has 0, 1 and 0: '
+                     'the imported model would read padding and decode otherwise than it was trained')
   run = storage.path(model_dir)
   _refuse_filled(run, 'import into a new directory')
   weights = read_hf_weights(hf_dir)

@@ -27,7 +27,7 @@ from t5x_variants.models.config import TransformerConfig
 # Our FFN activations (layers/ffn.py) -> transformers' ACT2FN names. HF's 'gated-gelu' means the
 # tanh GELU (gelu_new), as ours; its 'gelu' is the exact one.
 _HF_ACT = {'relu': 'relu', 'gelu': 'gelu_new', 'gelu_exact': 'gelu', 'swish': 'silu',
-           'sigmoid': 'sigmoid', 'linear': 'linear'}
+           'sigmoid': 'sigmoid', 'tanh': 'tanh', 'linear': 'linear'}
 _FROM_HF_ACT = {**{v: k for k, v in _HF_ACT.items()}, 'swish': 'swish', 'gelu_pytorch_tanh': 'gelu'}
 _GATED = 'gated-'
 _HF_ATTENTION = {'self_attention': 'SelfAttention', 'encoder_decoder_attention': 'EncDecAttention'}
@@ -161,9 +161,12 @@ def params_from_hf(weights: Mapping[str, np.ndarray], config: TransformerConfig,
   w = {k: np.asarray(v, np.float32) for k, v in weights.items()}
   used = set(_COPIES)
 
-  def get(name):
+  def get(name, shape=None):  # ``shape``: what the config makes of it, checked before a reshape
     if name not in w:
       raise ValueError(f'the checkpoint has no {name}: is it a transformers T5 of this configuration?')
+    if shape and w[name].shape != shape:
+      raise ValueError(f'its weights and its config.json disagree: {name} is {w[name].shape} in the '
+                       f'weights, {shape} by the config (d_model, num_heads, d_kv)')
     used.add(name)
     return w[name]
   heads, d_h, d = config.num_heads, config.head_dim, config.d_model
@@ -190,10 +193,10 @@ def params_from_hf(weights: Mapping[str, np.ndarray], config: TransformerConfig,
                           'wo': {'kernel': get(f'{hf}.DenseReluDense.wo.weight').T}}
         else:
           a = f'{hf}.{_HF_ATTENTION[part]}'
-          split = lambda m: get(f'{a}.{m}.weight').T.reshape(d, heads, d_h)
+          split = lambda m: get(f'{a}.{m}.weight', (heads * d_h, d)).T.reshape(d, heads, d_h)
           layer[part] = {'query': {'kernel': split('q') * np.float32(np.sqrt(d_h))}, 'key': {'kernel': split('k')},
                          'value': {'kernel': split('v')},
-                         'out': {'kernel': get(f'{a}.o.weight').T.reshape(heads, d_h, d)}}
+                         'out': {'kernel': get(f'{a}.o.weight', (d, heads * d_h)).T.reshape(heads, d_h, d)}}
       tree[ours] = layer
     params[stack] = tree
   unused = sorted(w.keys() - used)
