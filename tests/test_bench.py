@@ -171,7 +171,8 @@ def test_profile_categories():
 
 
 def test_the_hf_ratio_names_what_our_step_does_that_the_peers_does_not():
-  """The peer runs dropout 0, one microbatch: a ratio against a heavier step of ours says so."""
+  """The peer runs dropout 0, one microbatch: a ratio against a heavier step of ours says so, and
+  against another model (a shared encoder-decoder's, which the peer's T5 cannot share)."""
   same = {'dropout': False, 'num_microbatches': 1}
   assert bench.unlike(same, {'optimizer': 'adafactor'}, 'adafactor') == ''
   assert bench.unlike({'dropout': True, 'num_microbatches': 4, 'packed': True}, {'optimizer': 'adamw'},
@@ -179,6 +180,11 @@ def test_the_hf_ratio_names_what_our_step_does_that_the_peers_does_not():
                                        'in ours, packed rows in ours)')
   assert bench.unlike({**same, 'z_loss': 1e-4, 'label_smoothing': 0.1}, {'optimizer': 'adafactor'},
                       'adafactor') == ' (z-loss 0.0001 in ours, label smoothing 0.1 in ours)'
+  # another model than the peer's (a shared encoder-decoder: the peer has two stacks)
+  assert bench.unlike({**same, 'parameters': 10}, {'optimizer': 'adafactor', 'parameters': 10},
+                      'adafactor') == ''
+  assert bench.unlike({**same, 'parameters': 10}, {'optimizer': 'adafactor', 'parameters': 1234},
+                      'adafactor') == " (10 parameters in ours, 1,234 in the peer's)"
 
 
 def test_profile_turns_command_buffers_off_only_for_a_cuda_backend():

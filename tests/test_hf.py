@@ -312,9 +312,10 @@ def test_each_inexpressible_variant_is_refused_by_name(axis):
   assert hf_t5.inexpressible(tiny()) is None
 
 
-def test_a_shared_encoder_decoder_exports_as_the_plain_t5_it_computes(tmp_path):
+def test_a_shared_encoder_decoder_exports_as_the_plain_t5_it_computes(tmp_path, capsys):
   """T5's shared-parameter encoder-decoder goes to transformers with the decoder's weights copied
-  into the encoder: its logits there are ours."""
+  into the encoder: its logits there are ours. (A run without vocab.model: the export says it has
+  no tokenizer.)"""
   from train_helpers import save_fresh_state  # pylint: disable=g-import-not-at-top
   config = tiny(shared_encoder_decoder=True, vocab_size=64)  # INPUTS' and DECODER's ids
   params = save_fresh_state(config, tmp_path / 'run', seed=0)
@@ -323,7 +324,9 @@ def test_a_shared_encoder_decoder_exports_as_the_plain_t5_it_computes(tmp_path):
       if k in ('vocab_size', 'd_model', 'num_heads', 'head_dim', 'd_ff', 'num_encoder_layers',
                'num_decoder_layers', 'encoder_max_length', 'decoder_max_length',
                'shared_encoder_decoder')))
-  hf_cli.export_checkpoint(str(tmp_path / 'run'), str(tmp_path / 'out'))
+  assert hf_cli.export_checkpoint(str(tmp_path / 'run'), str(tmp_path / 'out')) == (
+      'config.json, model.safetensors')
+  assert 'has no vocab.model' in capsys.readouterr().err
   exported = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path / 'out').eval()
   ours = jit_apply(build_model(config))({'params': params}, jnp.asarray(INPUTS), jnp.asarray(DECODER))
   assert_logits_close(hf_logits(exported), np.asarray(ours))

@@ -149,7 +149,9 @@ def unlike(result, hf, ours: str) -> str:
       [f"{result['num_microbatches']} microbatches in ours"] if result['num_microbatches'] > 1 else []) + (
       ['packed rows in ours'] if result.get('packed') else []) + (
       [f"z-loss {result['z_loss']:g} in ours"] if result.get('z_loss') else []) + (
-      [f"label smoothing {result['label_smoothing']:g} in ours"] if result.get('label_smoothing') else [])
+      [f"label smoothing {result['label_smoothing']:g} in ours"] if result.get('label_smoothing') else []) + (
+      [f"{result['parameters']:,} parameters in ours, {hf['parameters']:,} in the peer's"]
+      if hf.get('parameters', result.get('parameters')) != result.get('parameters') else [])
   return f" ({', '.join(differ)})" if differ else ''
 
 

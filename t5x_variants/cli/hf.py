@@ -210,7 +210,10 @@ def export_checkpoint(checkpoint_path: str, output_dir: str, params_only: bool =
   storage.write_text(out / 'config.json', json.dumps(hf_t5.hf_config(config), indent=2) + '\n')
   if (run / VOCAB).exists():
     storage.copy(run / VOCAB, out / SPIECE)
-  return f'config.json, model.safetensors{", spiece.model" if (run / VOCAB).exists() else ""}'
+    return 'config.json, model.safetensors, spiece.model'
+  print(f't5xv-export: warning: {run} has no {VOCAB}; {output_dir} has no {SPIECE}: give transformers '
+        'the tokenizer the run was trained with', file=sys.stderr)
+  return 'config.json, model.safetensors'
 
 
 def import_main(argv=None):
