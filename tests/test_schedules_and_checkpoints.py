@@ -454,3 +454,16 @@ def test_a_checkpoint_of_scanned_layers_read_by_unrolled_ones_names_scan_layers(
   with pytest.raises(checkpoints.CheckpointError,
                      match=r'scan_layers=False; this model has scan_layers=True'):
     pretrained._new_params('ckpt', wanted, saved)  # pylint: disable=protected-access
+
+
+def test_an_unrolled_checkpoint_of_more_layers_is_another_model_not_a_shared_encoder():
+  """(a 3-layer unrolled checkpoint read by a 2-layer model was said to hold encoder parameters
+  the model had none of, a shared encoder-decoder's mistake)"""
+  wanted = {f'{s}/layers_{i}/mlp/wi/kernel': (4, 8) for s in ('encoder', 'decoder') for i in range(2)}
+  saved = {**wanted, 'decoder/layers_2/mlp/wi/kernel': (4, 8), 'encoder/layers_2/mlp/wi/kernel': (4, 8)}
+  with pytest.raises(checkpoints.CheckpointError, match=r"holds another model \(decoder/layers_2/mlp/wi/"
+                                                        r"kernel: saved \(4, 8\), this model nothing; 2 "):
+    pretrained._new_params('ckpt', saved, wanted)  # pylint: disable=protected-access
+  decoder_only = {k: v for k, v in saved.items() if k.startswith('decoder/')}
+  with pytest.raises(checkpoints.CheckpointError, match='holds encoder parameters this model has none'):
+    pretrained._new_params('ckpt', saved, decoder_only)  # pylint: disable=protected-access

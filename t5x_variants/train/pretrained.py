@@ -47,18 +47,20 @@ def _new_params(path, saved, wanted, fresh: Sequence[str] = ()):
     raise CheckpointError(f'{path} was saved with TransformerConfig.scan_layers={scanned(saved)}; '
                           f'this model has scan_layers={scanned(wanted)}, which stores its layers '
                           'otherwise: set scan_layers as the checkpoint was saved')
-  stacks = sorted({k.split('/')[0] for k in saved.keys() - wanted.keys()} & {'encoder', 'decoder'})
+  stack_of = lambda k: k.split('/')[0]
+  extra = sorted(k for k in saved.keys() - wanted.keys() if stack_of(k) in ('encoder', 'decoder'))
+  stacks = sorted({stack_of(k) for k in extra} - {stack_of(k) for k in wanted})
   if stacks:  # e.g. a trained encoder that a shared encoder-decoder would silently drop
     raise CheckpointError(f'{path} holds {" and ".join(stacks)} parameters this model has none of '
                           '(a model whose encoder runs on the decoder\'s parameters, '
                           'shared_encoder_decoder, reading a separate encoder\'s?). Is it a '
                           'checkpoint of the same model configuration?')
-  refused = [k for k in new if k.split('/')[0] not in fresh]
+  refused = [k for k in new if stack_of(k) not in fresh] + extra  # extra: more layers, say
   if refused:
     k = refused[0]
     raise CheckpointError(f'{path} holds another model ({k}: saved {saved.get(k)}, this model '
-                          f'{wanted[k]}; {len(refused)} parameter(s) differ). Is it a checkpoint '
-                          'of the same model configuration?')
+                          f'{wanted.get(k, "nothing")}; {len(refused)} parameter(s) differ). Is it '
+                          'a checkpoint of the same model configuration?')
   return new
 
 
