@@ -57,6 +57,15 @@ def test_written_batches_read_back_in_order_and_resume_at_the_saved_position(tmp
   again = data.train()
   again.restore(str(tmp_path / 'host-0'))
   assert np.array_equal(next(again)['tokens'], want[2]['tokens'])
+  # Batches of another shape (batch size, lengths) than the saved position's: refused (a resume
+  # went on silently with twice the rows).
+  wider = tmp_path / 'wider'
+  wider.mkdir()
+  for name, a in train.arrays.items():
+    np.save(wider / f'{name}.npy', np.concatenate([a, a], axis=1))
+  with pytest.raises(ValueError, match=r"its batches had tokens int32\[2, 5\], this run's "
+                                       r"int32\[4, 5\] \(2 feature\(s\) differ"):
+    prebuilt.PrebuiltBatches(str(wider)).restore(str(tmp_path / 'host-0'))
   # Eval batches: read anew at each call, at most eval_batches of them.
   for _ in range(2):
     evals = [b['tokens'] for b in data.evals()['t']]

@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from t5x_variants.data import classification, mlm, tasks
 from t5x_variants.data.config import DatasetConfig, check_loss_on_targets_only
-from t5x_variants.features import DATA_ARCHITECTURES
+from t5x_variants.features import DATA_ARCHITECTURES, check_batch_shapes
 
 
 class MLMFeatureConverter(seqio.FeatureConverter):
@@ -219,19 +219,8 @@ class BatchIterator(Iterator[Dict[str, np.ndarray]]):
     if os.path.exists(f'{prefix}.batches.json'):  # written since the check exists
       with open(f'{prefix}.batches.json') as f:
         saved = json.load(f)
-      now = self._shapes()
-      differ = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k))
-      if differ:
-        k = differ[0]
-        raise ValueError(f'its batches had {k} {_spec_text(saved.get(k))}, this run\'s '
-                         f'{_spec_text(now.get(k))} ({len(differ)} feature(s) differ: another '
-                         'batch size or feature lengths)')
+      check_batch_shapes(saved, self._shapes())
     self._checkpoint.read(prefix).assert_consumed()
-
-
-def _spec_text(spec) -> str:
-  """'int32[4, 64]' of a feature's [dtype, *shape] (per host); 'none' if the batches lack it."""
-  return f'{spec[0]}{spec[1:]}' if spec else 'none'
 
 
 def batches(name: str, task_feature_lengths: Mapping[str, int], architecture: str,

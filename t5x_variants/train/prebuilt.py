@@ -23,6 +23,7 @@ from typing import Callable, Dict, Iterable, Iterator, Mapping, Optional
 
 import numpy as np
 
+from t5x_variants.features import check_batch_shapes
 from t5x_variants.train import storage
 
 META = 'data.json'
@@ -153,12 +154,21 @@ class PrebuiltBatches(Iterator[Dict[str, np.ndarray]]):
     self.position += 1
     return {name: np.asarray(a[self.position - 1]) for name, a in self.arrays.items()}
 
+  def _shapes(self) -> Dict[str, list]:
+    return {name: [a.dtype.name] + list(a.shape[1:]) for name, a in self.arrays.items()}
+
   def save(self, prefix: str) -> str:
-    storage.write_text(f'{prefix}.json', json.dumps({'position': self.position}))
+    """Writes the position, and the batches' shapes that ``restore`` compares."""
+    storage.write_text(f'{prefix}.json', json.dumps({'position': self.position,
+                                                     'shapes': self._shapes()}))
     return f'{prefix}.json'
 
   def restore(self, prefix: str):
-    self.position = json.loads(storage.path(f'{prefix}.json').read_text())['position']
+    """The saved position; a ValueError if the saved batches had other shapes."""
+    saved = json.loads(storage.path(f'{prefix}.json').read_text())
+    if 'shapes' in saved:  # written since the check exists
+      check_batch_shapes(saved['shapes'], self._shapes())
+    self.position = saved['position']
 
 
 class Prebuilt:
