@@ -386,6 +386,26 @@ def test_a_run_of_the_same_model_passes_the_model_dir_check(tmp_path):
   assert train.model_fields(text)['norm placement.init'] == 't5'
 
 
+@pytest.mark.parametrize('change, field', [
+    (dict(relative_attention_max_distance=64), 'positions.max_distance: saved 128'),
+    (dict(relative_attention_bidirectional=False), 'positions.bidirectional: saved None'),
+    (dict(scale_embeddings=True), 'embeddings.scaled: saved False'),
+    (dict(scale_tied_logits=False), 'embeddings.scale_tied_logits: saved True'),
+    (dict(norm_epsilon=1e-5), 'norm placement.epsilon: saved 1e-06'),
+])
+def test_a_change_that_keeps_the_parameters_shapes_is_another_model(tmp_path, change, field):
+  """Fields that change what the model computes but no parameter's shape: a resume with one
+  changed went on training another function (model-info.txt did not hold them)."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from conftest import tiny  # pylint: disable=g-import-not-at-top
+  from t5x_variants.models.summary import model_info  # pylint: disable=g-import-not-at-top
+  config = tiny(tie_embeddings=True)
+  (tmp_path / 'model-info.txt').write_text(model_info(config) + '\n')
+  train.check_model_dir(str(tmp_path), config)  # the same model
+  with pytest.raises(ValueError, match=f'holds a run of another model \\({field}'):
+    train.check_model_dir(str(tmp_path), dataclasses.replace(config, **change))
+
+
 @pytest.mark.parametrize('vanished', [True, False])
 def test_eval_all_skips_a_checkpoint_removed_after_listing(vanished, tmp_path, monkeypatch, capsys):
   """A training run's keep-N cleanup removes checkpoint_10 between the listing and the read (here

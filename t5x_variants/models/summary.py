@@ -40,12 +40,20 @@ def variant_summary(config: TransformerConfig) -> List[str]:
            f'layers: encoder={c.num_encoder_layers if "encoder" in c.stacks else 0} '
            f'decoder={c.num_decoder_layers if "decoder" in c.stacks else 0}',
            f'd_model={c.d_model} heads={c.num_heads} head_dim={c.head_dim} vocab={c.vocab_size}',
-           f'norm placement: {c.placement} (norm: {c.norm}, init: {c.init_scheme})']
+           f'norm placement: {c.placement} (norm: {c.norm}, epsilon: {c.norm_epsilon:g}, '
+           f'init: {c.init_scheme})']
   for stack, (alpha, gain) in c.residual_constants().items():
     lines.append(f'  {stack}: alpha={alpha:.6g} {gain_name}={gain:.6g}')
   lines += [f'ffn: {c.ffn} activations={c.activations} d_ff={c.ffn_hidden_dim}',
             f'self-attention: {"+".join(c.attention_components)} '
             f'(cross-attention: {"dot_product" if c.architecture == "encoder_decoder" else "none"})',
+            f'positions: {c.position_embedding}' + (
+                f' buckets={c.relative_attention_num_buckets} '
+                f'max_distance={c.relative_attention_max_distance} '
+                f'bidirectional={c.relative_attention_bidirectional}'
+                if c.position_embedding == 'relative' else ''),
+            f'embeddings: tied={c.tie_embeddings} scaled={c.scale_embeddings} '
+            f'scale_tied_logits={c.scale_tied_logits}',
             f'execution: scan_layers={c.scan_layers} remat={c.remat} attention_kernel={c.attention_kernel} '
             f'dtype={c.dtype} (params float32)']
   return lines
