@@ -393,6 +393,9 @@ def test_listing_skips_unreadable_unfinished_and_stray_entries(tmp_path):
       'checkpoint_2', 'checkpoint_4', 'checkpoint_6']
   assert checkpoints.checkpoint_path(str(tmp_path)) == tmp_path / 'checkpoint_6'
   assert checkpoints.checkpoint_path(str(tmp_path / 'checkpoint_4')) == tmp_path / 'checkpoint_4'
+  with pytest.raises(checkpoints.CheckpointError, match='checkpoint-tmp-1234 is a checkpoint whose '
+                     'save did not finish .*give its run directory'):  # named, it was read
+    checkpoints.checkpoint_path(str(tmp_path / 'checkpoint_8.orbax-checkpoint-tmp-1234'))
   reopened = checkpoints.Checkpointer(str(tmp_path), period=2)
   assert reopened.steps() == [2, 4, 6]
   reopened.close()

@@ -366,6 +366,12 @@ def checkpoint_path(path: str) -> epath.Path:
   """A checkpoint directory: ``path`` itself, or the newest ``checkpoint_<step>`` inside it."""
   path = storage.path(path)
   if multihost.process0_says(f'looking for {path}', (path / 'state').exists):
+    if not multihost.process0_says(f'checking that {path} was finished',
+                                   lambda: ocp.step.is_checkpoint_finalized(path)):
+      raise CheckpointError(f'{path} is a checkpoint whose save did not finish (the run stopped '
+                            'while writing it; on a bucket it has no commit_success.txt): give its '
+                            'run directory, whose newest finished checkpoint is read, or another '
+                            f'{PREFIX}_<step>')
     return path
   def newest():
     latest = ocp.step.latest_step_metadata(path, _NAME_FORMAT)
