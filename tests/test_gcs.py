@@ -262,6 +262,10 @@ def test_sigkill_during_an_asynchronous_save_on_a_bucket_then_rerun(phase, resum
   if phase == 'save':
     assert 'checkpoint_4/commit_success.txt' not in objects
     assert any(n.startswith('checkpoint_4/state/') for n in objects), sorted(objects)
+    with pytest.raises(checkpoints.CheckpointError, match='checkpoint_4 is a checkpoint whose save '
+                       'did not finish'):  # named, not listed: it was read
+      checkpoints.checkpoint_path(f'{run}/checkpoint_4')
+  assert str(checkpoints.checkpoint_path(f'{run}/checkpoint_2')) == f'{run}/checkpoint_2'
   run_train(run, STEPS, eval_data=eval_batches, eval_period=2, keep=2)
   assert _losses(run) == ref
   assert _committed(run) == ['checkpoint_4', 'checkpoint_6']  # keep 2: checkpoint_2 deleted
