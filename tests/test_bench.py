@@ -104,7 +104,10 @@ def test_bench_flags_out_of_range_and_an_unwritable_output_are_one_line_before_a
   for flags, message in ((['--batch=0'], '--batch=0 is out of range: it must be at least 1'),
                          (['--steps=0'], '--steps=0 is out of range'),
                          ([f'--output={tmp_path}'], 'cannot be written: it must name a file in an existing'),
-                         ([f'--output={tmp_path}/no/such.json'], 'cannot be written')):
+                         ([f'--output={tmp_path}/no/such.json'], 'cannot be written'),
+                         (['--peak_tflops=-5'], '--peak_tflops=-5.0 is out of range: it must be a '
+                                                'number > 0'),  # MFU -0.1% before
+                         (['--peak_tflops=nan'], '--peak_tflops=nan is out of range')):
     gin.clear_config()
     with pytest.raises(SystemExit) as e:
       bench.main(base + flags)

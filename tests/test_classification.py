@@ -9,6 +9,7 @@ import logging
 
 import flax
 import flax.linen as nn
+import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -387,4 +388,11 @@ def test_t5xv_eval_reports_the_glue_metrics_of_a_classifier(register, tmp_path):
                                        r"\(max_batches: None there, 1 now; batch_size"):
     evaluate(max_batches=1)
   assert json.loads((tmp_path / 'run' / 'eval_results.json').read_text()) == saved
+  # A decoding option out of range is said as such, not as other settings than the file's.
+  gin.bind_parameter('DecodeOptions.method', 'beam_search')
+  try:
+    with pytest.raises(ValueError, match="DecodeOptions.method = 'beam_search' is out of range"):
+      evaluate()
+  finally:
+    gin.clear_config()
   assert evaluate(batch_size=2) == {}

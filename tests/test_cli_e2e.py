@@ -290,6 +290,14 @@ BAD_TRAIN_INPUTS = [
      '>= 1 or None'),
     ('{tmp}/run', None, ["--gin.MIXTURE_OR_TASK_NAME='c4_span_corruption'"],  # C4 not prepared here
      'TFDS dataset(s) c4/en:3.1.0 not prepared in '),
+    ('{tmp}/run', None, ['--gin.MeshConfig.model=0'],  # a ZeroDivisionError
+     'MeshConfig.model = 0 is out of range: the model axis must be an integer >= 1'),
+    ('{tmp}/run', None, ["--gin.MeshConfig.data='2'"],  # a TypeError
+     "MeshConfig.data = '2' is out of range: the data axis (-1: the devices model leaves) must be "),
+    ('{tmp}/run', None, ["--gin.train.seed='a'"],  # JAX's TypeError from PRNGKey
+     "train.seed = 'a' is out of range: the random seed must be an integer >= 0 or None"),
+    ('{tmp}/run', None, ['--gin.make_optimizer.global_norm_clip=-1'],  # trained uphill, exit 0
+     'make_optimizer.global_norm_clip = -1 is out of range: it must be a number > 0, or None'),
 ]
 
 
@@ -297,7 +305,8 @@ BAD_TRAIN_INPUTS = [
     'dir_is_a_file', 'dir_under_a_file', 'dir_unwritable', 'dir_of_another_model', 'batch_0',
     'batch_negative', 'batch_vs_data_axis', 'batch_vs_microbatches', 'inputs_length_0',
     'targets_length_negative', 'steps_0', 'steps_negative', 'log_period_0', 'eval_period_negative',
-    'checkpoint_period_0', 'keep_0', 'data_not_prepared'])
+    'checkpoint_period_0', 'keep_0', 'data_not_prepared', 'mesh_model_0', 'mesh_data_string',
+    'seed_string', 'negative_clip'])
 def test_bad_train_input_is_one_line_before_any_work(model_dir, setup, flags, message, tmp_path,
                                                      monkeypatch, capsys):
   model_dir, message = (x.replace('{tmp}', str(tmp_path)) for x in (model_dir, message))
@@ -334,6 +343,18 @@ def test_bad_train_input_is_one_line_before_any_work(model_dir, setup, flags, me
     ('t5xv-infer', ['--gin_file=gin/runs/infer.gin', "--gin.INFER_OUTPUT='{tmp}/p.jsonl'",
                     "--gin.INPUT_FILE='/dev/null'"],
      'INPUT_FILE /dev/null has no text to decode (one input per line)'),
+    ('t5xv-infer', ['--gin_file=gin/runs/infer.gin', "--gin.INFER_OUTPUT='{tmp}/p.jsonl'",
+                    "--gin.INPUT_FILE='/no/such/texts.txt'"],  # bare errno messages before
+     'INPUT_FILE /no/such/texts.txt cannot be read as text (FileNotFoundError: '),
+    ('t5xv-infer', ['--gin_file=gin/runs/infer.gin', "--gin.INFER_OUTPUT='{tmp}/p.jsonl'",
+                    "--gin.INPUT_FILE='{tmp}'"],
+     'INPUT_FILE {tmp} cannot be read as text (IsADirectoryError: '),
+    ('t5xv-infer', ['--gin_file=gin/runs/infer.gin', "--gin.INFER_OUTPUT='{tmp}/p.jsonl'",
+                    "--gin.INPUT_FILE='docs/experiments/lr_depth2_h100_lr.png'"],
+     'INPUT_FILE docs/experiments/lr_depth2_h100_lr.png cannot be read as text (UnicodeDecodeError: '),
+    ('t5xv-infer', ['--gin_file=gin/runs/infer.gin', "--gin.INFER_OUTPUT='README.md/p.jsonl'",
+                    "--gin.INPUT_FILE='/dev/null'"],  # found only after decoding before
+     'INFER_OUTPUT README.md/p.jsonl cannot be written: /'),  # (the file, absolute: README.md)
 ])
 def test_bad_eval_and_infer_numbers_are_one_line_before_any_work(name, flags, message, tmp_path,
                                                                  capsys):
@@ -342,6 +363,7 @@ def test_bad_eval_and_infer_numbers_are_one_line_before_any_work(name, flags, me
     main(['--gin_file=gin/experiments/quickstart.gin', f"--gin.CHECKPOINT_PATH='{tmp_path}'",
           *[f.replace('{tmp}', str(tmp_path)) for f in flags]])
   err = capsys.readouterr().err
+  message = message.replace('{tmp}', str(tmp_path))
   assert e.value.code == 2 and err.count('\n') == 1 and err.startswith(f'{name}: error: {message}'), err
   assert not os.listdir(tmp_path)
 

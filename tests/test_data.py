@@ -4,6 +4,7 @@ import dataclasses
 import subprocess
 import sys
 
+import gin
 import numpy as np
 import pytest
 
@@ -332,6 +333,15 @@ def test_a_sentencepiece_model_without_t5s_special_ids_is_refused(tmp_path, caps
   err = capsys.readouterr().err
   assert "has pad, eos and unk ids (-1, 2, 0), not T5's (0, 1, 2)" in err, err
   assert '--pad_id=0 --eos_id=1 --unk_id=2 --bos_id=-1' in err
+  for name, content in (('bin.model', bytes(range(256)) * 4), ('empty.model', b'')):  # a traceback
+    (tmp_path / name).write_bytes(content)
+    gin.clear_config()  # (as between tests)
+    with pytest.raises(SystemExit) as e:
+      data_main(['--task=embedded_lm', '--gin.vocabulary.kind="file"',
+                 f'--gin.vocabulary.path="{tmp_path}/{name}"'])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f'{name} is not a SentencePiece model (' in err and '--pad_id=0' in err, err
 
 
 def test_local_corpus_from_txt_and_jsonl(tmp_path, capsys):

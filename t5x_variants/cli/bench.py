@@ -160,6 +160,9 @@ def _check_flags(args):
   anything compiles (a bad --output failed after the run; --batch=0 ran the default batch)."""
   ranges.check_flags(args, {'batch': 1, 'inputs_length': 1, 'targets_length': 1, 'steps': 1,
                             'warmup': 0})
+  if args.peak_tflops is not None and not 0 < args.peak_tflops < float('inf'):
+    raise ValueError(f'--peak_tflops={args.peak_tflops} is out of range: it must be a number > 0 '
+                     '(leave it out for the device\'s own)')
   if args.output:
     parent = os.path.dirname(os.path.abspath(args.output))
     if os.path.isdir(args.output) or not os.path.isdir(parent):

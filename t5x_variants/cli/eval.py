@@ -357,8 +357,8 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
               'prompt_length': prompt_length, 'decoding': dataclasses.asdict(options)}
   if max_batches is not None:  # then the batch size sets how many examples are evaluated
     settings['batch_size'] = batch_size
+  predictor = Predictor(config, options=options, z_loss=z_loss)  # the options checked first
   _check_settings(results, results_file, split, names, settings)
-  predictor = Predictor(config, options=options, z_loss=z_loss)
   logger = None  # opened at the first record: a call that evaluates nothing writes no events file
   new = {}
   for path in paths:

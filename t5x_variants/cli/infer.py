@@ -32,6 +32,10 @@ def check_output(output_file: str):
   if path.is_dir():
     raise ValueError(f'INFER_OUTPUT {output_file} is a directory: give a file path in it '
                      f'(e.g. {storage.join(output_file, "predictions.jsonl")})')
+  above = next((p for p in path.parents if p.exists()), None)  # found after decoding, before
+  if above is not None and not above.is_dir():
+    raise ValueError(f'INFER_OUTPUT {output_file} cannot be written: {above} is a file; give a path '
+                     'in a directory')
   if path.exists():
     try:
       with path.open() as f:
@@ -57,7 +61,12 @@ def infer(config, *, checkpoint_path: str = gin.REQUIRED, output_file: str = gin
   multihost.process0_does(f'checking {output_file}', lambda: check_output(output_file))
 
   def read_texts():  # INPUT_FILE's texts, before the checkpoint is looked for
-    texts = [line for line in storage.path(input_file).read_text().splitlines() if line.strip()]
+    try:
+      text = storage.path(input_file).read_text()
+    except (OSError, UnicodeDecodeError) as e:  # missing, a directory, not text
+      raise ValueError(f'INPUT_FILE {input_file} cannot be read as text ({type(e).__name__}: '
+                       f'{e}): give a UTF-8 file of one input per line') from None
+    texts = [line for line in text.splitlines() if line.strip()]
     if not texts:
       raise ValueError(f'INPUT_FILE {input_file} has no text to decode (one input per line)')
     return texts[:max_examples]

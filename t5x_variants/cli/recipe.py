@@ -171,6 +171,8 @@ def parse_recipe(gin_files: List[str], bindings: List[str], search_paths: Sequen
   known = {**library_configurables(with_data), **(configurables or {})}
   parse_gin(gin_files, bindings, search_paths, known,
             skip_unknown=False if with_data else list(DATA_CONFIGURABLES))
+  from t5x_variants.cli import ranges  # pylint: disable=g-import-not-at-top  (it imports gin only)
+  ranges.check_ranges('MeshConfig', gin.get_bindings('MeshConfig'))  # every command's mesh
 
 
 def setup(p: argparse.ArgumentParser, argv: Optional[Sequence[str]],

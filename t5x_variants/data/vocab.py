@@ -60,7 +60,13 @@ def vocabulary(kind: str = 'embedded', path: str = None) -> seqio.Vocabulary:
   spm_path = {'embedded': embedded_spm_file, 't5': lambda: T5_SPM_PATH, 'file': lambda: path}[kind]()
   vocab = seqio.SentencePieceVocabulary(spm_path, extra_ids=EXTRA_IDS)
   if kind == 'file':
-    model = vocab.tokenizer
+    try:
+      model = vocab.tokenizer
+    except Exception as e:  # pylint: disable=broad-except  (protobuf's or sentencepiece's)
+      raise ValueError(f'vocabulary.path {path} is not a SentencePiece model '
+                       f'({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}); give the '
+                       f'.model file spm_train wrote (--pad_id={PAD_ID} --eos_id={EOS_ID} '
+                       f'--unk_id={UNK_ID} --bos_id=-1)') from None
     ids = model.pad_id(), model.eos_id(), model.unk_id()
     if ids != (PAD_ID, EOS_ID, UNK_ID):
       raise ValueError(f'{path} has pad, eos and unk ids {ids}, not T5\'s ({PAD_ID}, {EOS_ID}, '

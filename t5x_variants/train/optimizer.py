@@ -237,6 +237,11 @@ def make_optimizer(params, learning_rate, optimizer: Callable = adafactor,
   ``frozen`` paths no update, and with ``global_norm_clip`` the trained parameters' gradients are
   first clipped to that global norm (Pascanu et al. 2013; a frozen path's gradient is no part of
   the update, so none of its norm)."""
+  if global_norm_clip is not None and not (
+      isinstance(global_norm_clip, (int, float)) and not isinstance(global_norm_clip, bool)
+      and 0 < global_norm_clip < float('inf')):  # a negative one reversed every gradient
+    raise ValueError(f'make_optimizer.global_norm_clip = {global_norm_clip!r} is out of range: it '
+                     'must be a number > 0, or None for no clipping')
   labels = param_labels(params, frozen)
   # Sorted, not a set's order (Python's per-process hash seed): every process traces one program.
   transforms = {n: optax.set_to_zero() if n == 'frozen' else
