@@ -391,6 +391,24 @@ def test_a_bad_recipe_is_one_line_before_any_run_starts(flag, message, tmp_path,
   assert not (tmp_path / 's').exists()
 
 
+def test_a_sweep_or_report_directory_that_is_a_file_is_one_line(tmp_path, capsys):
+  """'[Errno 17] File exists' before, naming neither the flag nor the fix."""
+  from t5x_variants.cli import report as report_cli  # pylint: disable=g-import-not-at-top
+  from t5x_variants.cli import sweep as sweep_cli  # pylint: disable=g-import-not-at-top
+  base, = gin_files(tmp_path, 'base.gin')
+  (tmp_path / 'notes').write_text('mine')
+  for main, flags, message in (
+      (sweep_cli.main, [f'--sweep_dir={tmp_path}/notes/s', f'--gin_file={base}'],
+       f'--sweep_dir={tmp_path}/notes/s: {tmp_path}/notes is a file; give a directory'),
+      (report_cli.main, [f'--run_dirs={tmp_path}', f'--output_dir={tmp_path}/notes'],
+       f'--output_dir={tmp_path}/notes: {tmp_path}/notes is a file; give a directory')):
+    with pytest.raises(SystemExit) as e:
+      main(flags)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and len(err.splitlines()) == 1, err
+  assert (tmp_path / 'notes').read_text() == 'mine'
+
+
 def test_report_without_runs_is_a_usage_error(capsys):
   from t5x_variants.cli import report as report_cli  # pylint: disable=g-import-not-at-top
   with pytest.raises(SystemExit) as exit_info:

@@ -32,8 +32,8 @@ def check_output(output_file: str):
   if path.is_dir():
     raise ValueError(f'INFER_OUTPUT {output_file} is a directory: give a file path in it '
                      f'(e.g. {storage.join(output_file, "predictions.jsonl")})')
-  above = next((p for p in path.parents if p.exists()), None)  # found after decoding, before
-  if above is not None and not above.is_dir():
+  above = storage.file_in_the_way(path.parent)  # found after decoding, before
+  if above:
     raise ValueError(f'INFER_OUTPUT {output_file} cannot be written: {above} is a file; give a path '
                      'in a directory')
   if path.exists():

@@ -18,6 +18,7 @@ import sys
 
 from t5x_variants.cli import common
 from t5x_variants.sweeps import papers, report
+from t5x_variants.train import storage
 
 
 def main(argv=None):
@@ -44,6 +45,9 @@ def main(argv=None):
     if run_dirs:
       groups.append(report.run_dirs_group(run_dirs, paper=args.paper))
     out_dir = args.output_dir or args.sweep_dir[0]
+    if storage.file_in_the_way(out_dir):
+      raise common.UsageError(f'--output_dir={out_dir}: {storage.file_in_the_way(out_dir)} is a '
+                              'file; give a directory for report.md and its plots')
     report.write_report(groups, out_dir, args.title, args.baseline)
   print(f'wrote {out_dir}/report.md')
   return 0

@@ -27,7 +27,7 @@ import sys
 
 from t5x_variants.cli import common
 from t5x_variants.sweeps import grid, papers, runner
-from t5x_variants.train import prebuilt
+from t5x_variants.train import prebuilt, storage
 
 
 def write_batches(sweep: grid.Sweep, batches_dir: str, verbosity: int) -> int:
@@ -84,6 +84,9 @@ def main(argv=None):
                  help='with --batches_dir: write the batches of every run of the grid and stop')
   with common.clear_errors('t5xv-sweep'):
     args = common.parse_args(p, argv)
+    if storage.file_in_the_way(args.sweep_dir):
+      raise common.UsageError(f'--sweep_dir={args.sweep_dir}: {storage.file_in_the_way(args.sweep_dir)} '
+                              'is a file; give a directory (a new one for a new sweep)')
     if args.batches_dir:
       prebuilt.local_root(args.batches_dir)
     sweep = grid.Sweep.build(args.sweep_dir, args.gin_file, args.variants, args.seeds,

@@ -32,7 +32,7 @@ import re
 import tempfile
 import time
 import uuid
-from typing import Union
+from typing import Optional, Union
 
 from etils import epath
 
@@ -71,6 +71,13 @@ def join(p: PathLike, *names: str) -> str:
   if scheme(p):
     return '/'.join([str(p).rstrip('/'), *names])
   return str(path(p).joinpath(*names))
+
+
+def file_in_the_way(directory: PathLike) -> Optional[epath.Path]:
+  """The file that ``directory`` or one of its parents is, which no directory can be made in
+  (mkdir's bare 'File exists' or 'Not a directory'), else None."""
+  found = next((p for p in (path(directory), *path(directory).parents) if p.exists()), None)
+  return found if found is not None and not found.is_dir() else None
 
 
 def write_text(p: PathLike, text: str):
