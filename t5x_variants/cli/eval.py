@@ -141,7 +141,7 @@ def inference_passes(task, config, inference: bool, prompt_length: Optional[int]
   """The passes beside the teacher-forced one that evaluate ``task``: 'predict' (decoded text and
   the task's metrics of it), else 'continuation' (a decoder-only model prompted with the first
   ``prompt_length`` target tokens of a language-modelling task), and 'scores' (its metrics of
-  scores). None without ``inference``."""
+  scores). None (an empty tuple) without ``inference``."""
   if not inference:
     return ()
   passes = []
