@@ -15,7 +15,7 @@ from typing import Callable, List, Mapping, Optional, Sequence, Union
 import gin
 
 from t5x_variants import PACKAGE_DIR
-from t5x_variants.cli import common
+from t5x_variants.cli import common, ranges
 from t5x_variants.models.config import TransformerConfig
 from t5x_variants.train import storage
 
@@ -171,7 +171,6 @@ def parse_recipe(gin_files: List[str], bindings: List[str], search_paths: Sequen
   known = {**library_configurables(with_data), **(configurables or {})}
   parse_gin(gin_files, bindings, search_paths, known,
             skip_unknown=False if with_data else list(DATA_CONFIGURABLES))
-  from t5x_variants.cli import ranges  # pylint: disable=g-import-not-at-top  (it imports gin only)
   ranges.check_ranges('MeshConfig', gin.get_bindings('MeshConfig'))  # every command's mesh
 
 
