@@ -641,7 +641,8 @@ def test_infer_in_two_processes_decodes_once_or_stops_both_on_different_inputs(q
   assert codes == [2, 2] and not out.exists(), outs[0][-3000:] + outs[1][-3000:]
   assert ('t5xv-infer: error: reading INPUT_FILE failed on process 1 (its log says why); every '
           'process stopped here') in outs[0], outs[0][-3000:]
-  assert 't5xv-infer: error: [Errno 2] No such file or directory' in outs[1], outs[1][-3000:]
+  assert ('t5xv-infer: error: INPUT_FILE ' + str(tmp_path / 'missing.txt') + ' cannot be read as text '
+          '(FileNotFoundError: [Errno 2] No such file or directory') in outs[1], outs[1][-3000:]
 
 
 @pytest.mark.slow
