@@ -339,8 +339,8 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
   results = all_results.setdefault(split, {})
   options = DecodeOptions()
   whole = task_feature_lengths is None
-  read = {task.name: examples_read(inference_passes(task, config, inference, prompt_length),
-                                   batch_size, max_batches, max_examples) for task in subtasks}
+  passes = {task.name: inference_passes(task, config, inference, prompt_length) for task in subtasks}
+  read = {name: examples_read(p, batch_size, max_batches, max_examples) for name, p in passes.items()}
   lengths = {task.name: dict(task_feature_lengths) if not whole else
              multihost.same(f'the longest {split} examples of {task.name}',
                             functools.partial(tasks.whole_lengths, task, split, read[task.name]))
@@ -373,14 +373,13 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
     for task in sorted(subtasks, key=lambda t: t.name):
       metrics = teacher_forced(predictor, task.name, split, lengths[task.name], batch_size,
                                max_batches, task.predict_metric_fns if classify else ())
-      passes = inference_passes(task, config, inference, prompt_length)
-      if 'predict' in passes:
+      if 'predict' in passes[task.name]:
         metrics.update(inference_metrics(predictor, task, split, lengths[task.name], batch_size,
                                          max_examples))
-      if 'continuation' in passes:
+      if 'continuation' in passes[task.name]:
         metrics.update(continuation_metrics(predictor, task, split, lengths[task.name],
                                             prompt_length, batch_size, max_examples))
-      if 'scores' in passes:
+      if 'scores' in passes[task.name]:
         metrics.update(scores_metrics(predictor, task, split, lengths[task.name], batch_size,
                                       max_examples))
       logger = logger or MetricsLogger(str(run_dir), console=True)
