@@ -89,6 +89,27 @@ def test_eval_skips_checkpoints_already_evaluated(quickstart, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize('name', ['t5xv-eval', 't5xv-infer'])
+def test_eval_and_infer_refuse_a_configuration_of_another_model(quickstart, name, tmp_path, capsys):
+  """A configuration that changes what the run's model computes but no parameter's shape: t5xv-eval
+  reported the results already in eval_results.json as this configuration's (every checkpoint
+  skipped), and both tools read the checkpoints into another function."""
+  run_dir = quickstart[0]
+  main, flags = {
+      't5xv-eval': (eval_cli.main, ['--gin_file=gin/runs/eval.gin', '--gin.EVAL_ALL=True']),
+      't5xv-infer': (infer.main, ['--gin_file=gin/runs/infer.gin', "--gin.INPUT_FILE='README.md'",
+                                  f"--gin.INFER_OUTPUT='{tmp_path}/p.jsonl'"])}[name]
+  with pytest.raises(SystemExit) as e:
+    main([f'--gin_file={run_dir}/config.gin', *flags, f"--gin.CHECKPOINT_PATH='{run_dir}'",
+          '--gin.TransformerConfig.norm_epsilon=1e-5'])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and err.count('\n') == 1, err
+  assert (f'{name}: error: {run_dir} holds a run of another model than this configuration '
+          '(norm placement.epsilon: saved 1e-06, this configuration 1e-05; 1 difference(s)') in err
+  assert not os.listdir(tmp_path)
+
+
+@pytest.mark.slow
 def test_eval_computes_a_tasks_metrics_of_scores(quickstart, tmp_path, monkeypatch):
   """A task's score_metric_fns (rank classification's) get each example's log-likelihood of its
   targets, in the split's order with its postprocessed target: summed over the split and divided
@@ -368,6 +389,21 @@ def test_bad_eval_and_infer_numbers_are_one_line_before_any_work(name, flags, me
   assert not os.listdir(tmp_path)
 
 
+def test_a_quickstart_step_that_fails_is_named_and_advises_the_quickstarts_flags(tmp_path, capsys):
+  """The training step's refusal of a directory holding another model's run: it was labelled
+  t5xv-train and advised --gin.MODEL_DIR, which t5xv-quickstart refuses."""
+  from t5x_variants.cli import quickstart  # pylint: disable=g-import-not-at-top
+  (tmp_path / 'model-info.txt').write_text('ffn: a_former_ffn\n')
+  with pytest.raises(SystemExit) as e:
+    quickstart.main([f'--model_dir={tmp_path}'])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and err.count('\n') == 1, err
+  assert err.startswith(f"t5xv-quickstart (t5xv-train step): error: --model_dir='{tmp_path}' holds "
+                        'a run of another model (ffn: saved a_former_ffn, this configuration '), err
+  assert 'or set --model_dir to a new directory' in err and '--gin.' not in err.split('config.gin')[-1]
+  assert os.listdir(tmp_path) == ['model-info.txt']
+
+
 @pytest.mark.parametrize('existing', ['metrics.jsonl', 'a_directory', 'a_json_string', 'binary'])
 def test_infer_replaces_no_file_but_its_own_output(existing, tmp_path, capsys):
   """INFER_OUTPUT naming a run's metrics.jsonl (or a directory) is refused before any work, the
@@ -397,15 +433,15 @@ def test_a_run_of_the_same_model_passes_the_model_dir_check(tmp_path):
   run may change remat or dtype) passes, and a field only one version of the summary has is no
   difference."""
   from t5x_variants.cli import recipe  # pylint: disable=g-import-not-at-top
-  from t5x_variants.models.summary import model_info  # pylint: disable=g-import-not-at-top
+  from t5x_variants.models.summary import model_fields, model_info  # pylint: disable=g-import-not-at-top
   recipe.parse_gin(['gin/experiments/quickstart.gin'], [],
                    configurables=recipe.library_configurables())
   config = recipe.build_config()
   text = model_info(config).replace('execution: scan_layers=True remat=auto', 'execution: remat=full')
   (tmp_path / 'model-info.txt').write_text(text.replace(', init: t5)', ')') + '\n')
   train.check_model_dir(str(tmp_path), config)  # no error
-  assert train.model_fields(text)['ffn'] == 'relu'
-  assert train.model_fields(text)['norm placement.init'] == 't5'
+  assert model_fields(text)['ffn'] == 'relu'
+  assert model_fields(text)['norm placement.init'] == 't5'
 
 
 @pytest.mark.parametrize('change, field', [
@@ -447,6 +483,9 @@ def test_eval_all_skips_a_checkpoint_removed_after_listing(vanished, tmp_path, m
   class Predictor:  # reads the checkpoint's parameters as t5xv-eval does; no model is built
     def __init__(self, config, **kwargs):
       del config, kwargs
+
+    def check_run(self, run_dir):  # (no model-info.txt here)
+      del run_dir
 
     def load(self, path):
       self.params = pretrained.restore_params(path, state(0).params)

@@ -281,6 +281,9 @@ def test_eval_all_beside_a_training_run_never_reads_a_half_written_checkpoint(
     def __init__(self, config, **kwargs):
       del config, kwargs
 
+    def check_run(self, run_dir):  # (no model-info.txt here)
+      del run_dir
+
     def load(self, path):
       self.params = pretrained.restore_params(path, abstract)
       return self

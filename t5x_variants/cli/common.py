@@ -221,6 +221,21 @@ def _unproxied(e: BaseException) -> BaseException:
   return e
 
 
+_on_behalf_of = None  # (the command the user ran, {flag in messages: its own flag}) or None
+
+
+@contextlib.contextmanager
+def on_behalf_of(command: str, flags: dict):
+  """Inside, a failure's line names ``command`` (which ran the tool as one of its steps) before
+  the tool, and advises ``command``'s own flags for the tool's (``flags``)."""
+  global _on_behalf_of
+  _on_behalf_of = command, flags
+  try:
+    yield
+  finally:
+    _on_behalf_of = None
+
+
 @contextlib.contextmanager
 def clear_errors(prog: str):
   """Known failures (bad flags or gin, missing data or checkpoints, a file system's error,
@@ -258,6 +273,11 @@ def clear_errors(prog: str):
     message = getattr(e, 'message', None) or str(e)  # OpError: without the op trace
     message = message.split('\n  In call to configurable')[0]  # gin's note on where it was called
     lines = [line.strip() for line in message.splitlines() if line.strip()] or [type(e).__name__]
+    if _on_behalf_of:
+      command, flags = _on_behalf_of
+      prog = f'{command} ({prog} step)'
+      for flag, own in flags.items():
+        lines[0] = lines[0].replace(flag, own)
     print(f'{prog}: error: {lines[0]}', file=sys.stderr)
     if _verbosity > 0:
       rest = getattr(e, 'detail', None) or '\n'.join(lines[1:])
@@ -268,9 +288,10 @@ def clear_errors(prog: str):
 
 def vocabulary_size(task_or_vocabulary) -> int:
   """The number of ids of a seqio task or mixture (all its features) or of one vocabulary."""
+  from t5x_variants.data import vocab  # pylint: disable=g-import-not-at-top
   features = getattr(task_or_vocabulary, 'output_features', None)
   vocabularies = [f.vocabulary for f in features.values()] if features else [task_or_vocabulary]
-  return max(v.vocab_size for v in vocabularies)
+  return max(map(vocab.size, vocabularies))
 
 
 def check_vocabulary_size(config, task_or_vocabulary, source: str):

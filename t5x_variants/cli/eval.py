@@ -358,6 +358,7 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
   if max_batches is not None:  # then the batch size sets how many examples are evaluated
     settings['batch_size'] = batch_size
   predictor = Predictor(config, options=options, z_loss=z_loss)  # the options checked first
+  predictor.check_run(run_dir)  # also before any checkpoint is skipped as evaluated
   _check_settings(results, results_file, split, names, settings)
   logger = None  # opened at the first record: a call that evaluates nothing writes no events file
   new = {}

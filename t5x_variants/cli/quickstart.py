@@ -54,7 +54,9 @@ def main(argv=None):
   ]
   for command, args in steps:
     gin.clear_config()  # each command reads its own gin files, as in its own process
-    code = command(args)
+    with common.on_behalf_of('t5xv-quickstart', {'--gin.MODEL_DIR': '--model_dir',
+                                                 'MODEL_DIR (train.model_dir) = ': '--model_dir='}):
+      code = command(args)
     if code:
       return code
   with common.clear_errors('t5xv-quickstart'):

@@ -7,7 +7,6 @@ TensorFlow-free ``t5x_variants.train`` library.
     --gin_file=gin/variants/ffn/swiglu.gin --gin.MODEL_DIR="'/tmp/run'"
 """
 import os
-import re
 import sys
 
 import gin
@@ -64,30 +63,6 @@ def _local_unwritable(model_dir: str):
   return None
 
 
-def model_fields(text: str):
-  """{field: value} of a model-info.txt: the variant summary's fields ('ffn', 'ffn.d_ff',
-  'norm placement.norm', ...; not the execution line, which a resumed run may change) and every
-  parameter's shape. Read field by field, so that a field one version of the summary has and
-  another lacks is no difference."""
-  fields = {}
-  for line in text.splitlines():
-    row = re.match(r'(\S+/\S+)\s+[\d,]+\s+(\([\d, ]*\))', line)  # name, count, shape
-    if row:
-      fields[f'parameter {row.group(1)}'] = row.group(2)
-      continue
-    label, sep, rest = line.strip().partition(': ')
-    if not sep or '=' in label:
-      label, rest = '', line.strip()
-    if label in ('execution', 'Total number of parameters'):
-      continue
-    words = rest.split()
-    if label and words and '=' not in words[0]:
-      fields[label] = words[0]
-    for key, value in re.findall(r'([\w-]+)(?:=|: )(\([^)]*\)|[^\s,()]+)', rest):
-      fields[f'{label}.{key}' if label else key] = value
-  return fields
-
-
 def check_model_dir(model_dir, config):
   """ValueError (one line) when ``model_dir`` cannot hold this run: not a string, a file, not
   writable (local paths; on a bucket: one that is missing or these credentials may not use), or
@@ -108,16 +83,12 @@ def check_model_dir(model_dir, config):
       raise ValueError(f'{name} = {model_dir!r}: {why}')
   info = storage.path(model_dir) / 'model-info.txt'
   if info.exists():
-    from t5x_variants.models.summary import model_info  # pylint: disable=g-import-not-at-top
-    saved, wanted = model_fields(info.read_text()), model_fields(model_info(config))
-    params = lambda fields: {k for k in fields if k.startswith('parameter ')}
-    differ = sorted(k for k in (saved.keys() & wanted.keys()) | (params(saved) ^ params(wanted))
-                    if saved.get(k) != wanted.get(k))
+    from t5x_variants.models.summary import differences, model_info  # pylint: disable=g-import-not-at-top
+    differ = differences(info.read_text(), model_info(config))
     if differ:
-      k = differ[0]
       raise ValueError(
-          f'{name} = {model_dir!r} holds a run of another model ({k}: saved {saved.get(k)}, this '
-          f'configuration {wanted.get(k)}; {len(differ)} difference(s), see its model-info.txt); '
+          f'{name} = {model_dir!r} holds a run of another model ({differ}, see its '
+          'model-info.txt); '
           f'resume it with its own config.gin (--gin_file={storage.join(model_dir, "config.gin")}) '
           f'or set --gin.{flag} to a new directory')
 

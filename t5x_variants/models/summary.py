@@ -1,6 +1,7 @@
 """Parameter table and variant summary of a model, built abstractly (``jax.eval_shape``: no
 weights are materialised), in the spirit of T5X's model-info.txt."""
 import math
+import re
 from typing import List, Tuple
 
 import flax.linen as nn
@@ -68,3 +69,41 @@ def model_info(config: TransformerConfig) -> str:
     out.append(f'{name:<{width}}  {count:>12,}  {shape} {axes}')
   out.append(f'Total number of parameters: {sum(r[3] for r in rows):,}')
   return '\n'.join(out)
+
+
+def model_fields(text: str):
+  """{field: value} of a model-info.txt: the variant summary's fields ('ffn', 'ffn.d_ff',
+  'norm placement.norm', ...; not the execution line, which a resumed run may change) and every
+  parameter's shape. Read field by field, so that a field one version of the summary has and
+  another lacks is no difference."""
+  fields = {}
+  for line in text.splitlines():
+    row = re.match(r'(\S+/\S+)\s+[\d,]+\s+(\([\d, ]*\))', line)  # name, count, shape
+    if row:
+      fields[f'parameter {row.group(1)}'] = row.group(2)
+      continue
+    label, sep, rest = line.strip().partition(': ')
+    if not sep or '=' in label:
+      label, rest = '', line.strip()
+    if label in ('execution', 'Total number of parameters'):
+      continue
+    words = rest.split()
+    if label and words and '=' not in words[0]:
+      fields[label] = words[0]
+    for key, value in re.findall(r'([\w-]+)(?:=|: )(\([^)]*\)|[^\s,()]+)', rest):
+      fields[f'{label}.{key}' if label else key] = value
+  return fields
+
+
+def differences(saved: str, wanted: str) -> str:
+  """'' when two model-info.txt texts describe the same model (the fields present in both
+  summaries, and every parameter's shape); else the first difference and their number."""
+  saved, wanted = model_fields(saved), model_fields(wanted)
+  params = lambda fields: {k for k in fields if k.startswith('parameter ')}
+  differ = sorted(k for k in (saved.keys() & wanted.keys()) | (params(saved) ^ params(wanted))
+                  if saved.get(k) != wanted.get(k))
+  if not differ:
+    return ''
+  k = differ[0]
+  return (f'{k}: saved {saved.get(k)}, this configuration {wanted.get(k)}; {len(differ)} '
+          'difference(s)')

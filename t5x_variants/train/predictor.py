@@ -17,10 +17,10 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from t5x_variants.features import EOS_ID, PAD_ID
-from t5x_variants.models import build_model, init_inputs, losses
+from t5x_variants.models import build_model, init_inputs, losses, summary
 from t5x_variants.models.config import TransformerConfig
-from t5x_variants.train import (checkpoints, decoding, evaluation, partitioning, pretrained,
-                                train_step)
+from t5x_variants.train import (checkpoints, decoding, evaluation, multihost, partitioning,
+                                pretrained, train_step)
 
 
 @gin.configurable
@@ -66,7 +66,7 @@ class Predictor:
     self.eval_step = evaluation.make_eval_step(  # teacher-forced sums, compiled once
         self.model, config, jax.tree_util.tree_map(lambda p: p.sharding, self.abstract_params),
         self.mesh, z_loss)
-    self.params, self.step, self._decode = None, None, {}
+    self.params, self.step, self._decode, self._info = None, None, {}, ''
 
     def log_likelihood(params, batch):  # (rows,): sum of log p(target) over weighted positions
       logits = self.model.apply({'params': params}, **train_step.model_inputs(config, batch))
@@ -79,9 +79,26 @@ class Predictor:
                       partitioning.batch_sharding(self.mesh)),
         out_shardings=NamedSharding(self.mesh, PartitionSpec()))
 
+  def check_run(self, run_dir):
+    """ValueError (one line) when the run's ``model-info.txt`` (if it has one) describes another
+    model than ``config``: one whose checkpoints would be read into another function, or
+    (t5xv-eval) whose earlier results would be reported for this configuration."""
+    info = run_dir / 'model-info.txt'
+    saved = multihost.process0_json(f'reading {info}',  # one text for every process
+                                    lambda: info.read_text() if info.exists() else '')
+    self._info = self._info or summary.model_info(self.config)
+    differ = saved and summary.differences(saved, self._info)
+    if differ:
+      raise ValueError(f'{run_dir} holds a run of another model than this configuration ({differ}, '
+                       f'see its model-info.txt); pass that run\'s own config.gin '
+                       f'(--gin_file={run_dir / "config.gin"}), keeping only decoding, data and '
+                       'execution bindings of your own')
+
   def load(self, checkpoint_path: str):
-    """A ``checkpoint_<step>`` directory, or a run directory (its newest checkpoint)."""
+    """A ``checkpoint_<step>`` directory, or a run directory (its newest checkpoint), checked
+    against its run's model-info.txt first."""
     path = checkpoints.checkpoint_path(checkpoint_path)
+    self.check_run(path.parent)
     self.params = pretrained.restore_params(str(path), self.abstract_params)
     self.step = int(re.search(r'(\d+)$', path.name).group(1))
     return self
