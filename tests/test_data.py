@@ -319,6 +319,28 @@ def test_bad_input_gives_one_clear_error(argv, message, capsys):
   assert len(err.strip().splitlines()) == 1 or 'Valid' in err
 
 
+def test_t5s_vocabulary_out_of_reach_is_one_line_naming_it_and_the_fix(tmp_path, monkeypatch, capsys):
+  """vocabulary.kind = 't5' where T5's model cannot be read (offline; here a path that is not
+  there, the same failure without a network): t5xv-data said only 'in user code:' (a tf.function's
+  first line), t5xv-train TensorFlow's HTTP error."""
+  from t5x_variants.data import vocab  # pylint: disable=g-import-not-at-top
+  missing = str(tmp_path / 'sentencepiece.model')
+  monkeypatch.setattr(vocab, 'T5_SPM_PATH', missing)
+  import seqio  # pylint: disable=g-import-not-at-top
+  seqio.TaskRegistry.remove('embedded_lm')  # registered once per process, with its vocabulary
+  try:
+    with pytest.raises(SystemExit) as e:
+      data_main(['--task=embedded_lm', '--gin.vocabulary.kind="t5"'])
+  finally:  # registered again by the next test that asks for it, with its own vocabulary
+    seqio.TaskRegistry.remove('embedded_lm')
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and err.count('\n') == 1, err
+  assert err.startswith(f't5xv-data: error: the vocabulary {missing} cannot be read here ('), err
+  assert err.rstrip().endswith("copy it where this machine can read it and set vocabulary.kind = "
+                               "'file' and vocabulary.path to it, or use the default "
+                               "vocabulary.kind = 'embedded'"), err
+
+
 def test_a_sentencepiece_model_without_t5s_special_ids_is_refused(tmp_path, capsys):
   """Was accepted: with SentencePiece's defaults (unk 0, eos 2) decoding waited for id 1 (``<s>``)
   and unknown pieces were weighted as padding."""

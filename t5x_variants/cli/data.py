@@ -45,6 +45,7 @@ def inspect_task(name, split='validation', n=5, lengths=None, out=None):
   from t5x_variants.data import span_corruption, tasks  # pylint: disable=g-import-not-at-top
   out = out or sys.stdout
   task = tasks.get_task_or_mixture(name)
+  common.vocabulary_size(task)  # its vocabulary readable, before the pipeline uses it
   lengths = lengths or default_lengths(name, 512)
   with tasks.explain_missing_data(task), tasks.without_autograph():
     ds = task.get_dataset(lengths, split=split, shuffle=False, seed=0)

@@ -74,3 +74,21 @@ def vocabulary(kind: str = 'embedded', path: str = None) -> seqio.Vocabulary:
                        f'with spm_train --pad_id={PAD_ID} --eos_id={EOS_ID} --unk_id={UNK_ID} '
                        '--bos_id=-1')
   return vocab
+
+
+def size(vocab: seqio.Vocabulary) -> int:
+  """``vocab.vocab_size``: a SentencePiece model that cannot be read (T5's, offline) is one
+  ValueError naming it, not TensorFlow's file-system error at the first use."""
+  try:
+    return vocab.vocab_size
+  except Exception as e:  # pylint: disable=broad-except  (TensorFlow's or sentencepiece's)
+    path = getattr(vocab, 'sentencepiece_model_file', None)
+    if path is None:
+      raise
+    fix = ("copy it where this machine can read it and set vocabulary.kind = 'file' and "
+           "vocabulary.path to it, or use the default vocabulary.kind = 'embedded'"
+           if path == T5_SPM_PATH else 'set vocabulary.path to a SentencePiece model this machine '
+           'can read')
+    why = str(e).strip().splitlines()[0] if str(e).strip() else '(no message)'
+    raise ValueError(f'the vocabulary {path} cannot be read here ({type(e).__name__}: {why}); '
+                     f'{fix}') from None
