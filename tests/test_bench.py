@@ -99,7 +99,8 @@ def test_bench_runs_end_to_end_on_cpu(tmp_path, capsys):
 
 
 def test_bench_flags_out_of_range_and_an_unwritable_output_are_one_line_before_any_work(tmp_path, capsys):
-  """--batch=0 ran the default batch; --output naming a directory failed after the run."""
+  """--batch=0 ran the default batch; --output naming a directory failed after the run; the peer's
+  flags without --hf were ignored."""
   base = ['--gin_file=gin/models/t5_tiny.gin', '--steps=1', '--warmup=0']
   for flags, message in ((['--batch=0'], '--batch=0 is out of range: it must be at least 1'),
                          (['--steps=0'], '--steps=0 is out of range'),
@@ -107,7 +108,10 @@ def test_bench_flags_out_of_range_and_an_unwritable_output_are_one_line_before_a
                          ([f'--output={tmp_path}/no/such.json'], 'cannot be written'),
                          (['--peak_tflops=-5'], '--peak_tflops=-5.0 is out of range: it must be a '
                                                 'number > 0'),  # MFU -0.1% before
-                         (['--peak_tflops=nan'], '--peak_tflops=nan is out of range')):
+                         (['--peak_tflops=nan'], '--peak_tflops=nan is out of range'),
+                         (['--hf_compile'], '--hf_compile sets the Hugging Face peer, which runs only '
+                                            'with --hf'),  # silently ignored before
+                         (['--hf_optimizer=adamw'], '--hf_optimizer sets the Hugging Face peer')):
     gin.clear_config()
     with pytest.raises(SystemExit) as e:
       bench.main(base + flags)

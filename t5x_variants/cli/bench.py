@@ -156,13 +156,18 @@ def unlike(result, hf, ours: str) -> str:
 
 
 def _check_flags(args):
-  """ValueError, one line, for a flag out of range or an --output that cannot be written, before
-  anything compiles (a bad --output failed after the run; --batch=0 ran the default batch)."""
+  """ValueError, one line, for a flag out of range, a peer's flag without --hf (ignored before) or
+  an --output that cannot be written, before anything compiles (a bad --output failed after the
+  run; --batch=0 ran the default batch)."""
   ranges.check_flags(args, {'batch': 1, 'inputs_length': 1, 'targets_length': 1, 'steps': 1,
                             'warmup': 0})
   if args.peak_tflops is not None and not 0 < args.peak_tflops < float('inf'):
     raise ValueError(f'--peak_tflops={args.peak_tflops} is out of range: it must be a number > 0 '
                      '(leave it out for the device\'s own)')
+  peer_flags = [f for f in ('hf_compile', 'hf_optimizer') if getattr(args, f)]
+  if peer_flags and not args.hf:
+    raise ValueError(f'--{peer_flags[0]} sets the Hugging Face peer, which runs only with --hf: add '
+                     '--hf, or leave it out')
   if args.output:
     parent = os.path.dirname(os.path.abspath(args.output))
     if os.path.isdir(args.output) or not os.path.isdir(parent):
