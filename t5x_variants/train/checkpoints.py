@@ -322,12 +322,18 @@ def read_with(handler, part: str, read):
     handler.close()
 
 
+def _saved_steps(run_dir) -> List[int]:
+  """The steps of the finished ``checkpoint_<step>`` directories in ``run_dir`` that hold a
+  ``state`` (an empty one, e.g. of an interrupted copy, is none), as this process sees them."""
+  return sorted(m.step for m in _NAME_FORMAT.find_all(run_dir) if (m.path / 'state').exists())
+
+
 def list_checkpoints(run_dir: str):
   """The ``checkpoint_<step>`` directories in ``run_dir``, oldest first (not ``*.unreadable``
-  ones, unfinished saves or stray files); process 0's listing for every process (beside a
-  training run that saves and deletes, each would list its own moment)."""
-  steps = _process0_steps(lambda: [m.step for m in _NAME_FORMAT.find_all(run_dir)])
-  return [ocp.step.build_step_path(storage.path(run_dir), _NAME_FORMAT, step) for step in sorted(steps)]
+  ones, unfinished saves, directories without a ``state`` or stray files); process 0's listing for
+  every process (beside a training run that saves and deletes, each would list its own moment)."""
+  steps = _process0_steps(lambda: _saved_steps(run_dir))
+  return [ocp.step.build_step_path(storage.path(run_dir), _NAME_FORMAT, step) for step in steps]
 
 
 def _process0_steps(steps: Callable[[], Sequence[int]]) -> List[int]:
@@ -373,10 +379,7 @@ def checkpoint_path(path: str) -> epath.Path:
                             'run directory, whose newest finished checkpoint is read, or another '
                             f'{PREFIX}_<step>')
     return path
-  def newest():
-    latest = ocp.step.latest_step_metadata(path, _NAME_FORMAT)
-    return [] if latest is None else [latest.step]
-  latest = _process0_steps(newest)
+  latest = _process0_steps(lambda: _saved_steps(path)[-1:])
   if not latest:
     raise CheckpointError(f'no checkpoint at {path}: expected a {PREFIX}_<step> directory or a '
                           f'directory containing them')
