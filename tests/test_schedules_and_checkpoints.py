@@ -1,6 +1,7 @@
 """Learning-rate schedules against their closed forms (eagerly and under jit), and the
 Checkpointer's period, force, keep-N and checkpoint listing on a tiny state."""
 import functools
+import re
 import subprocess
 import sys
 from typing import Any
@@ -159,8 +160,26 @@ def test_schedule_errors():
   for name in ('rsqrt', 'noam'):  # lr inf at the first step (rsqrt), a ZeroDivisionError (noam)
     with pytest.raises(ValueError, match=f"warmup_steps = 0: schedule '{name}' divides by"):
       optimizer.learning_rate_schedule(name, warmup_steps=0)
-  with pytest.raises(ValueError, match="learning_rate_schedule.base must be a number, not 'fast'"):
+  with pytest.raises(ValueError, match="learning_rate_schedule.base = 'fast' is out of range: it "
+                     'must be a number > 0'):
     optimizer.learning_rate_schedule('constant', base='fast')  # was optax's, naming nothing
+
+
+@pytest.mark.parametrize('setting, message', [
+    (dict(base=-1e-3), 'base = -0.001 is out of range: it must be a number > 0'),  # trained by
+    (dict(base=0.0), 'base = 0.0 is out of range'),  # gradient ascent, or not at all, exit 0
+    (dict(base=float('inf')), 'base = inf is out of range'),
+    (dict(base=True), 'base = True is out of range'),
+    (dict(end_value=-1e-5), 'end_value = -1e-05 is out of range: it must be a number >= 0'),
+    (dict(decay_fraction=1.5), 'decay_fraction = 1.5 is out of range: it must be a number in'),
+    (dict(warmup_steps=-5), 'warmup_steps = -5 is out of range: it must be an integer >= 0'),
+    (dict(warmup_steps=2.5), 'warmup_steps = 2.5 is out of range'),
+])
+def test_a_schedule_setting_out_of_range_is_refused(setting, message):
+  with pytest.raises(ValueError, match=f'learning_rate_schedule.{re.escape(message)}'):
+    optimizer.learning_rate_schedule(**{'name': 'linear', 'total_steps': 100, **setting})
+  optimizer.learning_rate_schedule('linear', total_steps=100, base=1e-3, end_value=0,
+                                    decay_fraction=1, warmup_steps=10)  # the edges are in range
 
 
 @pytest.mark.parametrize('loss,message', [
@@ -389,9 +408,13 @@ def test_listing_skips_unreadable_unfinished_and_stray_entries(tmp_path):
   (tmp_path / 'checkpoint_x').write_text('')
   (tmp_path / 'checkpoint_9').write_text('')
   (tmp_path / 'checkpoint_10_old').mkdir()
+  (tmp_path / 'checkpoint_3').mkdir()  # empty (an interrupted copy): t5xv-eval stopped at it
+  (tmp_path / 'checkpoint_12').mkdir()  # and read it as the newest
   assert names(checkpoints.list_checkpoints(str(tmp_path))) == [
       'checkpoint_2', 'checkpoint_4', 'checkpoint_6']
   assert checkpoints.checkpoint_path(str(tmp_path)) == tmp_path / 'checkpoint_6'
+  (tmp_path / 'checkpoint_3').rmdir()
+  (tmp_path / 'checkpoint_12').rmdir()
   assert checkpoints.checkpoint_path(str(tmp_path / 'checkpoint_4')) == tmp_path / 'checkpoint_4'
   with pytest.raises(checkpoints.CheckpointError, match='checkpoint-tmp-1234 is a checkpoint whose '
                      'save did not finish .*give its run directory'):  # named, it was read

@@ -379,6 +379,9 @@ def test_print_commands_lists_the_unfinished_runs(tmp_path, capsys):
     ('--gin.TransformerConfig.d_modle=32', "doesn't have a parameter named 'd_modle'"),
     ('--grid=learning_rate_schedule.bse=1e-3,3e-3', "doesn't have a parameter named 'bse'"),
     ("--gin.TransformerConfig.placement='prenorm'", "unknown placement 'prenorm'"),
+    ('--grid=learning_rate_schedule.base=-1e-3,1e-3', 'learning_rate_schedule.base = -0.001 is '
+                                                      'out of range'),  # at each run's start
+    ('--grid=train.eval_period=-1,10', 'train.eval_period = -1 is out of range'),  # before
 ])
 def test_a_bad_recipe_is_one_line_before_any_run_starts(flag, message, tmp_path, capsys):
   """Was: sweep.json and a directory per run written, every trainer started, each failing."""

@@ -31,6 +31,7 @@ import gin
 import jax
 import numpy as np
 
+from t5x_variants import is_positive_number
 from t5x_variants.cli import common, launch, profile, ranges, recipe
 from t5x_variants.layers import dense
 from t5x_variants.models import flops
@@ -161,7 +162,7 @@ def _check_flags(args):
   run; --batch=0 ran the default batch)."""
   ranges.check_flags(args, {'batch': 1, 'inputs_length': 1, 'targets_length': 1, 'steps': 1,
                             'warmup': 0})
-  if args.peak_tflops is not None and not 0 < args.peak_tflops < float('inf'):
+  if args.peak_tflops is not None and not is_positive_number(args.peak_tflops):
     raise ValueError(f'--peak_tflops={args.peak_tflops} is out of range: it must be a number > 0 '
                      '(leave it out for the device\'s own)')
   peer_flags = [f for f in ('hf_compile', 'hf_optimizer') if getattr(args, f)]

@@ -47,11 +47,13 @@ def write_batches(sweep: grid.Sweep, batches_dir: str, verbosity: int) -> int:
 
 def check_recipes(sweep: grid.Sweep):
   """Each distinct recipe of the grid (its gin files and bindings, the seed aside) parsed and its
-  model configuration built here, before any run directory or trainer starts: a misspelled
-  binding or a bad value is one line, not one failed run each. The data layer's bindings are
+  model configuration and learning-rate schedule built and the trainer's numbers range-checked
+  here, before any run directory or trainer starts: a misspelled binding or a bad value is one
+  line, not one failed run each. The data layer's bindings are
   left to the runs (as without TensorFlow)."""
   import gin  # pylint: disable=g-import-not-at-top
-  from t5x_variants.cli import recipe  # pylint: disable=g-import-not-at-top
+  from t5x_variants.cli import ranges, recipe  # pylint: disable=g-import-not-at-top
+  from t5x_variants.train import optimizer  # pylint: disable=g-import-not-at-top
   placeholders = [f"{m} = 'checked by t5xv-sweep'" for m in recipe.RUN_MACROS]
   recipes = dict.fromkeys((tuple([*sweep.base, *run.variant_files]),
                            tuple([*grid.DEFAULT_BINDINGS, *run.bindings, *sweep.bindings]))
@@ -61,6 +63,9 @@ def check_recipes(sweep: grid.Sweep):
     recipe.parse_recipe(list(files), [*placeholders, *bindings], sweep.search_paths,
                         with_data=False)
     recipe.build_config()
+    for configurable in ('train', 'Checkpointer'):  # the trainer's numbers, as t5xv-train checks
+      ranges.check_ranges(configurable, gin.get_bindings(configurable))  # them at its start
+    optimizer.learning_rate_schedule()
   gin.clear_config()
 
 

@@ -5,11 +5,12 @@ the one-hot target smoothed to (1 - ls) on the target and ls / (V - 1) elsewhere
 2016); subtracting the entropy H(q_i) makes a perfect prediction cost 0. The z-loss term keeps the
 softmax normaliser near 1 (Chowdhery et al. 2022, PaLM Sec. 5).
 """
-import math
 from typing import Dict, Union
 
 import jax
 import jax.numpy as jnp
+
+from t5x_variants import is_positive_number
 
 NORMALIZERS = ('num_tokens', 'none')
 
@@ -61,9 +62,7 @@ def check_normalizing_factor(loss_normalizing_factor):
   infinite, a negative one trained by gradient ascent)."""
   if loss_normalizing_factor is None or loss_normalizing_factor in NORMALIZERS:
     return
-  number = isinstance(loss_normalizing_factor, (int, float)) and not isinstance(
-      loss_normalizing_factor, bool)
-  if not (number and math.isfinite(loss_normalizing_factor) and loss_normalizing_factor > 0):
+  if not is_positive_number(loss_normalizing_factor):
     raise ValueError(f'loss_normalizing_factor must be {", ".join(map(repr, NORMALIZERS))}, None '
                      f'or a number > 0, not {loss_normalizing_factor!r}')
 

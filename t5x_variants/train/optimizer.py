@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from t5x_variants import path_keys
+from t5x_variants import is_positive_number, path_keys
 
 SCHEDULES = ('rsqrt', 'constant', 'noam', 'linear', 'cosine')
 
@@ -80,10 +80,17 @@ def learning_rate_schedule(name: str = 'rsqrt', base: float = 1.0, warmup_steps:
   a factor of ~2.5e-8, not 0, at and after the last step."""
   if name not in SCHEDULES:
     raise ValueError(f'unknown schedule {name!r}; valid: {", ".join(SCHEDULES)}')
-  for field, value in (('base', base), ('decay_fraction', decay_fraction),
-                       ('end_value', end_value)):
-    if isinstance(value, bool) or not isinstance(value, (int, float)):  # else a failure in optax
-      raise ValueError(f'learning_rate_schedule.{field} must be a number, not {value!r}')
+  zero_or_more = lambda v: is_positive_number(v) or (v == 0 and not isinstance(v, bool))
+  valid = {'base': (base, is_positive_number(base), 'a number > 0'),  # (a negative rate trained
+           'end_value': (end_value, zero_or_more(end_value), 'a number >= 0'),  # by gradient
+           'decay_fraction': (decay_fraction, zero_or_more(decay_fraction) and decay_fraction <= 1,
+                              'a number in [0, 1]'),  # ascent, silently; a string failed in optax)
+           'warmup_steps': (warmup_steps, zero_or_more(warmup_steps)
+                            and int(warmup_steps) == warmup_steps, 'an integer >= 0')}
+  for field, (value, ok, what) in valid.items():
+    if not ok:
+      raise ValueError(f'learning_rate_schedule.{field} = {value!r} is out of range: it must be '
+                       f'{what}')
   if (decay_fraction or name in ('linear', 'cosine')) and not total_steps:
     raise ValueError(f'schedule {name!r}' + (' with decay_fraction' if decay_fraction else '') +
                      ' needs learning_rate_schedule.total_steps')
@@ -237,9 +244,8 @@ def make_optimizer(params, learning_rate, optimizer: Callable = adafactor,
   ``frozen`` paths no update, and with ``global_norm_clip`` the trained parameters' gradients are
   first clipped to that global norm (Pascanu et al. 2013; a frozen path's gradient is no part of
   the update, so none of its norm)."""
-  if global_norm_clip is not None and not (
-      isinstance(global_norm_clip, (int, float)) and not isinstance(global_norm_clip, bool)
-      and 0 < global_norm_clip < float('inf')):  # a negative one reversed every gradient
+  if global_norm_clip is not None and not is_positive_number(global_norm_clip):  # a negative
+    # one reversed every gradient
     raise ValueError(f'make_optimizer.global_norm_clip = {global_norm_clip!r} is out of range: it '
                      'must be a number > 0, or None for no clipping')
   labels = param_labels(params, frozen)
