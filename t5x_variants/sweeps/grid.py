@@ -101,6 +101,11 @@ def parse_grid(flag: str) -> List[Tuple[str, str]]:
                      '(e.g. learning_rate_schedule.base=1e-4,3e-4)')
   if key in PER_RUN_KEYS:
     raise SweepError(f'--grid {key}: the sweep sets it for every run itself')
+  spaced = [v for v in values if len(v.split()) > 1 and not _is_literal(v)
+            and all(map(_is_literal, v.split()))]
+  if spaced:  # gin would call it an unquoted string
+    raise SweepError(f'--grid {flag!r}: {spaced[0]!r} looks like several values; a --grid\'s values '
+                     f'are separated by commas: --grid={key}={",".join(spaced[0].split())}')
   name = re.split(r'[./]', key)[-1]
   labels = [grid_label(v) for v in values]
   literals = [_literal(v) for v in values]
@@ -283,6 +288,14 @@ class Sweep:
         run.status, run.reason = 'interrupted', (
             'no eval of its last step (a rerun redoes it)' if record.trained() else
             'its metrics no longer reach its last step (a rerun trains it from there)')
+
+
+def _is_literal(value: str) -> bool:
+  try:
+    ast.literal_eval(value)
+  except Exception:  # pylint: disable=broad-except  (any failure: not a Python literal)
+    return False
+  return True
 
 
 def _literal(value: str):
