@@ -197,6 +197,16 @@ def test_t5xv_info_prints_table_constants_and_total(capsys):
     # With a run file: the trainer's configurables are checked; only the data layer's are skipped.
     (['--gin_file=gin/runs/pretrain.gin', '--gin.train.z_los=1'], "doesn't have a parameter named 'z_los'"),
     (['--gin_file=gin/runs/pretrain.gin', '--gin.Transformer.d_model=8'], "No configurable matching 'Transformer'"),
+    # A switch of the library's given a string or a number ('False' quoted was taken as True).
+    (['--gin_file=gin/runs/pretrain.gin', "--gin.Checkpointer.async_save='False'"],
+     "Checkpointer.async_save = 'False': expected True or False, unquoted "
+     '(--gin.Checkpointer.async_save=True)'),
+    (['--gin_file=gin/runs/pretrain.gin', "--gin.train/DatasetConfig.pack='no'"],
+     "train/DatasetConfig.pack = 'no': expected True or False"),
+    (['--gin_file=gin/runs/pretrain.gin', '--gin.SWITCH=1',
+      '--gin.learning_rate_schedule.warmup_ramp=%SWITCH'],
+     'SWITCH (learning_rate_schedule.warmup_ramp) = 1: expected True or False, unquoted '
+     '(--gin.SWITCH=True)'),
 ])
 def test_bad_gin_input_fails_with_one_clear_message(argv, message, capsys):
   with pytest.raises(SystemExit) as e:

@@ -10,6 +10,7 @@ import inspect
 import logging
 import os
 import re
+import typing
 from typing import Callable, List, Mapping, Optional, Sequence, Union
 
 import gin
@@ -163,6 +164,34 @@ def library_configurables(with_data: bool = True) -> Mapping[str, Callable]:
   return known
 
 
+def _bound_value(value):
+  """A binding's value with macros followed (``%NAME``); a reference to anything else stays one."""
+  while isinstance(value, gin.config.ConfigurableReference) and value.selector == 'gin.macro':
+    value = gin.query_parameter('%' + value.scoped_selector.rsplit('/', 1)[0])
+  return value
+
+
+def check_switches(configurables: Mapping[str, Callable], scopes=('', 'train', 'train_eval')):
+  """ValueError (one line) for a binding of a ``bool`` parameter that is not True or False: the
+  string 'False' (quoted) is true, and was taken as True without a word."""
+  for name, fn in configurables.items():
+    try:
+      hints = typing.get_type_hints(fn.__init__ if inspect.isclass(fn) else inspect.unwrap(fn))
+    except Exception:  # pylint: disable=broad-except  (annotations this module cannot resolve)
+      continue
+    switches = {p for p, kind in hints.items()
+                if kind is bool or kind == Optional[bool]}
+    for scope in scopes:
+      selector = f'{scope}/{name}' if scope else name
+      for param, value in gin.get_bindings(selector, resolve_references=False).items():
+        value = _bound_value(value)
+        if param in switches and not (isinstance(value, bool) or value is None and
+                                      hints[param] == Optional[bool]):
+          flag, binding = ranges.binding_name(f'{selector}.{param}')
+          raise ValueError(f'{binding} = {value!r}: expected True or False, unquoted '
+                           f'(--gin.{flag}=True)')
+
+
 def parse_recipe(gin_files: List[str], bindings: List[str], search_paths: Sequence[str] = (),
                  with_data: bool = True, configurables: Optional[Mapping[str, Callable]] = None):
   """``parse_gin`` with the library's configurables (and the caller's) named in its errors.
@@ -172,6 +201,7 @@ def parse_recipe(gin_files: List[str], bindings: List[str], search_paths: Sequen
   parse_gin(gin_files, bindings, search_paths, known,
             skip_unknown=False if with_data else list(DATA_CONFIGURABLES))
   ranges.check_ranges('MeshConfig', gin.get_bindings('MeshConfig'))  # every command's mesh
+  check_switches(known)
 
 
 def setup(p: argparse.ArgumentParser, argv: Optional[Sequence[str]],
