@@ -81,14 +81,17 @@ def unsupported(components, lengths, dropout: bool, implementation: str) -> Opti
 
 
 def cudnn_unsupported(dtype, head_dim: int, queries: int, keys: int, biased: bool) -> Optional[str]:
-  """Why cuDNN's kernel itself cannot (None when it can). Its training kernel with a bias takes
-  even lengths only; more than one query may be a training step."""
+  """Why cuDNN's kernel itself cannot (None when it can). Its training kernel takes even lengths
+  only: JAX refuses odd ones where there is a bias, and passes a placeholder bias where there is
+  none, so with or without one (``biased`` makes no difference); more than one query may be a
+  training step."""
+  del biased
   if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
     return f'cuDNN attention needs a 16-bit compute dtype, not {jnp.dtype(dtype).name}'
   if head_dim % 8 or head_dim > 128:
     return f'head_dim {head_dim} (cuDNN: a multiple of 8, at most 128)'
-  if biased and queries > 1 and (queries % 2 or keys % 2):
-    return f'{queries} queries x {keys} keys with a bias (cuDNN: even lengths)'
+  if queries > 1 and (queries % 2 or keys % 2):
+    return f'{queries} queries x {keys} keys (cuDNN\'s training kernel: even lengths)'
   return None
 
 
