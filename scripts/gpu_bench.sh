@@ -12,7 +12,8 @@
 # the defaults, Dense contracted as one dot_general: beside r128_full, the 2-D matmul), p128 (ours
 # alone on packed rows, as a pretraining run with packing: the XLA attention path on a GPU), gpu_tests
 # (the tests that need a GPU: cuDNN against the reference path), tests (the suite with
-# JAX_PLATFORMS=cuda, slow tests left out; on a 16-core H200 host 12 workers ran 64% of it in 3 minutes).
+# JAX_PLATFORMS=cuda, slow tests left out, at most 400 s; on a 16-core H200 host 12 workers ran
+# 64% of it in 3 minutes).
 # GPU_BENCH_MAX_S, if set, caps each job's seconds (a lease's deadline).
 set -u
 OUT=${1:?OUTDIR}
@@ -47,7 +48,7 @@ for job in "$@"; do
             --output="$OUT/$job.json" ;;
     gpu_tests) run "$job" 300 env JAX_PLATFORMS=cuda python3 -m pytest -v -p no:cacheprovider \
                  tests/test_fused_attention.py -k 'cudnn or no_valid_key' ;;
-    tests) run "$job" 590 env JAX_PLATFORMS=cuda python3 -m pytest -v -rfE --tb=short -n 12 -p no:cacheprovider \
+    tests) run "$job" 400 env JAX_PLATFORMS=cuda python3 -m pytest -v -rfE --tb=short -n 12 -p no:cacheprovider \
              -m 'not slow' tests ;;
     *) echo "unknown job $job" ;;
   esac

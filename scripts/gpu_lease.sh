@@ -1,22 +1,33 @@
 #!/usr/bin/env bash
 # One call on a lent GPU machine whose image lacks gin and tensorboardX: install the wheels
 # carried in .whl/, run scripts/gpu_bench.sh's jobs one after another until SECONDS have passed,
-# and pack every log and JSON into $OUT/all.tgz (a call brings back a few files, not a folder).
+# and pack every log and JSON into $OUT/all.tgz (a call brings back a few files, not a folder),
+# again after each job, so that a call cut short still brings back the jobs it finished.
 #
-#   scripts/gpu_lease.sh SECONDS JOB...      e.g. scripts/gpu_lease.sh 560 gpu_tests tests h128 h32
+#   scripts/gpu_lease.sh SECONDS JOB...      e.g. scripts/gpu_lease.sh 560 x128 r128_full tests
 #
 # The wheels, fetched once on the host that sends the call (Python 3.12 is the device image's):
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux2014_x86_64 -d .whl gin-config==0.5.0 tensorboardX==2.6.5
-# A job that would start with under 30 s left is not started; the ones not run are named.
+# A benchmark job that would start with under 75 s left is not started (compiling T5-base and
+# its warm-up steps take most of a minute; a cut one brings back nothing), a test job with under
+# 30 s; the jobs not run are named.
 set -u
 budget=${1:?SECONDS}
 shift
 start=$(date +%s)
-out=${OUT:?OUT: the folder whose files come back}/all
+: "${OUT:?OUT: the folder whose files come back}"
+rm -rf /tmp/gpu_lease  # (a warm machine may hold an earlier call's)
+out=/tmp/gpu_lease/all  # outside $OUT: only all.tgz comes back, however many logs there are
 mkdir -p "$out"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || exit 1
+pack() { tar czf "$OUT/all.tgz" -C "$(dirname "$out")" all; }
+if ! python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl >"$out/wheels.log" 2>&1; then
+  echo "the wheels in .whl/ could not be installed (carry=['.whl'], fetched as above?)" |
+    tee -a "$out/wheels.log"
+  pack
+  exit 1
+fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 # the console scripts (t5xv-train, t5xv-export, ...) that the suite's end-to-end tests run
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir -e . >/dev/null 2>&1 ||
@@ -26,13 +37,16 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-d
 print("jax", jax.__version__, "flax", flax.__version__, "optax", optax.__version__, "orbax",
       ocp.__version__, "torch", torch.__version__, "transformers", transformers.__version__, jax.devices())'
   git log -1 --format='code %H' 2>/dev/null; } >"$out/machine.txt" 2>&1
+pack
 for job in "$@"; do
   left=$((budget - ($(date +%s) - start)))
-  if ((left < 30)); then
-    echo "deadline: not run: $*"
+  case $job in *tests) least=30 ;; *) least=75 ;; esac
+  if ((left < least)); then
+    echo "deadline: not run: $*" | tee -a "$out/machine.txt"
     break
   fi
   GPU_BENCH_MAX_S=$left scripts/gpu_bench.sh "$out" "$job"
+  pack
   shift
 done
-tar czf "$OUT/all.tgz" -C "$OUT" all && rm -rf "$out"
+pack

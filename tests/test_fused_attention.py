@@ -434,13 +434,45 @@ def test_cudnn_with_an_all_padding_row_stays_finite(bfloat16_kernel):
   assert_as_accurate_in_bfloat16(bfloat16_kernel, (enc, dec), valid, head_dim=16, num_heads=2)
 
 
-@pytest.mark.skipif(not ON_GPU, reason='cuDNN attention needs an NVIDIA GPU')
-def test_cudnn_cached_decoding_on_a_gpu():
+# A decoder-only model's prompts of 5 tokens (one row 2), decoded to 9: its prefill is 6 queries
+# (token 0, then the prompt) against a cache of 14 keys (even lengths, as cuDNN's kernel takes),
+# causal, with key lengths.
+PROMPTS = np.array([[5, 6, 7, 8, 11], [9, 10, 0, 0, 0]])
+
+
+def cached_decoding(arch, kernel):
+  """(tokens, scores) of greedy cached decoding of a bfloat16 model of ``arch``."""
+  config = tiny(architecture=arch, attention_kernel=kernel, dtype='bfloat16', head_dim=16,
+                num_heads=2)
+  if arch == 'decoder_only':
+    model, params = init_params(config, tokens(2, 8))
+    return decode(model, config, params, max_decode_length=9, prompt_tokens=PROMPTS)
   enc = np.array(tokens(2, 12))
   enc[1, 5:] = 0
-  out = {}
-  for kernel in ('xla', 'cudnn'):
-    config = tiny(attention_kernel=kernel, dtype='bfloat16', head_dim=16, num_heads=2)
-    model, params = init_params(config, enc, tokens(2, 8))
-    out[kernel] = decode(model, config, params, max_decode_length=8, encoder_input_tokens=enc)
+  model, params = init_params(config, enc, tokens(2, 8))
+  return decode(model, config, params, max_decode_length=8, encoder_input_tokens=enc)
+
+
+@pytest.mark.parametrize('kernel, fused', [('auto', {(6, 14)}), ('cudnn', {(6, 14), (1, 14)})])
+def test_a_decoder_only_prefill_goes_through_cudnn_on_a_gpu(kernel, fused, monkeypatch,
+                                                            jax_xla_kernel):
+  """So that the GPU test below covers it: on a GPU the prompts' prefill (several queries against
+  the cache's keys) is sent to cuDNN, under 'auto' and 'cudnn'; each decode step (one query)
+  under 'cudnn' (under 'auto' the reference path takes it)."""
+  if ON_GPU:
+    pytest.skip('the routing as on a GPU, checked on the CPU')
+  monkeypatch.setattr(fused_attention, 'platform', lambda: 'gpu')
+  chosen, real = [], fused_attention.choose
+  monkeypatch.setattr(fused_attention, 'choose', lambda kernel, where, queries, keys, *a, **k: (
+      chosen.append((queries, keys, real(kernel, where, queries, keys, *a, **k))) or chosen[-1][2]))
+  cached_decoding('decoder_only', kernel)
+  assert fused <= {(q, k) for q, k, implementation in chosen if implementation}, set(chosen)
+
+
+@pytest.mark.skipif(not ON_GPU, reason='cuDNN attention needs an NVIDIA GPU')
+@pytest.mark.parametrize('arch', ['encoder_decoder', 'decoder_only'])
+def test_cudnn_cached_decoding_on_a_gpu(arch):
+  """cuDNN's causal mask with fewer queries than keys (the prefill) aligned as the reference
+  path's, top-left; one query per step with key lengths; cross-attention over padded inputs."""
+  out = {kernel: cached_decoding(arch, kernel) for kernel in ('xla', 'cudnn')}
   np.testing.assert_allclose(out['cudnn'][1], out['xla'][1], rtol=2e-2, atol=2e-2)
