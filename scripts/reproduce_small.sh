@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The small-scale replications of EXPERIMENTS.md: the t5xv-sweeps of every table, cheapest first,
-# then one t5xv-report over all of them. Resumable: run it again and finished runs are skipped.
+# The earlier small-scale grid of EXPERIMENTS.md (1-2 seeds per table: GLU, then the cheapest run
+# of each other table first), then one t5xv-report over all of them. The multi-seed tables are
+# scripts/seed_sweeps.sh and the commands in each EXPERIMENTS.md section. Resumable: run it again and finished runs are skipped.
 #
 #   scripts/reproduce_small.sh [SWEEP_ROOT] [REPORT_DIR]     (defaults: /tmp/t5xv_sweeps, docs/experiments)
 #
