@@ -20,7 +20,7 @@ from etils import epath
 
 from conftest import HOST_DEVICES, needs_data_layer
 from t5x_variants.features import EOS_ID
-from t5x_variants.cli import eval as eval_cli, infer, train
+from t5x_variants.cli import eval as eval_cli, eval_results, infer, train
 from train_helpers import records_of as records
 
 # The tools train on the embedded corpus through the data layer.
@@ -587,7 +587,7 @@ def test_benchmark_averages_are_t5s_best_step_and_each_tasks_best_step():
                                    'tasks': {'super_glue_cb': {'value': 55.0, 'step': 10}},
                                    'missing': ['boolq', 'copa', 'multirc', 'record', 'rte', 'wic', 'wsc']}
   assert set(averages) == {'GLUE', 'SuperGLUE'}
-  every = {f'glue_{t}_local': {'accuracy': 50.0} for t in eval_cli.BENCHMARK_TASKS['GLUE']}
+  every = {f'glue_{t}_local': {'accuracy': 50.0} for t in eval_results.BENCHMARK_TASKS['GLUE']}
   every['glue_mnli_mismatched_local'] = {'accuracy': 50.0}
   assert eval_cli.benchmark_averages({'10': every})['GLUE']['missing'] == []
   # a classification task is its benchmark's task too
