@@ -319,6 +319,24 @@ def test_bad_input_gives_one_clear_error(argv, message, capsys):
   assert len(err.strip().splitlines()) == 1 or 'Valid' in err
 
 
+def test_tasks_registered_with_one_vocabulary_are_registered_again_with_another():
+  """In one process (t5xv-quickstart's steps, a notebook, the tests), a command that binds another
+  vocabulary got the tasks of the first one: registration was once per process."""
+  import seqio  # pylint: disable=g-import-not-at-top
+  from t5x_variants.data import tasks, vocab  # pylint: disable=g-import-not-at-top
+  embedded, byte = vocab.vocabulary(), seqio.ByteVocabulary(extra_ids=vocab.EXTRA_IDS)
+  output = lambda name: tasks.output_vocabulary(seqio.get_mixture_or_task(name))
+  try:
+    tasks.register_tasks(embedded)
+    assert output('embedded_lm') == embedded
+    assert tasks.register_tasks(vocab.vocabulary()) == []  # the same one: nothing again
+    assert 'embedded_lm' in tasks.register_tasks(byte)
+    assert output('embedded_lm') == byte and output('glue_rte_cls') == byte
+  finally:
+    tasks.register_tasks(embedded)
+  assert output('embedded_lm') == embedded
+
+
 def test_t5s_vocabulary_out_of_reach_is_one_line_naming_it_and_the_fix(tmp_path, monkeypatch, capsys):
   """vocabulary.kind = 't5' where T5's model cannot be read (offline; here a path that is not
   there, the same failure without a network): t5xv-data said only 'in user code:' (a tf.function's
@@ -326,13 +344,8 @@ def test_t5s_vocabulary_out_of_reach_is_one_line_naming_it_and_the_fix(tmp_path,
   from t5x_variants.data import vocab  # pylint: disable=g-import-not-at-top
   missing = str(tmp_path / 'sentencepiece.model')
   monkeypatch.setattr(vocab, 'T5_SPM_PATH', missing)
-  import seqio  # pylint: disable=g-import-not-at-top
-  seqio.TaskRegistry.remove('embedded_lm')  # registered once per process, with its vocabulary
-  try:
-    with pytest.raises(SystemExit) as e:
-      data_main(['--task=embedded_lm', '--gin.vocabulary.kind="t5"'])
-  finally:  # registered again by the next test that asks for it, with its own vocabulary
-    seqio.TaskRegistry.remove('embedded_lm')
+  with pytest.raises(SystemExit) as e:  # (the tasks registered again, with this vocabulary)
+    data_main(['--task=embedded_lm', '--gin.vocabulary.kind="t5"'])
   err = capsys.readouterr().err
   assert e.value.code == 2 and err.count('\n') == 1, err
   assert err.startswith(f't5xv-data: error: the vocabulary {missing} cannot be read here ('), err

@@ -107,12 +107,37 @@ def _task(name: str, source: str, objective: str, vocabulary: seqio.Vocabulary) 
       metric_fns=[])
 
 
+# What register_tasks registered, and with which vocabulary (``_vocabulary_key``).
+_registered = {'vocabulary': None, 'names': []}
+
+
+def _vocabulary_key(vocabulary: seqio.Vocabulary) -> tuple:
+  """A vocabulary's identity without reading its model (T5's may be out of reach)."""
+  return (type(vocabulary).__name__, getattr(vocabulary, 'sentencepiece_model_file', None),
+          getattr(vocabulary, 'extra_ids', None))
+
+
+def _unregister_if_other(vocabulary: seqio.Vocabulary):
+  """Removes what register_tasks registered with another vocabulary than ``vocabulary`` (in one
+  process, a command after another that bound another one: its tasks kept the first one's)."""
+  key = _vocabulary_key(vocabulary)
+  if _registered['vocabulary'] not in (None, key):
+    for name in _registered['names']:
+      for registry in (seqio.MixtureRegistry, seqio.TaskRegistry):
+        if name in registry.names():
+          registry.remove(name)
+    _registered['names'] = []
+  _registered['vocabulary'] = key
+
+
 @gin.configurable
 def register_tasks(vocabulary: seqio.Vocabulary = None, squad_dir: Optional[str] = None) -> List[str]:
-  """Registers every task and mixture (idempotent); returns the names registered by this call.
-  ``squad_dir``: the original SQuAD files (default: env SQUAD_DIR)."""
+  """Registers every task and mixture with ``vocabulary`` (default: the gin-bound one), again if
+  they were registered with another (idempotent otherwise); returns the names registered by this
+  call. ``squad_dir``: the original SQuAD files (default: env SQUAD_DIR)."""
   from t5x_variants.data import classification, glue, squad  # pylint: disable=g-import-not-at-top
   vocabulary = vocabulary or vocab.vocabulary()
+  _unregister_if_other(vocabulary)
   added = []
   for source in SOURCES:
     for objective in OBJECTIVES:
@@ -126,6 +151,7 @@ def register_tasks(vocabulary: seqio.Vocabulary = None, squad_dir: Optional[str]
   classification.register_classification_tasks(vocabulary)  # glue_<t>_cls (encoder-only)
   squad.register_squad_tasks(features, squad_dir=squad_dir)
   added += sorted((set(seqio.TaskRegistry.names()) | set(seqio.MixtureRegistry.names())) - before)
+  _registered['names'] += added
   return added
 
 
