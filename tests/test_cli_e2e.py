@@ -404,6 +404,27 @@ def test_a_quickstart_step_that_fails_is_named_and_advises_the_quickstarts_flags
   assert os.listdir(tmp_path) == ['model-info.txt']
 
 
+def test_a_resume_with_another_vocabulary_is_refused(tmp_path, capsys):
+  """A run of the embedded SentencePiece vocabulary resumed with bytes went on training (other
+  ids for the same embeddings), its vocab.model left to mislead t5xv-eval."""
+  import gin  # pylint: disable=g-import-not-at-top
+  run = ['--gin_file=gin/experiments/quickstart.gin', f"--gin.MODEL_DIR='{tmp_path}'",
+         '--gin.TRAIN_STEPS=2', '--gin.Checkpointer.period=2', '--gin.train.eval_period=0',
+         "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}", '--gin.BATCH_SIZE=2']
+  assert train.main(run) == 0
+  vocab = (tmp_path / 'vocab.model').read_bytes()
+  gin.clear_config()
+  with pytest.raises(SystemExit) as e:
+    train.main([*run, '--gin.TRAIN_STEPS=4', "--gin.vocabulary.kind='bytes'"])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and err.count('\n') == 1, err
+  assert err.startswith(f't5xv-train: error: {tmp_path} holds a run trained with another vocabulary '
+                        "(its vocab.model, not this run's, which has no SentencePiece file"), err
+  assert sorted(p.name for p in tmp_path.glob('checkpoint_*')) == ['checkpoint_2']
+  assert (tmp_path / 'vocab.model').read_bytes() == vocab
+  gin.clear_config()
+
+
 @pytest.mark.parametrize('existing', ['metrics.jsonl', 'a_directory', 'a_json_string', 'binary'])
 def test_infer_replaces_no_file_but_its_own_output(existing, tmp_path, capsys):
   """INFER_OUTPUT naming a run's metrics.jsonl (or a directory) is refused before any work, the

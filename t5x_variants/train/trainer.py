@@ -100,6 +100,24 @@ class ShardedModel:
                                    self.layout.shardings.params, self.mesh, **loss)
 
 
+def _check_vocabulary(model_dir: str, files: Mapping[str, str], resumed: Callable[[], bool]):
+  """ValueError (one line) when a run with checkpoints is resumed with another vocabulary than its
+  ``vocab.model`` (another SentencePiece model, or none: bytes): the tokens would change meaning
+  mid-run, silently. Process 0 decides (``resumed``: whether the run has checkpoints). A run
+  without a ``vocab.model`` (bytes, or written before it was kept) is not compared."""
+  saved, new = storage.path(model_dir) / 'vocab.model', files.get('vocab.model')
+
+  def differs():
+    if not resumed() or not saved.exists():
+      return False
+    return new is None or storage.path(new).read_bytes() != saved.read_bytes()
+  if multihost.process0_says(f'comparing the vocabulary with {saved}', differs):
+    now = f"this run's {new}" if new else "this run's, which has no SentencePiece file (bytes?)"
+    raise ValueError(f'{model_dir} holds a run trained with another vocabulary (its vocab.model, '
+                     f'not {now}); resume it with its own config.gin (--gin_file='
+                     f'{storage.join(model_dir, "config.gin")}) or use a new model_dir')
+
+
 def _write_run_files(model_dir: str, config: TransformerConfig, files: Mapping[str, str]):
   """``config.gin`` (every binding of this run), ``model-info.txt`` and ``files`` (e.g. the
   vocabulary, which a later evaluation needs) into ``model_dir``, by process 0."""
@@ -384,6 +402,7 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
   # First: missing data is one error before the run directory exists.
   data = multihost.agree('building the training data', train_data)
   ckpt = checkpoints.Checkpointer(model_dir)
+  _check_vocabulary(model_dir, files or {}, lambda: bool(ckpt.steps()))
   state, start = sharded.restore_or_init(ckpt, data, model_dir, init_checkpoint, init_optimizer)
   _write_run_files(model_dir, config, files or {})  # after restoring: a refused resume keeps them
   loss = dict(label_smoothing=label_smoothing, z_loss=z_loss,
