@@ -179,6 +179,51 @@ def test_pretrain_resume_eval_infer_and_finetune_on_a_bucket(gcs, local_cwd):
 
 @needs_data_layer
 @pytest.mark.slow
+@needs_data_layer
+def test_an_evaluation_stopped_by_an_error_keeps_the_records_its_results_list(gcs, local_cwd,
+                                                                             monkeypatch):
+  """t5xv-eval on a bucket stopped by an error at its second checkpoint: eval_results.json listed
+  the first as evaluated (a rerun skips it) while its metrics.jsonl record, held for the 30 s
+  flush period, was lost with the process."""
+  from conftest import tiny  # pylint: disable=g-import-not-at-top
+  from t5x_variants.cli import common, eval as eval_cli  # pylint: disable=g-import-not-at-top
+  from test_schedules_and_checkpoints import state  # pylint: disable=g-import-not-at-top
+  common.import_data_layer()
+  run = f'{gcs.new_bucket()}/run'
+  ckpt = checkpoints.Checkpointer(run, period=10, keep=None)
+  for step in (10, 20):
+    ckpt.save(step, state(step))
+  ckpt.close()
+
+  class Predictor:  # no model: the checkpoint's step is the "loss"
+    def __init__(self, config, **kwargs):
+      del config, kwargs
+
+    def check_run(self, run_dir):  # (no model-info.txt here)
+      del run_dir
+
+    def load(self, path):
+      self.step = int(str(path).rsplit('_', 1)[-1])
+      return self
+
+  def teacher_forced(predictor, *args, **kwargs):
+    del args, kwargs
+    if predictor.step == 20:
+      raise RuntimeError('out of memory')
+    return {'loss': float(predictor.step)}
+  monkeypatch.setattr(eval_cli, 'Predictor', Predictor)
+  monkeypatch.setattr(eval_cli, 'teacher_forced', teacher_forced)
+  with pytest.raises(RuntimeError, match='out of memory'):
+    eval_cli.evaluate_checkpoints(
+        tiny(vocab_size=4224), checkpoint_path=run, all_checkpoints=True,
+        mixture_or_task_name='embedded_span_corruption',
+        task_feature_lengths={'inputs': 64, 'targets': 16}, inference=False)
+  listed = json.loads(gcs.read(f'{run}/eval_results.json'))['validation']
+  assert sorted(k for k in listed if k.isdigit()) == ['10']
+  records = [json.loads(l) for l in storage.read_appended(f'{run}/metrics.jsonl').splitlines()]
+  assert [(r['kind'], r['step'], r['loss']) for r in records] == [('eval', 10, 10.0)], records
+
+
 def test_a_sweep_and_its_report_on_a_bucket(gcs, local_cwd):
   """The suite's sweep end to end: t5xv-sweep of 2 FFN variants x 1 seed of the small GLU recipe
   cut to 4 steps through the real t5xv-train, its sweep directory on the bucket, then t5xv-report

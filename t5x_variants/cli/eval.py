@@ -263,35 +263,42 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
   check_settings(results, results_file, split, names, settings)
   logger = None  # opened at the first record: a call that evaluates nothing writes no events file
   new = {}
-  for path in paths:
-    step = path.name.split('_')[-1]
-    if all(n in results.get(step, {}) for n in names):
-      print(f'checkpoint {step}: already evaluated on {split}, skipped')
-      continue
-    if not (_load(predictor, path) if all_checkpoints else predictor.load(str(path))):
-      print(f'checkpoint {step}: {path.name} was removed before it could be read (e.g. by the '
-            'training run\'s keep-N cleanup), skipped')
-      continue
-    for task in sorted(subtasks, key=lambda t: t.name):
-      metrics = teacher_forced(predictor, task.name, split, lengths[task.name], batch_size,
-                               max_batches, task.predict_metric_fns if classify else ())
-      if 'predict' in passes[task.name]:
-        metrics.update(inference_metrics(predictor, task, split, lengths[task.name], batch_size,
-                                         max_examples))
-      if 'continuation' in passes[task.name]:
-        metrics.update(continuation_metrics(predictor, task, split, lengths[task.name],
-                                            prompt_length, batch_size, max_examples))
-      if 'scores' in passes[task.name]:
-        metrics.update(scores_metrics(predictor, task, split, lengths[task.name], batch_size,
-                                      max_examples))
-      logger = logger or MetricsLogger(str(run_dir), console=True)
-      logger.eval(int(step), task.name, metrics, split=split)
-      results.setdefault(step, {})[task.name] = metrics
-      new.setdefault(int(step), {})[task.name] = metrics
-    results[BEST] = best_over_checkpoints(results)
-    results[AVERAGE] = benchmark_averages(results)
-    multihost.process0_does(f'writing {results_file}', lambda: storage.write_text(
-        results_file, json.dumps(all_results, indent=1, sort_keys=True)))
+  try:
+    for path in paths:
+      step = path.name.split('_')[-1]
+      if all(n in results.get(step, {}) for n in names):
+        print(f'checkpoint {step}: already evaluated on {split}, skipped')
+        continue
+      if not (_load(predictor, path) if all_checkpoints else predictor.load(str(path))):
+        print(f'checkpoint {step}: {path.name} was removed before it could be read (e.g. by the '
+              'training run\'s keep-N cleanup), skipped')
+        continue
+      for task in sorted(subtasks, key=lambda t: t.name):
+        metrics = teacher_forced(predictor, task.name, split, lengths[task.name], batch_size,
+                                 max_batches, task.predict_metric_fns if classify else ())
+        if 'predict' in passes[task.name]:
+          metrics.update(inference_metrics(predictor, task, split, lengths[task.name], batch_size,
+                                           max_examples))
+        if 'continuation' in passes[task.name]:
+          metrics.update(continuation_metrics(predictor, task, split, lengths[task.name],
+                                              prompt_length, batch_size, max_examples))
+        if 'scores' in passes[task.name]:
+          metrics.update(scores_metrics(predictor, task, split, lengths[task.name], batch_size,
+                                        max_examples))
+        logger = logger or MetricsLogger(str(run_dir), console=True)
+        logger.eval(int(step), task.name, metrics, split=split)
+        results.setdefault(step, {})[task.name] = metrics
+        new.setdefault(int(step), {})[task.name] = metrics
+      results[BEST] = best_over_checkpoints(results)
+      results[AVERAGE] = benchmark_averages(results)
+      if logger:  # its records first: on a store they wait for a period, lost if an error follows
+        logger.flush()  # while the results file would list them (a rerun skips what it lists)
+      multihost.process0_does(f'writing {results_file}', lambda: storage.write_text(
+          results_file, json.dumps(all_results, indent=1, sort_keys=True)))
+  except BaseException:  # its files closed here (an event file's writer would outlive it)
+    if logger:
+      logger.close(agreed=False)
+    raise
   if logger:
     logger.close()
   evaluated = sum(step.isdigit() for step in results)
