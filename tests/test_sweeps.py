@@ -1136,6 +1136,24 @@ def test_a_run_killed_by_sigterm_while_it_starts_is_interrupted_not_failed(tmp_p
   assert run.status == 'failed' and 'exit status -9' in run.reason
 
 
+def test_a_run_whose_data_ran_out_before_its_last_step_failed_with_that_line(tmp_path):
+  """The trainer exits 0 with a warning when a finite dataset ends: the sweep recorded it
+  interrupted, with no reason, at every rerun."""
+  log = tmp_path / 'train.log'
+  earlier = '2026-12-06 10:00:00 WARNING t5x_variants.train.trainer: the training data ran out after step 2\n'
+  log.write_text(earlier)
+  run = grid.Run('a-seed0', 'a', [], 0)
+  runner._outcome(run, 0, False, str(log), len(earlier))  # an earlier attempt's line: not this one
+  assert run.status == 'interrupted' and run.reason is None
+  with log.open('a') as f:
+    f.write(earlier.replace('step 2', 'step 6'))
+  runner._outcome(run, 0, False, str(log), len(earlier))
+  assert run.status == 'failed' and run.reason.startswith(
+      'the training data ran out after step 6, before its last step: the dataset is finite'), run.reason
+  runner._outcome(run, 0, True, str(log), 0)  # (its last step reached: done)
+  assert run.status == 'done' and run.reason is None
+
+
 def test_lr_sensitivity_per_seed_and_paired_against_a_baseline_curve(tmp_path):
   """Per seed, S_s = mean over rates of min(l, l_0) - min over rates of l from that seed's runs
   alone; curves are compared by the paired differences S_s(curve) - S_s(baseline)."""

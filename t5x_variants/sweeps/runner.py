@@ -23,19 +23,25 @@ from t5x_variants.train import storage
 from t5x_variants.train.metrics import format_duration
 
 SWEEP_PID_ENV = 'T5XV_SWEEP_PID'  # tells a trainer which sweep process started it
+RAN_OUT = re.compile(r'the training data ran out after step \d+')  # train/trainer.py's warning
 
 
 def _outcome(run: Run, returncode: int, finished: bool, log_file: str, log_start: int):
   """Sets the run's status from its exit status, whether it reached its last step (a trainer
   stopped by a signal saves a checkpoint and exits 0; one stopped while it starts exits 130 on
   Ctrl-C or dies of SIGTERM: interrupted too) and the last error line this attempt wrote to its
-  log (from byte ``log_start``)."""
-  if returncode in (0, 130, -signal.SIGTERM, -signal.SIGINT):
-    run.status, run.reason = ('done', None) if finished else ('interrupted', None)
-    return
+  log (from byte ``log_start``). A trainer whose data ran out before its last step (a finite
+  ``DatasetConfig.num_epochs``) exits 0 with a warning: failed, with that line."""
   with open(log_file, errors='replace') as f:
     f.seek(log_start)
-    errors = [l.strip() for l in f if 'error:' in l]
+    lines = [l.strip() for l in f]
+  ran_out = [m.group(0) for m in map(RAN_OUT.search, lines) if m]
+  if returncode in (0, 130, -signal.SIGTERM, -signal.SIGINT) and (finished or not ran_out):
+    run.status, run.reason = ('done', None) if finished else ('interrupted', None)
+    return
+  errors = [l for l in lines if 'error:' in l] or [
+      f'{r}, before its last step: the dataset is finite (DatasetConfig.num_epochs); bind '
+      'num_epochs = None or train fewer steps' for r in ran_out]
   run.reason = errors[-1] if errors else f'exit status {returncode} (see {log_file})'
   diverged = re.search(r'at step (\d+) are not finite', run.reason)
   run.status = 'diverged' if diverged else 'failed'
