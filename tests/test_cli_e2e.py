@@ -425,6 +425,28 @@ def test_a_resume_with_another_vocabulary_is_refused(tmp_path, capsys):
   gin.clear_config()
 
 
+def test_a_second_trainer_on_a_run_directory_is_refused_before_it_writes(tmp_path, capsys):
+  """The same t5xv-train twice (here: the lock held by another open file, as another process
+  holds it) trained both into one directory, saving the same checkpoints."""
+  from t5x_variants.train import locks  # pylint: disable=g-import-not-at-top
+  run_dir = tmp_path / 'run'
+  lock_file = locks.host_file('t5xv-run', str(run_dir)) + '.lock'
+  held = locks.exclusive(lock_file)
+  try:
+    assert locks.exclusive(lock_file) is None
+    with pytest.raises(SystemExit) as e:
+      train.main(['--gin_file=gin/experiments/quickstart.gin', f"--gin.MODEL_DIR='{run_dir}'",
+                  '--gin.TRAIN_STEPS=2'])
+  finally:
+    held.close()
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and err.count('\n') == 1, err
+  assert err.startswith(f't5xv-train: error: another t5xv-train is training in {run_dir} on this '
+                        'host; wait for it'), err
+  assert not run_dir.exists()  # (a trainer that ends releases it: the resume tests train twice)
+  gin.clear_config()
+
+
 @pytest.mark.parametrize('existing', ['metrics.jsonl', 'a_directory', 'a_json_string', 'binary'])
 def test_infer_replaces_no_file_but_its_own_output(existing, tmp_path, capsys):
   """INFER_OUTPUT naming a run's metrics.jsonl (or a directory) is refused before any work, the

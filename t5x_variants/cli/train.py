@@ -6,6 +6,7 @@ TensorFlow-free ``t5x_variants.train`` library.
   t5xv-train --gin_file=gin/runs/pretrain.gin --gin_file=gin/models/t5_base.gin \\
     --gin_file=gin/variants/ffn/swiglu.gin --gin.MODEL_DIR="'/tmp/run'"
 """
+import contextlib
 import os
 import sys
 
@@ -14,7 +15,7 @@ import jax
 
 from t5x_variants.cli import common, ranges, recipe
 from t5x_variants.sweeps import runner
-from t5x_variants.train import multihost, storage
+from t5x_variants.train import locks, multihost, storage
 
 
 def vocabulary_files(name: str):
@@ -129,6 +130,31 @@ def check_inputs(config, train_cfg, eval_cfg):
     check_model_dir(bindings['model_dir'], config)
 
 
+@contextlib.contextmanager
+def held_run_dir():
+  """This host's lock on the gin-bound run directory while a run trains, taken by process 0
+  (``train/locks.py``): a second t5xv-train on it (the same command twice, a sweep's trainer and
+  one started by hand) is one error before it writes anything, instead of two runs saving the same
+  checkpoints and appending to one metrics.jsonl."""
+  model_dir = gin.get_bindings('train').get('model_dir')
+  held = []
+
+  def take():
+    handle = locks.exclusive(locks.host_file('t5xv-run', model_dir) + '.lock')
+    if handle is None:
+      raise ValueError(f'another t5xv-train is training in {model_dir} on this host; wait for it '
+                       'to end or stop it (it saves a checkpoint on SIGTERM), or use another '
+                       'model_dir')
+    held.append(handle)
+  if isinstance(model_dir, str):  # else check_model_dir or gin has named what is wrong
+    multihost.process0_does(f'locking {model_dir}', take)
+  try:
+    yield
+  finally:
+    for handle in held:
+      handle.close()
+
+
 def _data_description(config, train_cfg, eval_cfg):
   """What decides this run's batches (``train/prebuilt.py``)."""
   from t5x_variants.train import prebuilt  # pylint: disable=g-import-not-at-top
@@ -223,10 +249,11 @@ def main(argv=None):
     with gin.config_scope('train_eval'):
       eval_cfg = DatasetConfig()
     multihost.agree("checking the run's settings", lambda: check_inputs(config, train_cfg, eval_cfg))
-    if args.batches_dir and not args.write_batches:
-      result = _train_prebuilt(args, config, _data_description(config, train_cfg, eval_cfg))
-    else:
-      result = _train_from_data_layer(args, config, train_cfg, eval_cfg)
+    with contextlib.nullcontext() if args.write_batches else held_run_dir():
+      if args.batches_dir and not args.write_batches:
+        result = _train_prebuilt(args, config, _data_description(config, train_cfg, eval_cfg))
+      else:
+        result = _train_from_data_layer(args, config, train_cfg, eval_cfg)
     if result is None:
       return 0
   print(f'done: step {result["step"]}' + (f', loss {result["loss"]:.4f}' if 'loss' in result else ''))

@@ -6,20 +6,17 @@ trainer started by a sweep stops when the sweep process dies.
 import collections
 import ctypes
 import dataclasses
-import fcntl
-import hashlib
 import os
 import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Callable, Dict, List, Sequence
 
 from t5x_variants.sweeps import runs as run_records
 from t5x_variants.sweeps.grid import FINISHED, Run, Sweep, SweepError
-from t5x_variants.train import storage
+from t5x_variants.train import locks, storage
 from t5x_variants.train.metrics import format_duration
 
 SWEEP_PID_ENV = 'T5XV_SWEEP_PID'  # tells a trainer which sweep process started it
@@ -71,24 +68,17 @@ def _local_dir(sweep_dir: str) -> str:
   """Where the sweep's lock and its trainers' logs are written as they grow: the sweep directory,
   or for one on an object store (which cannot lock or append) a directory of this host's named
   after it; each log is copied to its run directory when its trainer ends."""
-  if not storage.scheme(sweep_dir):
-    return sweep_dir
-  return os.path.join(tempfile.gettempdir(),
-                      't5xv-sweep-' + hashlib.sha256(sweep_dir.encode()).hexdigest()[:16])
+  return locks.host_file('t5xv-sweep', sweep_dir) if storage.scheme(sweep_dir) else sweep_dir
 
 
 def lock(sweep_dir: str):
   """An exclusive lock on the sweep directory for this process's lifetime and its trainers' (two
   sweeps on one directory would train the same runs, or one rewrite the other's sweep.json),
   taken before sweep.json is read. A sweep on an object store is locked on this host only."""
-  local = _local_dir(sweep_dir)
-  os.makedirs(local, exist_ok=True)
-  handle = open(os.path.join(local, '.lock'), 'w')
-  try:
-    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-  except BlockingIOError:
+  handle = locks.exclusive(os.path.join(_local_dir(sweep_dir), '.lock'))
+  if handle is None:
     raise SweepError(f'another t5xv-sweep (or a trainer it started) is running in {sweep_dir}; '
-                     'wait for it or stop it') from None
+                     'wait for it or stop it')
   return handle
 
 
