@@ -422,6 +422,14 @@ def test_a_resume_with_another_vocabulary_is_refused(tmp_path, capsys):
                         "(its vocab.model, not this run's, which has no SentencePiece file"), err
   assert sorted(p.name for p in tmp_path.glob('checkpoint_*')) == ['checkpoint_2']
   assert (tmp_path / 'vocab.model').read_bytes() == vocab
+  advice = err.split('resume it with its own (')[1].split(')')[0].split()
+  assert advice == ['--gin.vocabulary.kind="\'file\'"',
+                    f'--gin.vocabulary.path="\'{tmp_path}/vocab.model\'"'], err
+  gin.clear_config()  # the advice (as a shell would pass it: its quotes removed) resumes the run
+  assert train.main([*run, '--gin.TRAIN_STEPS=4',
+                     *(a.replace('"', '') for a in advice)]) == 0
+  assert (tmp_path / 'vocab.model').read_bytes() == vocab
+  assert 'checkpoint_4' in os.listdir(tmp_path)
   gin.clear_config()
 
 
@@ -431,6 +439,9 @@ def test_a_second_trainer_on_a_run_directory_is_refused_before_it_writes(tmp_pat
   from t5x_variants.train import locks  # pylint: disable=g-import-not-at-top
   run_dir = tmp_path / 'run'
   lock_file = locks.host_file('t5xv-run', str(run_dir)) + '.lock'
+  (tmp_path / 'link').symlink_to(run_dir)  # one directory by any name, a bucket's with a slash
+  assert locks.host_file('t5xv-run', str(tmp_path / 'link')) + '.lock' == lock_file
+  assert locks.host_file('x', 'gs://b/run/') == locks.host_file('x', 'gs://b/run')
   held = locks.exclusive(lock_file)
   try:
     assert locks.exclusive(lock_file) is None

@@ -178,8 +178,6 @@ def test_pretrain_resume_eval_infer_and_finetune_on_a_bucket(gcs, local_cwd):
 
 
 @needs_data_layer
-@pytest.mark.slow
-@needs_data_layer
 def test_an_evaluation_stopped_by_an_error_keeps_the_records_its_results_list(gcs, local_cwd,
                                                                              monkeypatch):
   """t5xv-eval on a bucket stopped by an error at its second checkpoint: eval_results.json listed
@@ -224,6 +222,8 @@ def test_an_evaluation_stopped_by_an_error_keeps_the_records_its_results_list(gc
   assert [(r['kind'], r['step'], r['loss']) for r in records] == [('eval', 10, 10.0)], records
 
 
+@needs_data_layer
+@pytest.mark.slow
 def test_a_sweep_and_its_report_on_a_bucket(gcs, local_cwd):
   """The suite's sweep end to end: t5xv-sweep of 2 FFN variants x 1 seed of the small GLU recipe
   cut to 4 steps through the real t5xv-train, its sweep directory on the bucket, then t5xv-report

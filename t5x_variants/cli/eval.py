@@ -296,8 +296,12 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
       multihost.process0_does(f'writing {results_file}', lambda: storage.write_text(
           results_file, json.dumps(all_results, indent=1, sort_keys=True)))
   except BaseException:  # its files closed here (an event file's writer would outlive it)
-    if logger:
-      logger.close(agreed=False)
+    try:
+      if logger:
+        logger.close(agreed=False)
+    except Exception as e:  # pylint: disable=broad-except
+      print(f't5xv-eval: warning: closing {run_dir}/metrics.jsonl after the error: {e}',
+            file=sys.stderr)  # (the error raised is the first one)
     raise
   if logger:
     logger.close()

@@ -5,8 +5,10 @@ Names: ``c4_span_corruption`` (T5 pretraining), ``c4_prefix_lm`` (T5's LM object
 text-to-text models), ``c4_lm`` (decoder-only), ``c4_mlm`` (encoder-only), the same four for
 ``local_`` (files bound by ``local_corpus_files.pattern``) and
 ``embedded_`` (the embedded default corpus), plus the tasks and mixtures of data/glue.py,
-data/classification.py and data/squad.py. ``register_tasks()`` registers them all once, with the
-gin-bound vocabulary.
+data/classification.py and data/squad.py. ``register_tasks()`` registers them all with the
+gin-bound vocabulary, and again when another one is bound (in one process: t5xv-quickstart's
+steps, a notebook); tasks or mixtures registered outside it keep the vocabulary they were made
+with.
 """
 import contextlib
 import functools
@@ -138,20 +140,21 @@ def register_tasks(vocabulary: seqio.Vocabulary = None, squad_dir: Optional[str]
   from t5x_variants.data import classification, glue, squad  # pylint: disable=g-import-not-at-top
   vocabulary = vocabulary or vocab.vocabulary()
   _unregister_if_other(vocabulary)
-  added = []
-  for source in SOURCES:
-    for objective in OBJECTIVES:
-      name = f'{source}_{objective}'
-      if name not in seqio.TaskRegistry.names():
-        seqio.TaskRegistry.add_provider(name, _task(name, source, objective, vocabulary))
-        added.append(name)
-  features = {k: seqio.Feature(vocabulary, add_eos=True) for k in ('inputs', 'targets')}
-  before = set(seqio.TaskRegistry.names()) | set(seqio.MixtureRegistry.names())
-  glue.register_glue_tasks(features)
-  classification.register_classification_tasks(vocabulary)  # glue_<t>_cls (encoder-only)
-  squad.register_squad_tasks(features, squad_dir=squad_dir)
-  added += sorted((set(seqio.TaskRegistry.names()) | set(seqio.MixtureRegistry.names())) - before)
-  _registered['names'] += added
+  names = lambda: set(seqio.TaskRegistry.names()) | set(seqio.MixtureRegistry.names())
+  before = names()
+  try:
+    for source in SOURCES:
+      for objective in OBJECTIVES:
+        name = f'{source}_{objective}'
+        if name not in seqio.TaskRegistry.names():
+          seqio.TaskRegistry.add_provider(name, _task(name, source, objective, vocabulary))
+    features = {k: seqio.Feature(vocabulary, add_eos=True) for k in ('inputs', 'targets')}
+    glue.register_glue_tasks(features)
+    classification.register_classification_tasks(vocabulary)  # glue_<t>_cls (encoder-only)
+    squad.register_squad_tasks(features, squad_dir=squad_dir)
+  finally:  # (also what a call that failed part-way registered: replaced at the next switch)
+    added = sorted(names() - before)
+    _registered['names'] += added
   return added
 
 

@@ -114,8 +114,8 @@ def _check_vocabulary(model_dir: str, files: Mapping[str, str], resumed: Callabl
   if multihost.process0_says(f'comparing the vocabulary with {saved}', differs):
     now = f"this run's {new}" if new else "this run's, which has no SentencePiece file (bytes?)"
     raise ValueError(f'{model_dir} holds a run trained with another vocabulary (its vocab.model, '
-                     f'not {now}); resume it with its own config.gin (--gin_file='
-                     f'{storage.join(model_dir, "config.gin")}) or use a new model_dir')
+                     f'not {now}); resume it with its own (--gin.vocabulary.kind="\'file\'" '
+                     f'--gin.vocabulary.path="\'{saved}\'") or use a new model_dir')
 
 
 def _write_run_files(model_dir: str, config: TransformerConfig, files: Mapping[str, str]):
