@@ -36,9 +36,10 @@ def _outcome(run: Run, returncode: int, finished: bool, log_file: str, log_start
   if returncode in (0, 130, -signal.SIGTERM, -signal.SIGINT) and (finished or not ran_out):
     run.status, run.reason = ('done', None) if finished else ('interrupted', None)
     return
-  errors = [l for l in lines if 'error:' in l] or [
-      f'{r}, before its last step: the dataset is finite (DatasetConfig.num_epochs); bind '
-      'num_epochs = None or train fewer steps' for r in ran_out]
+  errors = [l for l in lines if 'error:' in l]
+  if ran_out and not errors:
+    errors = [f'{ran_out[-1]}, before its last step: the dataset is finite '
+              '(DatasetConfig.num_epochs); bind num_epochs = None or train fewer steps']
   run.reason = errors[-1] if errors else f'exit status {returncode} (see {log_file})'
   diverged = re.search(r'at step (\d+) are not finite', run.reason)
   run.status = 'diverged' if diverged else 'failed'
