@@ -239,6 +239,39 @@ def test_checkpointer_keeps_the_last_two_and_restores_the_newest(tmp_path):
   jax.tree_util.tree_map(np.testing.assert_array_equal, restored, state(5))
 
 
+KILLED_WHILE_DELETING = '''
+import os, signal, sys
+import jax.numpy as jnp
+from t5x_variants.train import checkpoints
+ckpt = checkpoints.Checkpointer(sys.argv[1], period=1, keep=1, async_save=False)
+ckpt.save(1, {'params': {'w': jnp.full((2, 3), 1.0)}})
+unlink = os.unlink
+def unlink_then_die(*args, **kwargs):  # keep-N's deletion of checkpoint_1 killed after one file
+  unlink(*args, **kwargs)
+  os.kill(os.getpid(), signal.SIGKILL)
+os.unlink = unlink_then_die
+ckpt.save(2, {'params': {'w': jnp.full((2, 3), 2.0)}})
+ckpt.close()
+'''
+
+
+def test_a_run_killed_while_keep_n_deletes_a_checkpoint_leaves_only_whole_ones(tmp_path):
+  """SIGKILL after the first file keep-N deletes: every listed checkpoint reads (orbax deleted in
+  place, file by file, so a half-deleted checkpoint_1 stayed listed, and t5xv-eval over all
+  checkpoints failed on it at every rerun); the next Checkpointer deletes what was left of it."""
+  out = subprocess.run([sys.executable, '-c', KILLED_WHILE_DELETING, str(tmp_path)],
+                       capture_output=True, text=True)
+  assert out.returncode == -9, out.stderr
+  assert names(checkpoints.list_checkpoints(str(tmp_path))) == ['checkpoint_2']
+  np.testing.assert_array_equal(pretrained.read_on_host(str(tmp_path / 'checkpoint_2'))['w'],
+                                np.full((2, 3), 2.0))
+  assert (tmp_path / checkpoints.DELETED / 'checkpoint_1').exists()
+  resumed = checkpoints.Checkpointer(str(tmp_path), period=1, keep=1)
+  assert not any((tmp_path / checkpoints.DELETED).iterdir())
+  resumed.close()
+  assert names(sorted(tmp_path.iterdir())) == ['checkpoint_2']
+
+
 def test_a_checkpoint_whose_bytes_decode_to_nan_is_damaged(tmp_path):
   """Flipped bytes that still decode (a NaN where a weight was): resuming moves it aside and reads
   the one before, as an unreadable one; evaluation's and export's reads refuse it, naming the

@@ -25,6 +25,9 @@ from t5x_variants import path_keys
 from t5x_variants.train import multihost, optimizer, storage
 
 PREFIX = 'checkpoint'
+# Where keep-N moves the checkpoints it deletes (an atomic rename on a file system) before they
+# are deleted, so that a process killed mid-deletion leaves no half-deleted checkpoint_<step>.
+DELETED = 'deleted_checkpoints'
 # Status words of a read that failed outside the checkpoint (tensorstore's and XLA's errors):
 # the bucket or the network, its permissions, memory. A restore failing so moves nothing aside.
 _NOT_DAMAGE = re.compile(r'\b(UNAVAILABLE|DEADLINE_EXCEEDED|RESOURCE_EXHAUSTED|PERMISSION_DENIED|'
@@ -114,8 +117,9 @@ class Checkpointer:
     options = ocp.CheckpointManagerOptions(
         save_decision_policy=ocp.checkpoint_managers.FixedIntervalPolicy(period),
         max_to_keep=keep, step_name_format=_NAME_FORMAT, create=True,
-        enable_async_checkpointing=async_save)
+        enable_async_checkpointing=async_save, todelete_subdir=DELETED)
     self.manager = ocp.CheckpointManager(self.model_dir, options=options)
+    self._delete_moved()
 
   def steps(self):
     return sorted(self.manager.all_steps())
@@ -125,6 +129,7 @@ class Checkpointer:
     A step already saved is not saved again (orbax refuses it unless forced, and then raises)."""
     if force and step in self.manager.all_steps():
       return False
+    self._delete_moved()
     items = {'state': ocp.args.StandardSave(state)}
     if _resumable(data_iterator):
       items['data'] = DataIteratorSave(data_iterator)
@@ -139,6 +144,19 @@ class Checkpointer:
     except Exception as e:  # pylint: disable=broad-except  (the last asynchronous save's)
       raise self._failed(e) from e
     self.manager.close()
+    self._delete_moved(everything=True)
+
+  def _delete_moved(self, everything: bool = False):
+    """Deletes, on process 0 (orbax's deleting process), the checkpoints keep-N moved into
+    ``DELETED``: orbax deletes a checkpoint file by file, so a kill in the middle left a listed
+    ``checkpoint_<step>`` that no longer reads; a kill now leaves a part of one in ``DELETED``,
+    deleted here by the next run. ``everything``: that directory too, once no save is pending. On a
+    bucket orbax deletes checkpoints in place (it moves nothing there)."""
+    moved = self.model_dir / DELETED
+    if jax.process_index() != 0 or not moved.exists():
+      return
+    for path in [moved] if everything else list(moved.iterdir()):
+      path.rmtree(missing_ok=True)
 
   def _failed(self, e: Exception) -> CheckpointError:
     """A save that could not be written (a full disk, a lost mount: an OSError from our writes, a
