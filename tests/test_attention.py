@@ -81,6 +81,19 @@ def test_factorized_dense_is_an_outer_product_over_a_times_b():
   np.testing.assert_allclose(m.apply({'params': p}, h, pos), want, rtol=1e-5, atol=1e-6)
 
 
+def test_factor_pair_takes_the_divisor_nearest_the_root_and_refuses_a_factor_of_1():
+  """a x 1 would be a dense synthesizer's logits times one scale, nothing factorized: a prime
+  length (the default divisor was 1), and a factor of 1 or l, are refused."""
+  assert synth.factor_pair(512) == (16, 32) and synth.factor_pair(626) == (2, 313)
+  assert synth.factor_pair(12, 3) == (3, 4)
+  with pytest.raises(ValueError, match='length 127 has no divisor but 1 and itself'):
+    synth.factor_pair(127)
+  for a in (1, 12, 5):
+    with pytest.raises(ValueError, match=f'synthesizer_factor {a} does not divide the synthesizer '
+                                         'length 12 into a x b with a, b > 1'):
+      synth.factor_pair(12, a)
+
+
 def _component_logits(att, params, x, pos, name):
   """The logits of one component of an Attention (batch, heads, q_len, k_len)."""
   _, state = att.apply({'params': params}, x, x, pos, pos, mutable=['intermediates'],

@@ -49,12 +49,20 @@ def check_length(k_len: int, max_length: int):
 
 
 def factor_pair(length: int, a: Optional[int] = None):
-  """(a, b) with a * b = length; a defaults to the divisor of length nearest sqrt(length)."""
+  """(a, b) with a * b = length and neither 1 (a x 1 would make B = H_A(A) * H_B(B) a dense
+  synthesizer's l logits times one scale per query: nothing factorized); a defaults to the
+  divisor of length nearest sqrt(length)."""
   if a is None:
-    a = min((d for d in range(1, length + 1) if length % d == 0),
-            key=lambda d: abs(d - math.sqrt(length)))
-  if length % a:
-    raise ValueError(f'synthesizer_factor {a} does not divide the synthesizer length {length}')
+    divisors = [d for d in range(2, length) if length % d == 0]
+    if not divisors:
+      raise ValueError(f'the synthesizer length {length} has no divisor but 1 and itself, so '
+                       'factorized_dense cannot factor it as a x b with a, b > 1: give the stack '
+                       'another length (encoder_max_length / decoder_max_length, e.g. a power of 2)')
+    a = min(divisors, key=lambda d: abs(d - math.sqrt(length)))
+  if length % a or a in (1, length):
+    raise ValueError(f'synthesizer_factor {a} does not divide the synthesizer length {length} into '
+                     'a x b with a, b > 1: give a divisor of it other than 1 and itself, or None '
+                     '(the divisor nearest its square root)')
   return a, length // a
 
 
