@@ -258,7 +258,8 @@ ckpt.close()
 def test_a_run_killed_while_keep_n_deletes_a_checkpoint_leaves_only_whole_ones(tmp_path):
   """SIGKILL after the first file keep-N deletes: every listed checkpoint reads (orbax deleted in
   place, file by file, so a half-deleted checkpoint_1 stayed listed, and t5xv-eval over all
-  checkpoints failed on it at every rerun); the next Checkpointer deletes what was left of it."""
+  checkpoints failed on it at every rerun); the next Checkpointer deletes what was left of it, and
+  each save what keep-N moved."""
   out = subprocess.run([sys.executable, '-c', KILLED_WHILE_DELETING, str(tmp_path)],
                        capture_output=True, text=True)
   assert out.returncode == -9, out.stderr
@@ -266,10 +267,12 @@ def test_a_run_killed_while_keep_n_deletes_a_checkpoint_leaves_only_whole_ones(t
   np.testing.assert_array_equal(pretrained.read_on_host(str(tmp_path / 'checkpoint_2'))['w'],
                                 np.full((2, 3), 2.0))
   assert (tmp_path / checkpoints.DELETED / 'checkpoint_1').exists()
-  resumed = checkpoints.Checkpointer(str(tmp_path), period=1, keep=1)
+  resumed = checkpoints.Checkpointer(str(tmp_path), period=1, keep=1, async_save=False)
+  assert not any((tmp_path / checkpoints.DELETED).iterdir())
+  assert resumed.save(3, {'params': {'w': jnp.full((2, 3), 3.0)}})  # moves 2, then deletes it
   assert not any((tmp_path / checkpoints.DELETED).iterdir())
   resumed.close()
-  assert names(sorted(tmp_path.iterdir())) == ['checkpoint_2']
+  assert names(sorted(tmp_path.iterdir())) == ['checkpoint_3']
 
 
 def test_a_checkpoint_whose_bytes_decode_to_nan_is_damaged(tmp_path):

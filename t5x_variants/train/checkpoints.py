@@ -129,14 +129,16 @@ class Checkpointer:
     A step already saved is not saved again (orbax refuses it unless forced, and then raises)."""
     if force and step in self.manager.all_steps():
       return False
-    self._delete_moved()
     items = {'state': ocp.args.StandardSave(state)}
     if _resumable(data_iterator):
       items['data'] = DataIteratorSave(data_iterator)
     try:
-      return self.manager.save(step, args=ocp.args.Composite(**items), force=force)
+      started = self.manager.save(step, args=ocp.args.Composite(**items), force=force)
     except Exception as e:  # pylint: disable=broad-except  (this save's, or the previous one's)
       raise self._failed(e) from e
+    if started:  # (once per checkpoint, not per step: on a store each look is a request)
+      self._delete_moved()
+    return started
 
   def close(self):
     try:
@@ -150,8 +152,8 @@ class Checkpointer:
     """Deletes, on process 0 (orbax's deleting process), the checkpoints keep-N moved into
     ``DELETED``: orbax deletes a checkpoint file by file, so a kill in the middle left a listed
     ``checkpoint_<step>`` that no longer reads; a kill now leaves a part of one in ``DELETED``,
-    deleted here by the next run. ``everything``: that directory too, once no save is pending. On a
-    bucket orbax deletes checkpoints in place (it moves nothing there)."""
+    deleted by the next save or run. ``everything``: that directory too, once no save is pending.
+    On a bucket orbax deletes checkpoints in place (it moves nothing there)."""
     moved = self.model_dir / DELETED
     if jax.process_index() != 0 or not moved.exists():
       return
