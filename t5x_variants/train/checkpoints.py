@@ -25,9 +25,9 @@ from t5x_variants import path_keys
 from t5x_variants.train import multihost, optimizer, storage
 
 PREFIX = 'checkpoint'
-# Where keep-N moves the checkpoints it deletes (an atomic rename on a file system) before they
-# are deleted, so that a process killed mid-deletion leaves no half-deleted checkpoint_<step>.
+# Where keep-N moves a checkpoint on a file system before deleting it (Checkpointer._delete_old).
 DELETED = 'deleted_checkpoints'
+COMMITTED = 'commit_success.txt'  # orbax's last object of a save on a store: listed only with it
 # Status words of a read that failed outside the checkpoint (tensorstore's and XLA's errors):
 # the bucket or the network, its permissions, memory. A restore failing so moves nothing aside.
 _NOT_DAMAGE = re.compile(r'\b(UNAVAILABLE|DEADLINE_EXCEEDED|RESOURCE_EXHAUSTED|PERMISSION_DENIED|'
@@ -112,14 +112,14 @@ class Checkpointer:
 
   def __init__(self, model_dir: str, period: int = 1000, keep: Optional[int] = 5,
                async_save: bool = True):
-    self.period = period
+    self.period, self.keep = period, keep
+    self._deleted = set()  # the steps _delete_old deleted (still among the manager's steps)
     self.model_dir = storage.path(model_dir)
     options = ocp.CheckpointManagerOptions(
         save_decision_policy=ocp.checkpoint_managers.FixedIntervalPolicy(period),
-        max_to_keep=keep, step_name_format=_NAME_FORMAT, create=True,
-        enable_async_checkpointing=async_save, todelete_subdir=DELETED)
+        step_name_format=_NAME_FORMAT, create=True, enable_async_checkpointing=async_save)
     self.manager = ocp.CheckpointManager(self.model_dir, options=options)
-    self._delete_moved()
+    self._delete_old()
 
   def steps(self):
     return sorted(self.manager.all_steps())
@@ -136,8 +136,8 @@ class Checkpointer:
       started = self.manager.save(step, args=ocp.args.Composite(**items), force=force)
     except Exception as e:  # pylint: disable=broad-except  (this save's, or the previous one's)
       raise self._failed(e) from e
-    if started:  # (once per checkpoint, not per step: on a store each look is a request)
-      self._delete_moved()
+    if started:  # (the saves before it committed; once per checkpoint, not per step)
+      self._delete_old()
     return started
 
   def close(self):
@@ -146,19 +146,41 @@ class Checkpointer:
     except Exception as e:  # pylint: disable=broad-except  (the last asynchronous save's)
       raise self._failed(e) from e
     self.manager.close()
-    self._delete_moved(everything=True)
+    self._delete_old()
 
-  def _delete_moved(self, everything: bool = False):
-    """Deletes, on process 0 (orbax's deleting process), the checkpoints keep-N moved into
-    ``DELETED``: orbax deletes a checkpoint file by file, so a kill in the middle left a listed
-    ``checkpoint_<step>`` that no longer reads; a kill now leaves a part of one in ``DELETED``,
-    deleted by the next save or run. ``everything``: that directory too, once no save is pending.
-    On a bucket orbax deletes checkpoints in place (it moves nothing there)."""
-    moved = self.model_dir / DELETED
-    if jax.process_index() != 0 or not moved.exists():
+  def _delete_old(self):
+    """Keep-N, on process 0: deletes the committed checkpoints older than the newest ``keep`` (a
+    save in flight is not counted yet). Each leaves the listing before any file of it is deleted:
+    on a file system it is renamed into ``DELETED``, on a store its ``COMMITTED`` goes first.
+    Orbax's keep-N deleted in place, file by file, so a kill in the middle left a listed checkpoint
+    that no longer read (and t5xv-eval over all checkpoints failed on it). A kill now leaves the
+    rest of one unlisted: in ``DELETED``, deleted by the next call; on a store, as objects without
+    ``COMMITTED``, as an interrupted save leaves them. The steps are the manager's own (in memory,
+    the same on every process; a store is not listed again, or probed for a save in flight)."""
+    if jax.process_index() != 0:
       return
-    for path in [moved] if everything else list(moved.iterdir()):
-      path.rmtree(missing_ok=True)
+    local = not storage.scheme(self.model_dir)
+    moved = self.model_dir / DELETED
+    steps = [s for s in self.steps() if s not in self._deleted]
+    if self.manager.is_saving_in_progress():
+      steps = steps[:-1]
+    try:
+      for step in steps[:-self.keep] if self.keep else []:
+        path = ocp.step.build_step_path(self.model_dir, _NAME_FORMAT, step)
+        if not local:
+          (path / COMMITTED).unlink(missing_ok=True)
+          path.rmtree(missing_ok=True)
+        elif path.exists():  # (unless deleted by hand meanwhile)
+          moved.mkdir(exist_ok=True)
+          path.rename(moved / path.name)
+        self._deleted.add(step)
+      if local:  # what this call moved, and what a killed call left
+        moved.rmtree(missing_ok=True)
+    except Exception as e:  # pylint: disable=broad-except
+      raise CheckpointError(f'deleting the checkpoints before the newest {self.keep} '
+                            f'(Checkpointer.keep) in {self.model_dir} failed ({error_reason(e)}); '
+                            'every listed checkpoint is whole: fix the cause and rerun the same '
+                            'command') from e
 
   def _failed(self, e: Exception) -> CheckpointError:
     """A save that could not be written (a full disk, a lost mount: an OSError from our writes, a
