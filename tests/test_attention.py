@@ -88,7 +88,7 @@ def test_factor_pair_takes_the_divisor_nearest_the_root_and_refuses_a_factor_of_
   assert synth.factor_pair(12, 3) == (3, 4)
   with pytest.raises(ValueError, match='length 127 has no divisor but 1 and itself'):
     synth.factor_pair(127)
-  for a in (1, 12, 5):
+  for a in (1, 12, 5, -2):
     with pytest.raises(ValueError, match=f'synthesizer_factor {a} does not divide the synthesizer '
                                          'length 12 into a x b with a, b > 1'):
       synth.factor_pair(12, a)

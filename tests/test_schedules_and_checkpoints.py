@@ -244,13 +244,13 @@ import os, signal, sys
 import jax.numpy as jnp
 from t5x_variants.train import checkpoints
 ckpt = checkpoints.Checkpointer(sys.argv[1], period=1, keep=1, async_save=False)
-ckpt.save(1, {'params': {'w': jnp.full((2, 3), 1.0)}})
+for step in (1, 2):
+  ckpt.save(step, {'params': {'w': jnp.full((2, 3), float(step))}})
 unlink = os.unlink
 def unlink_then_die(*args, **kwargs):  # keep-N's deletion of checkpoint_1 killed after one file
   unlink(*args, **kwargs)
   os.kill(os.getpid(), signal.SIGKILL)
 os.unlink = unlink_then_die
-ckpt.save(2, {'params': {'w': jnp.full((2, 3), 2.0)}})
 ckpt.close()
 '''
 
@@ -271,6 +271,25 @@ def test_a_run_killed_while_keep_n_deletes_a_checkpoint_leaves_only_whole_ones(t
   assert resumed.save(3, {'params': {'w': jnp.full((2, 3), 3.0)}})
   resumed.close()
   assert names(sorted(tmp_path.iterdir())) == ['checkpoint_3']
+
+
+def test_keep_n_counts_committed_checkpoints_and_deletes_none_at_start_up(tmp_path):
+  """A save in flight is not one of the kept (its commit may fail: the one before must stay), and
+  a Checkpointer that has saved nothing deletes nothing (a run refused at start-up, e.g. resumed
+  with keep 1 or another vocabulary, loses no checkpoint)."""
+  ckpt = checkpoints.Checkpointer(str(tmp_path), period=1, keep=None, async_save=False)
+  for step in (1, 2, 3):
+    ckpt.save(step, state(step))
+  ckpt.close()
+  checkpoints.Checkpointer(str(tmp_path), period=1, keep=1).manager.close()
+  assert names(sorted(tmp_path.iterdir())) == ['checkpoint_1', 'checkpoint_2', 'checkpoint_3']
+  ckpt = checkpoints.Checkpointer(str(tmp_path), period=1, keep=1)
+  ckpt.manager.is_saving_in_progress = lambda: False  # as once its commit failed in the background
+  assert ckpt.save(4, state(4))
+  ckpt._wait_for_deletions()  # pylint: disable=protected-access
+  assert 'checkpoint_3' in names(checkpoints.list_checkpoints(str(tmp_path)))
+  ckpt.close()
+  assert names(sorted(tmp_path.iterdir())) == ['checkpoint_4']
 
 
 def test_a_checkpoint_whose_bytes_decode_to_nan_is_damaged(tmp_path):

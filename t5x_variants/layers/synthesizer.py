@@ -59,7 +59,7 @@ def factor_pair(length: int, a: Optional[int] = None):
                        'factorized_dense cannot factor it as a x b with a, b > 1: give the stack '
                        'another length (encoder_max_length / decoder_max_length, e.g. a power of 2)')
     a = min(divisors, key=lambda d: abs(d - math.sqrt(length)))
-  if length % a or a in (1, length):
+  if not 1 < a < length or length % a:
     raise ValueError(f'synthesizer_factor {a} does not divide the synthesizer length {length} into '
                      'a x b with a, b > 1: give a divisor of it other than 1 and itself, or None '
                      '(the divisor nearest its square root)')

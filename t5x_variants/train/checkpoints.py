@@ -13,6 +13,7 @@ waiting for it.
 import dataclasses
 import logging
 import re
+import threading
 from typing import Any, Callable, List, NamedTuple, Optional, Sequence
 
 import gin
@@ -112,17 +113,19 @@ class Checkpointer:
 
   def __init__(self, model_dir: str, period: int = 1000, keep: Optional[int] = 5,
                async_save: bool = True):
-    self.period, self.keep = period, keep
-    self._deleted = set()  # the steps _delete_old deleted (still among the manager's steps)
+    self.period, self.keep, self.async_save = period, keep, async_save
     self.model_dir = storage.path(model_dir)
     options = ocp.CheckpointManagerOptions(
         save_decision_policy=ocp.checkpoint_managers.FixedIntervalPolicy(period),
         step_name_format=_NAME_FORMAT, create=True, enable_async_checkpointing=async_save)
     self.manager = ocp.CheckpointManager(self.model_dir, options=options)
-    self._delete_old()
+    self._deleted = set()  # the steps keep-N deleted (the manager's steps in memory keep them)
+    self._deleting = None  # the thread deleting them
+    if jax.process_index() == 0 and not self._commit_file():
+      (self.model_dir / DELETED).rmtree(missing_ok=True)  # what a killed deletion left
 
   def steps(self):
-    return sorted(self.manager.all_steps())
+    return sorted(s for s in self.manager.all_steps() if s not in self._deleted)
 
   def save(self, step: int, state, data_iterator=None, force: bool = False) -> bool:
     """Starts saving ``state`` at ``step`` if it is a period step or ``force``; True if started.
@@ -136,8 +139,8 @@ class Checkpointer:
       started = self.manager.save(step, args=ocp.args.Composite(**items), force=force)
     except Exception as e:  # pylint: disable=broad-except  (this save's, or the previous one's)
       raise self._failed(e) from e
-    if started:  # (the saves before it committed; once per checkpoint, not per step)
-      self._delete_old()
+    if started:  # (the saves before it committed, or it raised; once per checkpoint)
+      self._delete_old(unfinished=step if self.async_save else None)
     return started
 
   def close(self):
@@ -147,40 +150,56 @@ class Checkpointer:
       raise self._failed(e) from e
     self.manager.close()
     self._delete_old()
+    self._wait_for_deletions()
 
-  def _delete_old(self):
-    """Keep-N, on process 0: deletes the committed checkpoints older than the newest ``keep`` (a
-    save in flight is not counted yet). Each leaves the listing before any file of it is deleted:
-    on a file system it is renamed into ``DELETED``, on a store its ``COMMITTED`` goes first.
-    Orbax's keep-N deleted in place, file by file, so a kill in the middle left a listed checkpoint
-    that no longer read (and t5xv-eval over all checkpoints failed on it). A kill now leaves the
-    rest of one unlisted: in ``DELETED``, deleted by the next call; on a store, as objects without
-    ``COMMITTED``, as an interrupted save leaves them. The steps are the manager's own (in memory,
-    the same on every process; a store is not listed again, or probed for a save in flight)."""
+  def _commit_file(self) -> bool:
+    """Whether orbax marks this directory's saves committed by ``COMMITTED`` (on gs://), rather
+    than by renaming a temporary directory."""
+    return storage.scheme(self.model_dir) == 'gs'
+
+  def _delete_old(self, unfinished: Optional[int] = None):
+    """Keep-N, on process 0, in a thread (as orbax's deletion ran in its commit's): deletes the
+    checkpoints older than the newest ``keep`` committed ones (``unfinished``, a save in flight,
+    not counted). Never at start-up: a run refused then (another vocabulary or configuration)
+    loses nothing. Each leaves the listing before any file of it is deleted: on gs:// its
+    ``COMMITTED`` goes first, elsewhere it is renamed into ``DELETED``. Orbax's keep-N deleted in
+    place, file by file, so a kill in the middle left a listed checkpoint that no longer read
+    (t5xv-eval over all checkpoints failed on it). A kill now leaves the rest of one unlisted: in
+    ``DELETED``, deleted by the next run; on gs://, objects without ``COMMITTED``, as an
+    interrupted save's. A deletion that fails is logged and tried again at the next call: the
+    listed checkpoints are whole, and an error on process 0 alone would leave the others waiting."""
     if jax.process_index() != 0:
       return
-    local = not storage.scheme(self.model_dir)
+    self._wait_for_deletions()
+    committed = [s for s in self.steps() if s != unfinished]
+    old = committed[:-self.keep] if self.keep else []
+    if old:
+      self._deleting = threading.Thread(target=self._delete, args=(old,), daemon=True,
+                                        name='checkpoint-keep-n')
+      self._deleting.start()
+
+  def _wait_for_deletions(self):
+    if self._deleting is not None:
+      self._deleting.join()
+      self._deleting = None
+
+  def _delete(self, steps: Sequence[int]):
     moved = self.model_dir / DELETED
-    steps = [s for s in self.steps() if s not in self._deleted]
-    if self.manager.is_saving_in_progress():
-      steps = steps[:-1]
     try:
-      for step in steps[:-self.keep] if self.keep else []:
+      for step in steps:
         path = ocp.step.build_step_path(self.model_dir, _NAME_FORMAT, step)
-        if not local:
+        if self._commit_file():
           (path / COMMITTED).unlink(missing_ok=True)
           path.rmtree(missing_ok=True)
         elif path.exists():  # (unless deleted by hand meanwhile)
           moved.mkdir(exist_ok=True)
           path.rename(moved / path.name)
+          moved.rmtree()
         self._deleted.add(step)
-      if local:  # what this call moved, and what a killed call left
-        moved.rmtree(missing_ok=True)
     except Exception as e:  # pylint: disable=broad-except
-      raise CheckpointError(f'deleting the checkpoints before the newest {self.keep} '
-                            f'(Checkpointer.keep) in {self.model_dir} failed ({error_reason(e)}); '
-                            'every listed checkpoint is whole: fix the cause and rerun the same '
-                            'command') from e
+      log.warning('keep-N (Checkpointer.keep = %s) could not delete the checkpoints before the '
+                  'newest in %s (%s); every listed checkpoint is whole, and the deletion is tried '
+                  'again at the next checkpoint', self.keep, self.model_dir, error_reason(e))
 
   def _failed(self, e: Exception) -> CheckpointError:
     """A save that could not be written (a full disk, a lost mount: an OSError from our writes, a
