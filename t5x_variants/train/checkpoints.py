@@ -2,19 +2,19 @@
 
 A checkpoint is ``MODEL_DIR/checkpoint_<step>/`` holding ``state`` (the sharded TrainState,
 written asynchronously; each process writes its own shards) and ``data`` (one file set per host,
-written by the iterator's own ``save(prefix)``, e.g. tf.data iterator checkpointing), so that a
-resumed run continues with exactly the batches it would have seen. Orbax writes into a temporary
-directory and renames it when complete, so a crash never leaves a half-written checkpoint under a
-step name. A checkpoint that still cannot be read is moved aside (never deleted) once an older one
-has read, and that one is used. Every process reads its own part of each checkpoint, then all
-agree on the outcome (``read_on_every_process``), so one that fails never leaves the others
-waiting for it.
+written by the iterator's own ``save(prefix)``, e.g. tf.data iterator checkpointing:
+``data_position``), so that a resumed run continues with exactly the batches it would have seen.
+Orbax writes into a temporary directory and renames it when complete (on gs:// it writes
+``commit_success.txt`` last), so a crash never leaves a half-written checkpoint listed, and keep-N
+takes one out of the listing before it deletes it (``Checkpointer._delete_old``). A checkpoint
+that still cannot be read is moved aside (never deleted) once an older one has read, and that one
+is used. Every process reads its own part of each checkpoint, then all agree on the outcome
+(``read_on_every_process``), so one that fails never leaves the others waiting for it.
 """
-import dataclasses
 import logging
 import re
 import threading
-from typing import Any, Callable, List, NamedTuple, Optional, Sequence
+from typing import Callable, List, NamedTuple, Optional, Sequence
 
 import gin
 import jax
@@ -23,7 +23,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from t5x_variants import path_keys
-from t5x_variants.train import multihost, optimizer, storage
+from t5x_variants.train import data_position, multihost, optimizer, storage
 
 PREFIX = 'checkpoint'
 # Where keep-N moves a checkpoint on a file system before deleting it (Checkpointer._delete_old).
@@ -51,41 +51,6 @@ class ReadError(RuntimeError):
   def __init__(self, part: str, reason: str, outside: bool):
     super().__init__(reason)
     self.part, self.outside = part, outside
-
-
-def _host_file(directory) -> str:
-  return str(storage.path(directory) / f'host-{jax.process_index():05d}-of-{jax.process_count():05d}')
-
-
-class DataIteratorHandler(ocp.CheckpointHandler):
-  """Saves / restores an iterator with ``save(prefix)`` and ``restore(prefix)`` methods, which
-  write and read local files: on an object store they are staged through a local directory."""
-
-  def save(self, directory: epath.Path, args: 'DataIteratorSave'):
-    directory.mkdir(parents=True, exist_ok=True)
-    with storage.staged_write(_host_file(directory)) as prefix:
-      args.iterator.save(prefix)
-
-  def restore(self, directory: epath.Path, args: 'DataIteratorRestore'):
-    """Reads this host's data position into ``args.iterator``."""
-    with storage.staged_read(_host_file(directory)) as prefix:
-      args.iterator.restore(prefix)
-
-
-@ocp.args.register_with_handler(DataIteratorHandler, for_save=True)
-@dataclasses.dataclass
-class DataIteratorSave(ocp.args.CheckpointArgs):
-  iterator: Any
-
-
-@ocp.args.register_with_handler(DataIteratorHandler, for_restore=True)  # orbax's save wants both
-@dataclasses.dataclass
-class DataIteratorRestore(ocp.args.CheckpointArgs):
-  iterator: Any
-
-
-def _resumable(iterator) -> bool:
-  return hasattr(iterator, 'save') and hasattr(iterator, 'restore')
 
 
 def abstract_arrays(tree):
@@ -133,8 +98,8 @@ class Checkpointer:
     if force and step in self.manager.all_steps():
       return False
     items = {'state': ocp.args.StandardSave(state)}
-    if _resumable(data_iterator):
-      items['data'] = DataIteratorSave(data_iterator)
+    if data_position.resumable(data_iterator):
+      items['data'] = data_position.DataIteratorSave(data_iterator)
     try:
       started = self.manager.save(step, args=ocp.args.Composite(**items), force=force)
     except Exception as e:  # pylint: disable=broad-except  (this save's, or the previous one's)
@@ -312,9 +277,9 @@ class Checkpointer:
     target = ocp.args.StandardRestore(abstract_arrays(abstract_state))
     state = finite(read_with(ocp.StandardCheckpointHandler(), 'state',
                              lambda handler: handler.restore(path / 'state', args=target)))
-    if _resumable(data_iterator):
-      read_on_every_process('data', lambda: DataIteratorHandler().restore(
-          path / 'data', args=DataIteratorRestore(data_iterator)))
+    if data_position.resumable(data_iterator):
+      read_on_every_process('data', lambda: data_position.DataIteratorHandler().restore(
+          path / 'data', args=data_position.DataIteratorRestore(data_iterator)))
     return state
 
 
