@@ -345,6 +345,24 @@ def test_keep_n_on_a_bucket_unlists_a_checkpoint_before_deleting_its_objects(gcs
   assert not [n for n in gcs.objects(run) if n.startswith('checkpoint_1/')]
 
 
+def test_a_checkpointer_deletes_what_a_killed_keep_n_left_on_a_bucket(gcs):
+  """A checkpoint_<step> without commit_success.txt older than the newest committed one (keep-N
+  killed mid-deletion) is deleted when the next run starts; a newer one (an unfinished save, which
+  its error message names) and the committed ones are kept."""
+  from test_schedules_and_checkpoints import state  # pylint: disable=g-import-not-at-top
+  run = gcs.new_bucket() + '/run'
+  ckpt = checkpoints.Checkpointer(run, period=1, keep=None, async_save=False)
+  for step in (1, 2, 3, 4):
+    ckpt.save(step, state(step))
+  ckpt.close()
+  for step in (1, 4):  # 1: keep-N killed after its commit_success.txt; 4: an unfinished save
+    (storage.path(run) / f'checkpoint_{step}' / checkpoints.COMMITTED).unlink()
+  checkpoints.Checkpointer(run, period=1, keep=None).close()
+  left = {n.split('/')[0] for n in gcs.objects(run)}
+  assert left == {'checkpoint_2', 'checkpoint_3', 'checkpoint_4'}
+  assert _committed(run) == ['checkpoint_2', 'checkpoint_3']
+
+
 @pytest.mark.slow
 def test_a_server_answering_503_for_a_while_is_retried(gcs, proxy, reference, subprocess_train):
   """Four requests in a row answered 503 from the first one of checkpoint_4's save on: the

@@ -86,8 +86,8 @@ class Checkpointer:
     self.manager = ocp.CheckpointManager(self.model_dir, options=options)
     self._deleted = set()  # the steps keep-N deleted (the manager's steps in memory keep them)
     self._deleting = None  # the thread deleting them
-    if jax.process_index() == 0 and not self._commit_file():
-      (self.model_dir / DELETED).rmtree(missing_ok=True)  # what a killed deletion left
+    if jax.process_index() == 0:
+      self._delete_leftovers()
 
   def steps(self):
     return sorted(s for s in self.manager.all_steps() if s not in self._deleted)
@@ -122,6 +122,20 @@ class Checkpointer:
     than by renaming a temporary directory."""
     return storage.scheme(self.model_dir) == 'gs'
 
+  def _delete_leftovers(self):
+    """Deletes what a killed keep-N left, never a checkpoint: ``DELETED`` on a file system; on
+    gs:// the ``checkpoint_<step>`` directories without ``COMMITTED`` older than the newest
+    committed one: an unfinished save's, which its error message names, is newer than that one
+    until the run has passed its step again."""
+    if not self._commit_file():
+      (self.model_dir / DELETED).rmtree(missing_ok=True)
+      return
+    committed = self.steps()
+    for path in self.model_dir.iterdir() if committed else []:
+      step = re.fullmatch(PREFIX + r'_(\d+)', path.name)
+      if step and int(step[1]) < committed[-1] and int(step[1]) not in committed:
+        path.rmtree(missing_ok=True)
+
   def _delete_old(self, unfinished: Optional[int] = None):
     """Keep-N, on process 0, in a thread (as orbax's deletion ran in its commit's): deletes the
     checkpoints older than the newest ``keep`` committed ones (``unfinished``, a save in flight,
@@ -129,10 +143,10 @@ class Checkpointer:
     loses nothing. Each leaves the listing before any file of it is deleted: on gs:// its
     ``COMMITTED`` goes first, elsewhere it is renamed into ``DELETED``. Orbax's keep-N deleted in
     place, file by file, so a kill in the middle left a listed checkpoint that no longer read
-    (t5xv-eval over all checkpoints failed on it). A kill now leaves the rest of one unlisted: in
-    ``DELETED``, deleted by the next run; on gs://, objects without ``COMMITTED``, as an
-    interrupted save's. A deletion that fails is logged and tried again at the next call: the
-    listed checkpoints are whole, and an error on process 0 alone would leave the others waiting."""
+    (t5xv-eval over all checkpoints failed on it). A kill now leaves the rest of one unlisted (in
+    ``DELETED``; on gs://, objects without ``COMMITTED``), which the next run deletes. A deletion
+    that fails is logged and tried again at the next call: the listed checkpoints are whole, and
+    an error on process 0 alone would leave the others waiting."""
     if jax.process_index() != 0:
       return
     self._wait_for_deletions()
