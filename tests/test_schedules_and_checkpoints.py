@@ -15,7 +15,7 @@ import pytest
 
 from conftest import ON_GPU
 from train_helpers import unreadable_state
-from t5x_variants.train import checkpoints, multihost, optimizer, pretrained
+from t5x_variants.train import checkpoints, multihost, optimizer, pretrained, storage
 
 STEPS = np.arange(0, 1201, dtype=np.int32)
 
@@ -271,6 +271,21 @@ def test_a_run_killed_while_keep_n_deletes_a_checkpoint_leaves_only_whole_ones(t
   assert resumed.save(3, {'params': {'w': jnp.full((2, 3), 3.0)}})
   resumed.close()
   assert names(sorted(tmp_path.iterdir())) == ['checkpoint_3']
+
+
+def test_leftovers_that_cannot_be_deleted_at_start_up_are_a_warning(tmp_path, monkeypatch, caplog):
+  """A killed keep-N's rest that process 0 cannot delete is unlisted: the run starts with a warning
+  (an error on process 0 alone would leave the other processes waiting for it)."""
+  (tmp_path / checkpoints.DELETED / 'checkpoint_1').mkdir(parents=True)
+
+  def refused(path, missing_ok=False):
+    raise PermissionError(f'cannot delete {path}')
+  monkeypatch.setattr(type(storage.path(str(tmp_path))), 'rmtree', refused)
+  ckpt = checkpoints.Checkpointer(str(tmp_path), period=1, keep=1, async_save=False)
+  assert 'could not delete what an interrupted keep-N left' in caplog.text
+  monkeypatch.undo()
+  assert ckpt.save(1, state(1))
+  ckpt.close()
 
 
 def test_keep_n_counts_committed_checkpoints_and_deletes_none_at_start_up(tmp_path):

@@ -87,7 +87,11 @@ class Checkpointer:
     self._deleted = set()  # the steps keep-N deleted (the manager's steps in memory keep them)
     self._deleting = None  # the thread deleting them
     if jax.process_index() == 0:
-      self._delete_leftovers()
+      try:
+        self._delete_leftovers()
+      except Exception as e:  # pylint: disable=broad-except  (process 0 alone: others would wait)
+        log.warning('could not delete what an interrupted keep-N left in %s (%s); it is unlisted, '
+                    'and tried again at the next start', self.model_dir, error_reason(e))
 
   def steps(self):
     return sorted(s for s in self.manager.all_steps() if s not in self._deleted)
