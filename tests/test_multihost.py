@@ -192,17 +192,17 @@ def test_processes_that_read_other_metadata_of_a_checkpoint_stop_together(monkey
   read different metadata (a stale view of a store) stop together instead of going different
   ways."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from t5x_variants.train import checkpoints  # pylint: disable=g-import-not-at-top
+  from t5x_variants.train import checkpoint_reads, checkpoints  # pylint: disable=g-import-not-at-top
   ckpt = checkpoints.Checkpointer(str(tmp_path), async_save=False)
   ckpt.save(1, {'params': {'w': jnp.zeros((2, 3))}}, force=True)
   ckpt.close()
   path, other = tmp_path / 'checkpoint_1', two_processes(monkeypatch)  # saved by one process
   other.codes = [0, multihost.fingerprint({'params/w': (2, 3)})]  # the read, then the same shapes
-  assert checkpoints.array_shapes(checkpoints.saved_tree(path)) == {'params/w': (2, 3)}
+  assert checkpoint_reads.array_shapes(checkpoint_reads.saved_tree(path)) == {'params/w': (2, 3)}
   other.codes = [0, multihost.fingerprint({'params/w': (3, 2)})]
   with pytest.raises(ValueError, match=r'^the processes disagree on the arrays saved in .*'
                      r'checkpoint_1: process 0 has one, process 1 has another'):
-    checkpoints.saved_tree(path)
+    checkpoint_reads.saved_tree(path)
 
 
 def test_closing_the_records_fails_on_every_process_or_on_none(other, tmp_path, monkeypatch):

@@ -15,7 +15,7 @@ import pytest
 
 from conftest import ON_GPU
 from train_helpers import unreadable_state
-from t5x_variants.train import checkpoints, multihost, optimizer, pretrained, storage
+from t5x_variants.train import checkpoint_reads, checkpoints, multihost, optimizer, pretrained, storage
 
 STEPS = np.arange(0, 1201, dtype=np.int32)
 
@@ -425,19 +425,19 @@ def test_a_read_that_failed_on_another_process_raises_on_this_one_too(monkeypatc
   monkeypatch.setattr(multihost.multihost_utils, 'process_allgather',
                       lambda x: np.asarray([int(x), other['outcome']]))
   other['outcome'] = 0
-  assert checkpoints.read_on_every_process('state', lambda: 'read') == 'read'
+  assert checkpoint_reads.read_on_every_process('state', lambda: 'read') == 'read'
   other['outcome'] = 1
-  with pytest.raises(checkpoints.ReadError,
+  with pytest.raises(checkpoint_reads.ReadError,
                      match=r'^not readable on process 1: its log says why$') as raised:
-    checkpoints.read_on_every_process('state', lambda: 'read')
+    checkpoint_reads.read_on_every_process('state', lambda: 'read')
   assert raised.value.part == 'state' and not raised.value.outside
 
   def damaged():
     raise ValueError('DATA_LOSS: truncated')
   other['outcome'] = 2
-  with pytest.raises(checkpoints.ReadError, match=r'^ValueError: DATA_LOSS: truncated; on another '
+  with pytest.raises(checkpoint_reads.ReadError, match=r'^ValueError: DATA_LOSS: truncated; on another '
                      'process for a cause outside the checkpoint') as raised:
-    checkpoints.read_on_every_process('data', damaged)
+    checkpoint_reads.read_on_every_process('data', damaged)
   assert raised.value.part == 'data' and raised.value.outside
   monkeypatch.setattr(jax, 'process_index', lambda: 1)
   answer = iter([np.asarray(5), np.frombuffer(b'false', np.uint8)])  # process 0's, as JSON

@@ -33,7 +33,7 @@ from t5x_variants.models import hf_t5
 from t5x_variants.models.encoder_decoder import unshared_params
 from t5x_variants.models.config import TransformerConfig
 from t5x_variants.models.summary import abstract_params, model_info, param_rows
-from t5x_variants.train import checkpoints, pretrained, storage
+from t5x_variants.train import checkpoint_reads, checkpoints, pretrained, storage
 
 VOCAB = 'vocab.model'  # the run's vocabulary (recipe.use_run_vocabulary)
 SPIECE = 'spiece.model'  # transformers' T5 tokenizer file
@@ -67,7 +67,7 @@ def read_hf_weights(hf_dir) -> dict:
         except (OSError, MemoryError, ImportError):  # the file system's, memory's: not the file's
           raise
         except Exception as e:  # safetensors' and torch's errors of a damaged file
-          raise ValueError(f'{f} cannot be read ({checkpoints.error_reason(e)}): is the file whole '
+          raise ValueError(f'{f} cannot be read ({checkpoint_reads.error_reason(e)}): is the file whole '
                            '(a finished download)?') from e
       return weights
   raise FileNotFoundError(f'{d} has no model.safetensors, pytorch_model.bin or a sharded index of '

@@ -9,7 +9,7 @@ Orbax writes into a temporary directory and renames it when complete (on gs:// i
 takes one out of the listing before it deletes it (``Checkpointer._delete_old``). A checkpoint
 that still cannot be read is moved aside (never deleted) once an older one has read, and that one
 is used. Every process reads its own part of each checkpoint, then all agree on the outcome
-(``read_on_every_process``), so one that fails never leaves the others waiting for it.
+(``checkpoint_reads``), so one that fails never leaves the others waiting for it.
 """
 import logging
 import re
@@ -18,21 +18,17 @@ from typing import Callable, List, NamedTuple, Optional, Sequence
 
 import gin
 import jax
-import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from etils import epath
 
-from t5x_variants import path_keys
 from t5x_variants.train import data_position, multihost, optimizer, storage
+from t5x_variants.train.checkpoint_reads import (ReadError, array_shapes, error_reason, finite,
+                                                 read_on_every_process, read_with, saved_tree)
 
 PREFIX = 'checkpoint'
 # Where keep-N moves a checkpoint on a file system before deleting it (Checkpointer._delete_old).
 DELETED = 'deleted_checkpoints'
 COMMITTED = 'commit_success.txt'  # orbax's last object of a save on a store: listed only with it
-# Status words of a read that failed outside the checkpoint (tensorstore's and XLA's errors):
-# the bucket or the network, its permissions, memory. A restore failing so moves nothing aside.
-_NOT_DAMAGE = re.compile(r'\b(UNAVAILABLE|DEADLINE_EXCEEDED|RESOURCE_EXHAUSTED|PERMISSION_DENIED|'
-                         r'UNAUTHENTICATED)\b|[Oo]ut of memory')
 log = logging.getLogger(__name__)
 # Orbax's own step naming: finds and builds ``checkpoint_<step>`` names (a regex on the whole name,
 # committed directories only), for the manager and for the functions below alike.
@@ -41,16 +37,6 @@ _NAME_FORMAT = ocp.step.standard_name_format(step_prefix=PREFIX)
 
 class CheckpointError(RuntimeError):
   """No usable checkpoint where one was asked for."""
-
-
-class ReadError(RuntimeError):
-  """A part of a checkpoint (``part``: 'metadata', 'state', 'data') that some process could not
-  read, raised on every process (``read_on_every_process``); ``outside`` when a process's read
-  failed for a cause outside the checkpoint."""
-
-  def __init__(self, part: str, reason: str, outside: bool):
-    super().__init__(reason)
-    self.part, self.outside = part, outside
 
 
 def abstract_arrays(tree):
@@ -321,51 +307,6 @@ def _outside_error(path, reason: str) -> CheckpointError:
                          'permissions) and rerun')
 
 
-def read_on_every_process(part: str, read):
-  """``read()``, called by every process at the same point, each reading its own shards or file
-  of ``part``; if it raised on any process, a ReadError on every one (this process's error, else
-  naming the processes whose logs hold theirs). Orbax's own restore ends at a barrier of every
-  process, which a process that raised never reaches: the others would wait there for it."""
-  try:
-    value, error = read(), None
-  except Exception as e:  # pylint: disable=broad-except  (orbax, tensorstore, the iterator)
-    value, error = None, e
-  # 0: read; 1: not readable (damaged, or not by this run); 2: a cause outside the checkpoint.
-  outcome = 0 if error is None else 2 if outside_cause(error) else 1
-  outcomes = multihost.outcomes(outcome)
-  if max(outcomes):
-    failed = ', '.join(str(i) for i, o in enumerate(outcomes) if o)
-    reason = error_reason(error) if error else f'not readable on process {failed}: its log says why'
-    if outcome < max(outcomes) == 2:
-      reason += '; on another process for a cause outside the checkpoint (its log says why)'
-    raise ReadError(part, reason, outside=max(outcomes) == 2) from error
-  return value
-
-
-def finite(tree):
-  """``tree``, a checkpoint's arrays as read, if every floating one is finite; else a ReadError
-  naming the first that holds a NaN or an infinity: damaged bytes that decoded (a step whose
-  update is not finite is skipped, so no run saves one). Reduced by one jitted call over the
-  global arrays to scalars, which every process holds whole: the same answer on all."""
-  named = [('/'.join(path_keys(p)), x) for p, x in jax.tree_util.tree_leaves_with_path(tree)
-           if jnp.issubdtype(x.dtype, jnp.inexact)]
-  flags = jax.jit(lambda xs: [jnp.isfinite(x).all() for x in xs])([x for _, x in named])
-  bad = next((name for (name, _), ok in zip(named, flags) if not ok.addressable_data(0)), None)
-  if bad:
-    raise ReadError('state', f'{bad} holds a NaN or an infinity, which training never saves',
-                    outside=False)
-  return tree
-
-
-def read_with(handler, part: str, read):
-  """``read(handler)`` on every process (``read_on_every_process``), ``handler`` (an orbax
-  handler) closed after it."""
-  try:
-    return read_on_every_process(part, lambda: read(handler))
-  finally:
-    handler.close()
-
-
 def _saved_steps(run_dir) -> List[int]:
   """The steps of the finished ``checkpoint_<step>`` directories in ``run_dir`` that hold a
   ``state`` (an empty one, e.g. of an interrupted copy, is none), as this process sees them."""
@@ -430,40 +371,3 @@ def checkpoint_path(path: str) -> epath.Path:
   return ocp.step.build_step_path(path, _NAME_FORMAT, latest[0])
 
 
-def outside_cause(e: Exception) -> bool:
-  """Whether a read failed for a cause outside the checkpoint (memory, the network, permissions)."""
-  if isinstance(e, ReadError):
-    return e.outside
-  return isinstance(e, (MemoryError, ConnectionError, TimeoutError, PermissionError)) or bool(
-      _NOT_DAMAGE.search(str(e)))
-
-
-def error_reason(e: Exception, limit: int = 300) -> str:
-  """'<type>: <first line>' of an exception, at most ``limit`` characters (tensorstore's messages
-  carry whole object reprs and long paths): its start and its end, where the OS's reason is ('No
-  space left on device'); a ReadError's own message, which is one already; of orbax's wrapper of
-  an array read, its cause's (which names the array and what failed)."""
-  if isinstance(e, ReadError):
-    return str(e)
-  if str(e).startswith('Encountered error while reading') and e.__cause__ is not None:
-    return error_reason(e.__cause__, limit)
-  first = str(e).splitlines()[0] if str(e) else ''
-  reason = f'{type(e).__name__}: {first}' if first else type(e).__name__
-  tail = limit // 3
-  return reason if len(reason) <= limit else f'{reason[:limit - tail - 5]} ... {reason[-tail:]}'
-
-
-def saved_tree(path: epath.Path):
-  """The metadata tree of the state saved in checkpoint ``path`` (orbax's), read by every process
-  (``read_on_every_process``: a ReadError on all if any could not), its arrays' names and shapes
-  the same on every process (``multihost.same``: what each decides from it is)."""
-  tree = read_with(ocp.PyTreeCheckpointHandler(), 'metadata',
-                   lambda handler: handler.metadata(path / 'state').tree)
-  return multihost.same(f'the arrays saved in {path}', lambda: tree, key=array_shapes)
-
-
-def array_shapes(tree):
-  """{'a/b/c': shape} of ``tree``'s arrays, named as orbax saves them (a list item by its index,
-  an optimizer state's fields by name, empty nodes left out)."""
-  flat = ocp.tree.to_flat_dict(ocp.tree.serialize_tree(tree, keep_empty_nodes=True))
-  return {'/'.join(map(str, k)): tuple(x.shape) for k, x in flat.items() if hasattr(x, 'shape')}

@@ -12,9 +12,10 @@ import optax
 import orbax.checkpoint as ocp
 
 from t5x_variants import path_keys
-from t5x_variants.train.checkpoints import (CheckpointError, abstract_arrays, array_shapes,
-                                            checkpoint_path, error_reason, finite, optimizer_hint,
-                                            outside_cause, read_with, saved_tree)
+from t5x_variants.train.checkpoint_reads import (array_shapes, error_reason, finite, outside_cause,
+                                                 read_with, saved_tree)
+from t5x_variants.train.checkpoints import (CheckpointError, abstract_arrays, checkpoint_path,
+                                            optimizer_hint)
 
 log = logging.getLogger(__name__)
 
