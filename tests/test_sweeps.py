@@ -30,7 +30,7 @@ model_dir = next(a for a in args if a.startswith('--gin.MODEL_DIR=')).split('=',
 with open(os.path.join(os.path.dirname(model_dir), 'calls.txt'), 'a') as f:
   f.write(os.path.basename(model_dir) + '\\n')
 if any(a.endswith('bad.gin') for a in args):
-  print('t5xv-train: error: the loss or gradients at step 7 are not finite (loss nan); ...')
+  print('t5xv-train: error: non-finite from step 7: the loss or gradients are not finite (loss nan); ...')
   sys.exit(2)
 if any(a.endswith('stopped.gin') for a in args):  # a signal: checkpoint saved, exit 0, not finished
   with open(os.path.join(model_dir, 'metrics.jsonl'), 'w') as f:
@@ -1103,7 +1103,7 @@ with open(os.path.join(model_dir, 'metrics.jsonl'), 'w') as f:
 with open(os.path.join(model_dir, 'config.gin'), 'w') as f:
   f.write('TRAIN_STEPS = 4\\ntrain.total_steps = %TRAIN_STEPS\\n')
 if any(a.endswith('bad.gin') for a in args):
-  print('t5xv-train: error: the loss or gradients at step 7 are not finite (loss nan); ...')
+  print('t5xv-train: error: non-finite from step 7: the loss or gradients are not finite (loss nan); ...')
   sys.exit(2)
 '''
 
@@ -1152,6 +1152,31 @@ def test_a_run_whose_data_ran_out_before_its_last_step_failed_with_that_line(tmp
       'the training data ran out after step 6, before its last step: the dataset is finite'), run.reason
   runner._outcome(run, 0, True, str(log), 0)  # (its last step reached: done)
   assert run.status == 'done' and run.reason is None
+
+
+def test_a_run_stopped_by_any_non_finite_rule_is_recorded_diverged_at_its_first_step(tmp_path):
+  """Under train.on_nonfinite='skip' a run stops after max_skipped_in_a_row skipped steps, or at
+  its end if none applied: the sweep recorded those 'failed' (its pattern knew only 'stop''s
+  message), retried them at every rerun, and the report's diverged column said no."""
+  from t5x_variants.train.nonfinite import NonFiniteGuard, NonFiniteStop  # pylint: disable=g-import-not-at-top
+  def stop(guard, steps):
+    with pytest.raises(NonFiniteStop) as stopped:
+      for step, skipped in steps:
+        guard.check(step, {'skipped': skipped, 'loss': math.nan if skipped else 1.0})
+      guard.check_run(0, steps[-1][0])
+    return stopped.value
+  stops = {'stop': stop(NonFiniteGuard('stop', 3), [(1, 0), (2, 1)]),
+           'in a row': stop(NonFiniteGuard('skip', 3), [(1, 0), (2, 1), (3, 0), (4, 1), (5, 1), (6, 1)]),
+           'none applied': stop(NonFiniteGuard('skip', 9), [(1, 1), (2, 1), (3, 1)])}
+  log = tmp_path / 'train.log'
+  for (rule, stopped), first in zip(stops.items(), (2, 4, 1)):
+    log.write_text(f't5xv-train: error: {stopped.message()}; the update was not applied ...\n')
+    run = grid.Run('a-seed0', 'a', [], 0)
+    runner._outcome(run, 1, False, str(log), 0)
+    assert (run.status, run.diverged_step) == ('diverged', first), rule
+  log.write_text('t5xv-train: error: a step 7 that is not finite, in another error\n')
+  runner._outcome(run, 1, False, str(log), 0)
+  assert (run.status, run.diverged_step) == ('failed', None)
 
 
 def test_lr_sensitivity_per_seed_and_paired_against_a_baseline_curve(tmp_path):

@@ -168,7 +168,7 @@ def test_a_non_finite_step_stops_or_is_skipped(reference, tmp_path):
   finishes."""
   _, ref, _ = reference
   poisoned = functools.partial(StepBatches, poison=(3,))
-  with pytest.raises(trainer.NonFiniteLossError, match=r'at step 3 .*last: step 2'):
+  with pytest.raises(trainer.NonFiniteLossError, match=r'^non-finite from step 3: .*last: step 2'):
     run_train(tmp_path, 4, period=1, batches=poisoned, on_nonfinite='stop')
   assert sorted(p.name for p in tmp_path.glob('checkpoint_*')) == ['checkpoint_1', 'checkpoint_2']
   result = run_train(tmp_path, 4, period=1, batches=poisoned, on_nonfinite='skip')
@@ -198,13 +198,14 @@ def test_skipped_steps_in_a_row_stop_the_run(tmp_path):
   """With train.max_skipped_in_a_row 3, steps 2-4 skipped stop the run naming step 2, after
   step 4 (steps 2 and 3 alone do not); a run whose every step is skipped never ends as done."""
   poisoned = functools.partial(StepBatches, poison=(2, 3, 5, 6, 7))
-  with pytest.raises(trainer.NonFiniteLossError, match=r'^3 steps in a row .*first at step 5 '
-                     r'\(loss nan\); .*last: step 4'):
+  with pytest.raises(trainer.NonFiniteLossError, match=r'^non-finite from step 5: 3 steps in a row '
+                     r"had a non-finite loss or gradients \(the first's loss nan\); .*last: step 4"):
     run_train(tmp_path / 'a', 8, period=4, batches=poisoned, max_skipped_in_a_row=3)
   assert [r['step'] for r in records(tmp_path / 'a')] == [1, 2, 3, 4, 5, 6, 7]
   every = functools.partial(StepBatches, poison=(1, 2))
   for period in (4, 2):  # also where the last step is a checkpoint step
-    with pytest.raises(trainer.NonFiniteLossError, match=r'^every step of this run \(1 to 2\)'):
+    with pytest.raises(trainer.NonFiniteLossError,
+                       match=r'^non-finite from step 1: every step of this run \(1 to 2\)'):
       run_train(tmp_path / f'b{period}', 2, period=period, batches=every)
     assert not list((tmp_path / f'b{period}').glob('checkpoint_*'))
 

@@ -16,7 +16,7 @@ from typing import Callable, Dict, List, Sequence
 
 from t5x_variants.sweeps import runs as run_records
 from t5x_variants.sweeps.grid import FINISHED, Run, Sweep, SweepError
-from t5x_variants.train import locks, storage
+from t5x_variants.train import locks, nonfinite, storage
 from t5x_variants.train.metrics import format_duration
 
 SWEEP_PID_ENV = 'T5XV_SWEEP_PID'  # tells a trainer which sweep process started it
@@ -41,9 +41,8 @@ def _outcome(run: Run, returncode: int, finished: bool, log_file: str, log_start
     errors = [f'{ran_out[-1]}, before its last step: the dataset is finite '
               '(DatasetConfig.num_epochs); bind num_epochs = None or train fewer steps']
   run.reason = errors[-1] if errors else f'exit status {returncode} (see {log_file})'
-  diverged = re.search(r'at step (\d+) are not finite', run.reason)
-  run.status = 'diverged' if diverged else 'failed'
-  run.diverged_step = int(diverged.group(1)) if diverged else None
+  run.diverged_step = nonfinite.diverged_step(run.reason)
+  run.status = 'failed' if run.diverged_step is None else 'diverged'
 
 
 def trainer_executable() -> List[str]:

@@ -5,11 +5,15 @@ stopped (``NonFiniteStop``, which the trainer turns into ``NonFiniteLossError`` 
 run's files).
 """
 import logging
-from typing import Mapping
+import re
+from typing import Mapping, Optional
 
 log = logging.getLogger(__name__)
 
 NONFINITE = ('skip', 'stop')
+# How NonFiniteLossError's message begins: the first step of the non-finite run of steps, which
+# t5xv-sweep reads from a trainer's error line (``diverged_step``) whichever rule stopped it.
+_DIVERGED = re.compile(r'\bnon-finite from step (\d+): ')
 
 
 class NonFiniteLossError(RuntimeError):
@@ -17,11 +21,23 @@ class NonFiniteLossError(RuntimeError):
 
 
 class NonFiniteStop(Exception):
-  """The guard's verdict: the run stops at ``step``; ``what`` happened, ``remedy`` may help."""
+  """The guard's verdict: the run stops at ``step``, the steps from ``first`` not finite; ``what``
+  happened, ``remedy`` may help."""
 
-  def __init__(self, step: int, what: str, remedy: str):
+  def __init__(self, step: int, first: int, what: str, remedy: str):
     super().__init__(what)
-    self.step, self.what, self.remedy = step, what, remedy
+    self.step, self.first, self.what, self.remedy = step, first, what, remedy
+
+  def message(self) -> str:
+    """NonFiniteLossError's first words (``diverged_step`` reads them), then what happened."""
+    return f'non-finite from step {self.first}: {self.what}'
+
+
+def diverged_step(line: str) -> Optional[int]:
+  """The step a trainer's error line (a NonFiniteLossError's) says the run diverged at; None if
+  it is another error."""
+  found = _DIVERGED.search(line)
+  return int(found.group(1)) if found else None
 
 
 class NonFiniteGuard:
@@ -43,20 +59,21 @@ class NonFiniteGuard:
       self.applied += 1
       return
     if self.on_nonfinite == 'stop':
-      raise NonFiniteStop(step, f'the loss or gradients at step {step} are not finite (loss '
-                           f'{metrics["loss"]})', "or set train.on_nonfinite='skip'")
+      raise NonFiniteStop(step, step, f'the loss or gradients are not finite (loss '
+                          f'{metrics["loss"]})', "or set train.on_nonfinite='skip'")
     self.skipped.append((step, metrics['loss']))
     if len(self.skipped) >= self.max_skipped_in_a_row:
       first_step, first_loss = self.skipped[0]
-      raise NonFiniteStop(step, f'{len(self.skipped)} steps in a row had a non-finite loss or '
-                           f'gradients, the first at step {first_step} (loss {first_loss})',
-                           'or check the data against the model (e.g. its vocab_size); '
-                           'train.max_skipped_in_a_row sets how many are tolerated')
+      raise NonFiniteStop(step, first_step, f'{len(self.skipped)} steps in a row had a non-finite '
+                          f"loss or gradients (the first's loss {first_loss})",
+                          'or check the data against the model (e.g. its vocab_size); '
+                          'train.max_skipped_in_a_row sets how many are tolerated')
     log.warning('step %d: non-finite loss or gradients, update skipped', step)
 
   def check_run(self, start: int, step: int):
     """Raises NonFiniteStop if the run from ``start`` to ``step`` applied none of its steps."""
     if step > start and not self.applied:
-      raise NonFiniteStop(step, f'every step of this run ({start + 1} to {step}) had a non-finite '
-                           f'loss or gradients, the first with loss {self.skipped[0][1]}',
-                           'or check the data')
+      first_step, first_loss = self.skipped[0]
+      raise NonFiniteStop(step, first_step, f'every step of this run ({start + 1} to {step}) had a '
+                          f'non-finite loss or gradients, the first with loss {first_loss}',
+                          'or check the data')

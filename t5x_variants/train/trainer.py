@@ -319,7 +319,7 @@ def _stop(run: _Run, stop: NonFiniteStop, model_dir: str):
   run.close()
   saved = run.ckpt.steps()
   raise NonFiniteLossError(
-      f'{stop.what}; the update was not applied and the checkpoints in {model_dir} (last: step '
+      f'{stop.message()}; the update was not applied and the checkpoints in {model_dir} (last: step '
       f'{saved[-1] if saved else "none"}) are intact. Lower the learning rate, add '
       f'train.z_loss or make_optimizer.global_norm_clip, {stop.remedy}.') from None
 
