@@ -306,6 +306,14 @@ def test_a_run_without_the_eval_of_its_last_step_is_not_finished_nor_given_an_ea
   at_start = [dict(evals[0], step=0)]  # train.eval_at_start alone: no eval of the last step due
   write_metrics(tmp_path / 'at_start', [train_record(6, 4.0)] + at_start, total_steps=6)
   assert runs.read_run(str(tmp_path / 'at_start')).finished()
+  # Its only eval as it trains is of its last step (eval_period >= total_steps), stopped before it:
+  # unfinished, as config.gin says an eval task and period (it was done, and left every mean).
+  for period, task, due in (('%EVAL_PERIOD', "'t'", True), ('0', "'t'", False), ('1000', 'None', False)):
+    write_metrics(tmp_path / 'last', [train_record(6, 4.0)], total_steps=6)
+    with open(tmp_path / 'last' / 'config.gin', 'a') as f:
+      f.write(f'EVAL_PERIOD = 1000\ntrain.eval_period = {period}\n'
+              f'train_eval/DatasetConfig.mixture_or_task_name = {task}\n')
+    assert runs.read_run(str(tmp_path / 'last')).finished() != due, (period, task)
   # t5xv-eval's record of another task, logged first: the run's own task is its task
   beside = [{'step': 2, 'kind': 'eval', 'task': 'u', 'split': 'validation', 'log_perplexity': 1.0}]
   write_metrics(tmp_path / 'beside', [train_record(6, 4.0)] + beside + evals + [dict(evals[1], step=6)],
@@ -1264,16 +1272,25 @@ def test_what_a_sweep_and_its_report_must_not_mix(tmp_path, capsys):
   for binding in ("MODEL_DIR = '/tmp/x'", 'train.seed = 5', 'train/DatasetConfig.seed = 5'):
     with pytest.raises(grid.SweepError, match=f'--gin.{binding.split(" ")[0]}: the sweep sets it'):
       grid.Sweep.build(str(tmp_path / 's'), [base], [relu], 1, bindings=[binding])
-  sweep = build(3)
+  sweep = build(5)
   evaluated = lambda step: {'step': step, 'kind': 'eval', 'task': 't', 'log_perplexity': 5.0 - step / 10}
   write_metrics(sweep.model_dir(sweep.runs[0]), [train_record(2, 4.0), train_record(4, None)],
                 total_steps=6)  # diverged under a scheduler
   for run, total in zip(sweep.runs[1:], (60, 6)):  # two lengths: 6 of 60 steps, 6 of 6
     write_metrics(sweep.model_dir(run), [train_record(6, 4.0), evaluated(2), evaluated(6)],
                   total_steps=total)
+  # Stopped at its last step (it was recorded done), and at its first logged step 0 (recorded at
+  # its last logged step, 6: 'diverged_at() or step').
+  write_metrics(sweep.model_dir(sweep.runs[3]), [train_record(2, 4.0), train_record(6, None)],
+                total_steps=6)
+  write_metrics(sweep.model_dir(sweep.runs[4]), [train_record(0, 4.0, skipped=1.0),
+                                                 train_record(6, 4.0, skipped=1.0)], total_steps=9)
+  with open(os.path.join(sweep.model_dir(sweep.runs[4]), 'config.gin'), 'a') as f:
+    f.write("train.on_nonfinite = 'stop'\n")
   sweep.update_from_run_dirs()
-  assert [(r.status, r.diverged_step) for r in sweep.runs] == [('diverged', 4), ('pending', None),
-                                                               ('done', None)]
+  assert [(r.status, r.diverged_step) for r in sweep.runs] == [
+      ('diverged', 4), ('pending', None), ('done', None), ('diverged', 6), ('diverged', 0)]
+  sweep.runs[3:] = []
   sweep.save()
   assert '| relu | 1 diverged, 1 pending, 1 done | 6/6 or 60 (runs of other lengths) |' in (
       '\n'.join(report.table(report.sweep_group(str(tmp_path / 's')))))

@@ -270,7 +270,7 @@ class Sweep:
   def update_from_run_dirs(self):
     """What the run directories say of runs trained elsewhere (``--print_commands``) or changed
     since: an unfinished run whose directory reached its last step is done, one its trainer
-    stopped at a non-finite step diverged there; a done one whose directory lacks the eval of its
+    stopped at a non-finite step diverged there (at its last step too); a done one whose directory lacks the eval of its
     last step (recorded done before that counted), or whose metrics no longer reach that step
     (cut), is interrupted: a rerun redoes what is missing. A directory that cannot be read (no
     config.gin: deleted, or a store's read failing) changes nothing."""
@@ -278,11 +278,12 @@ class Sweep:
       if run.status == 'diverged':
         continue
       record = run_records.read_run(self.model_dir(run))
-      if run.status != 'done' and record.finished():
-        run.status, run.reason = 'done', None
-      elif run.status != 'done' and record.stopped_non_finite():
-        run.status, run.diverged_step = 'diverged', record.diverged_at() or record.step
+      if run.status != 'done' and record.stopped_non_finite():
+        at = record.diverged_at()
+        run.status, run.diverged_step = 'diverged', record.step if at is None else at
         run.reason = 'stopped at a non-finite step (read from its directory)'
+      elif run.status != 'done' and record.finished():
+        run.status, run.reason = 'done', None
       elif run.status == 'done' and record.total_steps is not None and not record.finished():
         # (only where its config.gin was read: an unreadable directory is no evidence)
         run.status, run.reason = 'interrupted', (

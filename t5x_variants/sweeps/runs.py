@@ -23,7 +23,9 @@ class RunRecord:
   diagnostics: List[dict]
   total_steps: Optional[int]
   params: Optional[int]
-  evaluates: bool = False  # it evaluates as it trains (its own evals after step 0, not t5xv-eval's)
+  # It evaluates as it trains (not t5xv-eval's evals): config.gin binds train.eval_period > 0 and an
+  # eval task, so the eval of its last step is due, or it logged its own evals after step 0.
+  evaluates: bool = False
   on_nonfinite: str = 'skip'  # train.on_nonfinite: 'stop' ends the run at a non-finite step
 
   @property
@@ -100,6 +102,14 @@ def _read(model_dir: str, name: str) -> str:
   return path.read_text() if path.exists() else ''
 
 
+def _bound(config: str, key: str) -> Optional[str]:
+  """The value a run's config.gin (gin's operative configuration) binds ``key`` to, as written, a
+  macro (``%NAME``) resolved; None if it binds none."""
+  found = re.search(rf'^{re.escape(key)} = (.+)$', config, re.M)
+  value = found.group(1).strip() if found else None
+  return _bound(config, value[1:]) if value and value.startswith('%') else value
+
+
 def _last_by_step(records: List[dict]) -> List[dict]:
   """One record per step (a resumed run logs some steps again: the latest wins), by step."""
   return sorted({r['step']: r for r in records}.values(), key=lambda r: r['step'])
@@ -123,17 +133,18 @@ def read_run(model_dir: str) -> RunRecord:
     if r.get('kind') == 'eval' and r.get('split', 'validation') == 'validation':
       evals.setdefault(r['task'], []).append(r)
   text = _read(model_dir, 'config.gin')
-  found = re.search(r'^train\.total_steps = (\d+)', text, re.M) or re.search(
-      r'^TRAIN_STEPS = (\d+)', text, re.M)
-  total_steps = int(found.group(1)) if found else None
-  on_nonfinite = re.search(r"^train\.on_nonfinite = '(\w+)'", text, re.M)
+  steps = _bound(text, 'train.total_steps') or _bound(text, 'TRAIN_STEPS')
+  total_steps = int(steps) if steps and steps.isdigit() else None
+  on_nonfinite = (_bound(text, 'train.on_nonfinite') or "'skip'").strip('\'"')
   found = re.search(r'Total number of parameters: ([\d,]+)', _read(model_dir, 'model-info.txt'))
   params = int(found.group(1).replace(',', '')) if found else None
-  evaluates = any('split' not in r and r['step'] > 0 for v in evals.values() for r in v)
+  period = _bound(text, 'train.eval_period') or ''
+  eval_task = _bound(text, 'train_eval/DatasetConfig.mixture_or_task_name')
+  scheduled = period.isdigit() and int(period) > 0 and eval_task not in (None, 'None', "''", '""')
+  evaluates = scheduled or any('split' not in r and r['step'] > 0 for v in evals.values() for r in v)
   # the tasks the run evaluates itself first (``task``), then those only t5xv-eval did
   evals = dict(sorted(evals.items(), key=lambda item: all('split' in r for r in item[1])))
   return RunRecord(model_dir, _last_by_step([r for r in records if r.get('kind') == 'train']),
                    {t: _evals_by_step(v) for t, v in evals.items()},
                    _last_by_step([r for r in records if r.get('kind') == 'diagnostics']),
-                   total_steps, params, evaluates,
-                   on_nonfinite.group(1) if on_nonfinite else 'skip')
+                   total_steps, params, evaluates, on_nonfinite)
