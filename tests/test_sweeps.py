@@ -16,7 +16,7 @@ import pytest
 from scipy import stats
 
 from conftest import needs_data_layer
-from t5x_variants.sweeps import grid, papers, report, runner, runs, statistics
+from t5x_variants.sweeps import grid, papers, plots, report, runner, runs, statistics
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
@@ -362,6 +362,19 @@ def test_depth_sweep_and_diagnostics_plots(tmp_path):
   for name in ('runs_curves', 'runs_final', 'runs_depth', 'runs_diagnostics'):
     assert f'({name}.png)' in text
     assert_png(tmp_path / 'out' / f'{name}.png')
+  # A second group of the same name (two sweep directories named alike) gets its own plots (it
+  # wrote over the first's, both sections showing them); one of a head's eval loss says so.
+  for d in dirs:
+    with open(os.path.join(d, 'metrics.jsonl')) as f:
+      lines = [l.replace('"log_perplexity"', '"loss"') if '"eval"' in l else l for l in f]
+    write_metrics(d.replace(str(tmp_path), str(tmp_path / 'loss')), [json.loads(l) for l in lines],
+                  total_steps=4)
+  losses = report.run_dirs_group([d.replace(str(tmp_path), str(tmp_path / 'loss')) for d in dirs])
+  text = report.write_report([group, losses], str(tmp_path / 'out'))
+  assert text.count('(runs_depth.png)') == 1 and '![eval loss by depth](runs_2_depth.png)' in text
+  assert '*Final held-out eval loss against layers per stack' in text
+  assert plots.depth_figure(losses, report.final_values, report.diverged_step).axes[0].get_ylabel() == (
+      'final eval loss')
 
 
 def test_print_commands_lists_the_unfinished_runs(tmp_path, capsys):
@@ -785,7 +798,6 @@ def test_grid_axis_names_and_binds_each_run(tmp_path):
       '--gin.learning_rate_schedule.base=3e-4', '--gin.TransformerConfig.num_decoder_layers=6']
   only_grid = grid.Sweep.build(str(tmp_path / 't'), [base], [], 1, grid=['NUM_HEADS=4'])
   assert [r.name for r in only_grid.runs] == ['NUM_HEADS=4-seed0']
-  from t5x_variants.sweeps import plots  # pylint: disable=g-import-not-at-top
   assert plots.depth_axis('pre_ln+base=3e-4+num_decoder_layers=12') == ('pre_ln+base=3e-4', 12)
 
 
@@ -896,7 +908,6 @@ def drawn(fig):
 @pytest.mark.parametrize('seeds', [1, 3])
 @pytest.mark.parametrize('variants', [['relu', 'geglu', 'swiglu'], [f'v{i}' for i in range(11)]])
 def test_plots_write_small_pngs_for_1_and_3_seeds_and_many_variants(tmp_path, seeds, variants):
-  from t5x_variants.sweeps import plots  # pylint: disable=g-import-not-at-top
   group = plot_group(variants, seeds, papers.GLU)
   written = plots.group_plots(group, str(tmp_path), report.final_values, report.diverged_step)
   assert [t for t, _ in written] == ['loss curves', 'final log-perplexity']
@@ -923,7 +934,6 @@ def test_plots_write_small_pngs_for_1_and_3_seeds_and_many_variants(tmp_path, se
 
 
 def test_plot_variants_differ_in_colour_and_marker_and_legends_stay_outside():
-  from t5x_variants.sweeps import plots  # pylint: disable=g-import-not-at-top
   variants = [f'v{i}' for i in range(11)]  # more than the palette's 8 colours
   group = plot_group(variants, 3)
   styles = [plots.style(i) for i in range(len(variants))]
@@ -947,7 +957,6 @@ def test_plot_variants_differ_in_colour_and_marker_and_legends_stay_outside():
 
 
 def test_plot_band_and_error_bar_are_the_report_t_interval():
-  from t5x_variants.sweeps import plots  # pylint: disable=g-import-not-at-top
   # 3 seeds at step 10: 4.0, 4.2, 4.4: mean 4.2, s = 0.2, t(0.975, 2) = 4.302653:
   # half-width 4.302653 * 0.2 / sqrt(3) = 0.496828. At step 20 one seed has not got there.
   seeds = [[(10, 4.0), (20, 3.0)], [(10, 4.2), (20, 3.2)], [(10, 4.4)]]
@@ -983,7 +992,6 @@ def test_plot_band_and_error_bar_are_the_report_t_interval():
 
 
 def test_final_plot_marks_the_papers_numbers_on_a_same_scale_axis():
-  from t5x_variants.sweeps import plots  # pylint: disable=g-import-not-at-top
   group = plot_group(['relu', 'mine', 'geglu', 'swiglu'], 3, papers.GLU)  # 'mine': not in the paper
   fig = drawn(plots.final_figure(group, report.final_values))
   ours, theirs = fig.axes

@@ -240,8 +240,9 @@ def depth_figure(group, final_values, diverged_step) -> Figure:
     ax.plot(bad, [0.95] * len(bad), 'x', color=colour, ms=9, mew=2,
             transform=ax.get_xaxis_transform())
   depths = sorted({d for points in lines.values() for d, _, _ in points})
-  ax.set(xlabel='layers per stack', ylabel='final log-perplexity', xscale='log')
-  ax.set_title('final log-perplexity by depth: mean, 95% t interval over seeds', fontsize=9)
+  metric = metric_name(group)
+  ax.set(xlabel='layers per stack', ylabel=f'final {metric}', xscale='log')
+  ax.set_title(f'final {metric} by depth: mean, 95% t interval over seeds', fontsize=9)
   ax.set_xticks(depths, [str(d) for d in depths])
   ax.minorticks_off()
   _legend_right(fig, [ax], 'placement', extra=[

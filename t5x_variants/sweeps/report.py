@@ -337,7 +337,7 @@ CAPTIONS = {
                             'non-diverged seeds with its 95% Student t interval as the error bar '
                             '(n under each name); hollow diamonds: the paper\'s numbers, on a '
                             'secondary axis of the same scale.',
-    'log-perplexity by depth': 'Final held-out log-perplexity against layers per stack, per '
+    'log-perplexity by depth': 'Final held-out {metric} against layers per stack, per '
                                'placement: mean and 95% t interval over seeds; x at the top: a '
                                'run diverged at that depth.',
     'per-layer diagnostics': 'DeepNet\'s model update ||F(x; θ_t) - F(x; θ_0)|| by step, and the '
@@ -364,9 +364,14 @@ def write_report(groups: Sequence[Group], out_dir: str, title: str = 'Sweep repo
   if baseline and baseline not in names:
     raise ValueError(f'--baseline {baseline!r} is no variant (or learning-rate curve) here; they '
                      'are: ' + ', '.join(dict.fromkeys(names)))
-  lines = [f'# {title}', '']
-  for group in groups:
-    lines += group_markdown(group, out_dir, baseline)
+  lines, used = [f'# {title}', ''], set()
+  for group in groups:  # two sweep directories of one name: the second's plots are NAME_2_*.png
+    name, n = group.name, 1
+    while name in used:
+      n += 1
+      name = f'{group.name}_{n}'
+    used.add(name)
+    lines += group_markdown(dataclasses.replace(group, name=name), out_dir, baseline)
   text = '\n'.join(lines)
   storage.write_text(storage.join(out_dir, 'report.md'), text)
   return text
