@@ -801,6 +801,19 @@ def test_grid_axis_names_and_binds_each_run(tmp_path):
   assert plots.depth_axis('pre_ln+base=3e-4+num_decoder_layers=12') == ('pre_ln+base=3e-4', 12)
 
 
+def test_a_grid_value_written_another_way_than_its_recorded_run_is_refused(tmp_path):
+  """A sweep rerun with 0.001 where its runs were made with 1e-3 trained that configuration again
+  under a new name, and the report counted the rate twice."""
+  base, pre = gin_files(tmp_path, 'base.gin', 'pre_ln.gin')
+  build = lambda values: grid.Sweep.build(str(tmp_path / 's'), [base], [pre], 1,
+                                          grid=[f'learning_rate_schedule.base={values}'])
+  build('1e-3').save()
+  with pytest.raises(grid.SweepError, match=r"recorded pre_ln\+base=0.001-seed0's configuration as "
+                     r'pre_ln\+base=1e-3-seed0 \(a grid value written another way\)'):
+    build('0.001,0.01').merge_previous()
+  build('1e-3,0.01').merge_previous()
+
+
 def test_a_grid_value_that_is_no_hashable_literal_is_taken_as_written():
   """(was: a TypeError from comparing it)"""
   assert [label for label, _ in grid.parse_grid('a.x={[1]:2},3')] == ['x=1_2', 'x=3']

@@ -249,7 +249,13 @@ class Sweep:
       raise SweepError(f'{self.sweep_dir} holds a sweep of other base gin files or bindings '
                        f'({" ".join(old.base + old.bindings)}); use another --sweep_dir')
     previous = {r.name: r for r in old.runs}
+    recorded = {_configuration(r): r.name for r in old.runs}
     for run in self.runs:  # a name holds only stems and a binding's last name component
+      named = recorded.get(_configuration(run), run.name)
+      if named != run.name:  # (a grid value written another way: 1e-3 after 0.001)
+        raise SweepError(f'{self.sweep_dir} recorded {run.name}\'s configuration as {named} (a '
+                         'grid value written another way): write the values as its runs were '
+                         'named, or use another --sweep_dir')
       was = previous.get(run.name)
       if was and (was.bindings != run.bindings or len(was.variant_files) != len(run.variant_files)
                   or not all(map(_same_file, was.variant_files, run.variant_files))):
@@ -310,6 +316,12 @@ def _literal(value: str):
   if isinstance(parsed, (int, float)) and not isinstance(parsed, bool):
     return 'number', float(parsed)
   return type(parsed).__name__, repr(parsed)
+
+
+def _configuration(run: Run) -> tuple:
+  """What a run trains: its variant files, its grid values as gin reads them, its seed."""
+  values = tuple((binding_key(b), _literal(b.partition('=')[2].strip())) for b in run.bindings)
+  return tuple(map(os.path.realpath, run.variant_files)), values, run.seed
 
 
 def _digest(path: str) -> str:
