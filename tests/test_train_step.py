@@ -214,3 +214,16 @@ def test_a_synthetic_prefix_lm_batch_has_seqios_layout(packed):
   np.testing.assert_array_equal(b['decoder_causal_attention'], [example[0] * repeat] * 2)
   np.testing.assert_array_equal(b['decoder_loss_weights'], [example[1] * repeat] * 2)
   assert b['decoder_target_tokens'].shape == (2, 10)
+
+
+def test_evaluation_counts_every_token_of_a_large_split_exactly():
+  """Each batch's sums (float32 on the device) are added on the host: kept as float32 totals on
+  the device they stopped counting exactly past 2**24 tokens, biasing the loss (2,000 batches of
+  16,383 tokens counted 32,766,976 tokens)."""
+  from t5x_variants.train import evaluation  # pylint: disable=g-import-not-at-top
+  mesh = partitioning.MeshConfig().mesh()
+  step = jax.jit(lambda params, batch: {k: jnp.sum(batch['tokens'], dtype=jnp.float32) * v for k, v in
+                                        {'loss': 2.5, 'z_loss': 0.0, 'correct': 0.5, 'num_tokens': 1.0}.items()})
+  batch = {'tokens': np.full((1, 16383), 1, np.int32)}
+  out = evaluation.evaluate(step, None, (batch for _ in range(2000)), mesh)
+  assert out == {'loss': 2.5, 'log_perplexity': 2.5, 'token_accuracy': 0.5, 'num_tokens': 32766000.0}

@@ -13,9 +13,9 @@ metrics of text-to-text tasks. A regression head reports no token accuracy or lo
 'loss' is the mean squared error.
 """
 import itertools
+import math
 from typing import Callable, Dict, Iterable, Optional, Sequence
 
-import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -41,15 +41,17 @@ def evaluate(eval_step, params, batches: Iterable[Dict[str, np.ndarray]], mesh,
   process holds whole (checked: ``multihost.same_batches``; ``name`` names them in its error);
   each feeds its own rows. ``metric_fns``: applied to a classification head's (labels,
   predictions) of the examples with weight > 0."""
-  totals, rows = None, []
+  sums, rows = [], []
   for batch in multihost.same_batches(name, itertools.islice(batches, max_batches)):
-    sums = eval_step(params, partitioning.global_batch(partitioning.host_rows(batch, mesh), mesh))
-    if 'rows' in sums:
-      rows.append(partitioning.to_host(sums.pop('rows')))
-    totals = sums if totals is None else jax.tree_util.tree_map(jax.numpy.add, totals, sums)
-  if totals is None:
+    sums.append(eval_step(params, partitioning.global_batch(partitioning.host_rows(batch, mesh),
+                                                            mesh)))
+    if 'rows' in sums[-1]:
+      rows.append(partitioning.to_host(sums[-1].pop('rows')))
+  if not sums:
     raise ValueError('the evaluation data is empty')
-  totals = jax.tree_util.tree_map(float, partitioning.to_host(totals))
+  # Added on the host, exactly rounded: float32 totals stop counting tokens exactly past 2**24.
+  sums = [partitioning.to_host(s) for s in sums]
+  totals = {k: math.fsum(float(s[k]) for s in sums) for k in sums[0]}
   n = max(totals['num_tokens'], 1.0)
   out = {'loss': totals['loss'] / n, 'log_perplexity': (totals['loss'] - totals['z_loss']) / n,
          'token_accuracy': totals['correct'] / n, 'num_tokens': totals['num_tokens']}
