@@ -321,19 +321,23 @@ def test_bad_input_gives_one_clear_error(argv, message, capsys):
 
 def test_tasks_registered_with_one_vocabulary_are_registered_again_with_another():
   """In one process (t5xv-quickstart's steps, a notebook, the tests), a command that binds another
-  vocabulary got the tasks of the first one: registration was once per process."""
+  vocabulary got the tasks of the first one: registration was once per process. The vocabulary
+  is gin's alone (one passed to register_tasks was undone by the next task lookup)."""
+  import gin  # pylint: disable=g-import-not-at-top
   import seqio  # pylint: disable=g-import-not-at-top
   from t5x_variants.data import tasks, vocab  # pylint: disable=g-import-not-at-top
-  embedded, byte = vocab.vocabulary(), seqio.ByteVocabulary(extra_ids=vocab.EXTRA_IDS)
-  output = lambda name: tasks.output_vocabulary(seqio.get_mixture_or_task(name))
+  embedded = vocab.vocabulary()
+  output = lambda name: tasks.output_vocabulary(tasks.get_task_or_mixture(name))
   try:
-    tasks.register_tasks(embedded)
+    tasks.register_tasks()
     assert output('embedded_lm') == embedded
-    assert tasks.register_tasks(vocab.vocabulary()) == []  # the same one: nothing again
-    assert 'embedded_lm' in tasks.register_tasks(byte)
-    assert output('embedded_lm') == byte and output('glue_rte_cls') == byte
+    assert tasks.register_tasks() == []  # the same one: nothing again
+    gin.parse_config("vocabulary.kind = 'bytes'")
+    assert 'embedded_lm' in tasks.register_tasks()
+    assert isinstance(output('embedded_lm'), seqio.ByteVocabulary)
+    assert isinstance(output('glue_rte_cls'), seqio.ByteVocabulary)
   finally:
-    tasks.register_tasks(embedded)
+    gin.clear_config()
   assert output('embedded_lm') == embedded
 
 

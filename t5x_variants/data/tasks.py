@@ -133,12 +133,13 @@ def _unregister_if_other(vocabulary: seqio.Vocabulary):
 
 
 @gin.configurable
-def register_tasks(vocabulary: seqio.Vocabulary = None, squad_dir: Optional[str] = None) -> List[str]:
-  """Registers every task and mixture with ``vocabulary`` (default: the gin-bound one), again if
-  they were registered with another (idempotent otherwise); returns the names registered by this
-  call. ``squad_dir``: the original SQuAD files (default: env SQUAD_DIR)."""
+def register_tasks(squad_dir: Optional[str] = None) -> List[str]:
+  """Registers every task and mixture with the gin-bound vocabulary, again if they were registered
+  with another (idempotent otherwise); returns the names registered by this call. The vocabulary
+  is gin's alone: one passed here was replaced by gin's at the next task lookup, which registers
+  again. ``squad_dir``: the original SQuAD files (default: env SQUAD_DIR)."""
   from t5x_variants.data import classification, glue, squad  # pylint: disable=g-import-not-at-top
-  vocabulary = vocabulary or vocab.vocabulary()
+  vocabulary = vocab.vocabulary()
   _unregister_if_other(vocabulary)
   names = lambda: set(seqio.TaskRegistry.names()) | set(seqio.MixtureRegistry.names())
   before = names()
