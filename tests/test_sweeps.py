@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -1163,6 +1164,20 @@ def test_a_run_killed_by_sigterm_while_it_starts_is_interrupted_not_failed(tmp_p
     assert run.status == 'interrupted' and run.reason is None
   runner._outcome(run, -9, False, str(log), 0)
   assert run.status == 'failed' and 'exit status -9' in run.reason
+
+
+def test_a_run_interrupted_as_it_diverged_keeps_no_divergence_step(tmp_path):
+  """A signal while the trainer stops at a non-finite step records the run interrupted; it kept
+  the divergence's step, so once resumed and finished the report left it out as diverged."""
+  base, relu = gin_files(tmp_path, 'base.gin', 'relu.gin')
+  sweep = grid.Sweep.build(str(tmp_path / 's'), [base], [relu], 1)
+  run, log = sweep.runs[0], tmp_path / 'train.log'
+  log.write_text('t5xv-train: error: non-finite from step 7: the loss or gradients are not finite\n')
+  runner._end(sweep, runner._Attempt(run, None, str(log), 0, time.time(), 0.0), 1, interrupted=True)
+  assert (run.status, run.diverged_step) == ('interrupted', None)
+  run.diverged_step = 7  # (as recorded before): a finished attempt clears it
+  runner._outcome(run, 0, True, str(log), len(log.read_text()))
+  assert (run.status, run.diverged_step) == ('done', None)
 
 
 def test_a_run_whose_data_ran_out_before_its_last_step_failed_with_that_line(tmp_path):

@@ -34,7 +34,7 @@ def _outcome(run: Run, returncode: int, finished: bool, log_file: str, log_start
     lines = [l.strip() for l in f]
   ran_out = [m.group(0) for m in map(RAN_OUT.search, lines) if m]
   if returncode in (0, 130, -signal.SIGTERM, -signal.SIGINT) and (finished or not ran_out):
-    run.status, run.reason = ('done', None) if finished else ('interrupted', None)
+    run.status, run.reason, run.diverged_step = 'done' if finished else 'interrupted', None, None
     return
   errors = [l for l in lines if 'error:' in l]
   if ran_out and not errors:
@@ -121,8 +121,8 @@ def _end(sweep: Sweep, attempt: _Attempt, returncode: int, interrupted: bool) ->
   _outcome(run, returncode, finished, attempt.log_file, attempt.log_start)
   if storage.scheme(sweep.sweep_dir):
     storage.copy(attempt.log_file, storage.join(sweep.model_dir(run), 'train.log'))
-  if interrupted and not finished:
-    run.status, run.reason = 'interrupted', None
+  if interrupted and not finished:  # (a divergence at that moment is found again when resumed)
+    run.status, run.reason, run.diverged_step = 'interrupted', None, None
   sweep.save()
   return seconds
 
