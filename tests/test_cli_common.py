@@ -232,3 +232,13 @@ def test_quickstart_takes_its_directory_either_way():
     with pytest.raises(SystemExit) as e:
       quickstart.split_args(['--model_dir=/tmp/q', flag])
     assert e.value.code == 2
+
+
+def test_gin_flags_of_both_forms_apply_in_their_command_line_order():
+  """The later of two bindings of one key wins, as in T5X: every --gin.KEY=VALUE went after all
+  --gin_bindings, so a --gin_bindings given after it was silently overridden."""
+  parser = common.parser('t5xv-x', 'doc')
+  flags = ['--gin.d_model=8', '--gin_bindings=d_model=16', '--gin.heads=2']
+  assert common.parse_args(parser, flags).gin_bindings == ['d_model = 8', 'd_model=16', 'heads = 2']
+  with pytest.raises(SystemExit):
+    common.parse_args(parser, ['--gin.d_model', '8'])

@@ -75,16 +75,17 @@ def parser(prog: str, doc: str, processes: bool = True) -> ArgumentParser:
 
 def parse_args(p: argparse.ArgumentParser, argv: Optional[Sequence[str]]):
   """Parses argv (default: sys.argv), turning every ``--gin.KEY=VALUE`` into a binding
-  ``KEY = VALUE``, and applies ``--verbosity``."""
-  gin_dotted, rest = [], []
+  ``KEY = VALUE`` where it stands among the ``--gin_bindings`` (the later of two wins, as in
+  T5X), and applies ``--verbosity``."""
+  rewritten = []
   for arg in sys.argv[1:] if argv is None else argv:
-    (gin_dotted if arg.startswith('--gin.') else rest).append(arg)
-  args = p.parse_args(rest)
-  for arg in gin_dotted:
-    key, sep, value = arg[len('--gin.'):].partition('=')
-    if not sep:
-      p.error(f'{arg}: expected --gin.KEY=VALUE')
-    args.gin_bindings.append(f'{key} = {value}')
+    if arg.startswith('--gin.'):
+      key, sep, value = arg[len('--gin.'):].partition('=')
+      if not sep:
+        p.error(f'{arg}: expected --gin.KEY=VALUE')
+      arg = f'--gin_bindings={key} = {value}'
+    rewritten.append(arg)
+  args = p.parse_args(rewritten)
   set_verbosity(args.verbosity)
   return args
 
