@@ -1,5 +1,6 @@
 """Loss, Adafactor with scanned layers, and the train step (accumulation, NaN skip,
 sharded == single device)."""
+import functools
 import json
 import os
 import subprocess
@@ -121,14 +122,32 @@ def test_a_non_finite_step_is_skipped():
   after, m = step(bad, synthetic_batch(), jax.random.PRNGKey(0))
   assert int(m['skipped']) == 1 and int(after.step) == 1  # counted, not applied
   jax.tree_util.tree_map(np.testing.assert_array_equal, jax.tree_util.tree_map(np.asarray, after.params), before)
-  # The optimizer's step counts advance with the state's (the schedule's rate logged is the one
-  # the next step applies); its statistics are kept.
+  # The schedule's and Adafactor's step counts advance with the state's (the schedule's rate
+  # logged is the one the next step applies); its statistics are kept.
   leaves = jax.tree_util.tree_leaves_with_path
   for (path, was), (_, now) in zip(leaves(statistics), leaves(after.opt_state)):
     if getattr(path[-1], 'name', None) == 'count':
       np.testing.assert_array_equal(now, np.asarray(was) + 1)
     else:
       np.testing.assert_array_equal(now, was)
+
+
+def test_a_skipped_step_leaves_adams_update_as_if_it_had_not_been():
+  """Adam's count stays with its moments: a skipped step, then a finite one, updates the
+  parameters as the finite one alone (its count had advanced, so the first applied update was
+  bias-corrected for two steps: 0.744 of Adam's first step)."""
+  mesh = partitioning.make_mesh(devices=jax.devices()[:1])
+  state, step = setup(mesh, optimizer_fn=optimizer.adam)
+  copy = lambda tree: jax.tree_util.tree_map(jnp.array, tree)  # (the step donates its state)
+  nan = synthetic_batch()
+  nan['decoder_loss_weights'] = np.asarray(nan['decoder_loss_weights'], np.float32)
+  nan['decoder_loss_weights'][0, 0] = np.nan
+  alone, _ = step(copy(state), synthetic_batch(), jax.random.PRNGKey(0))
+  skipped, m = step(copy(state), nan, jax.random.PRNGKey(0))
+  after, _ = step(skipped, synthetic_batch(), jax.random.PRNGKey(0))
+  assert int(m['skipped']) == 1 and (int(alone.step), int(after.step)) == (1, 2)
+  jax.tree_util.tree_map(functools.partial(np.testing.assert_allclose, rtol=1e-6, atol=1e-7),
+                         after.params, alone.params)
 
 
 @pytest.mark.slow
