@@ -288,6 +288,26 @@ def test_leftovers_that_cannot_be_deleted_at_start_up_are_a_warning(tmp_path, mo
   ckpt.close()
 
 
+def test_what_the_non_finite_guard_counted_is_kept_with_a_checkpoint(tmp_path):
+  """Restored into the resumed run's guard; a checkpoint saved without it (before it was kept)
+  leaves the guard as it is."""
+  from t5x_variants.train.nonfinite import NonFiniteGuard  # pylint: disable=g-import-not-at-top
+  guard = NonFiniteGuard('skip', 5)
+  for step, skipped in ((1, 0), (2, 1), (3, 1)):
+    guard.check(step, {'skipped': skipped, 'loss': float('nan') if skipped else 1.0})
+  ckpt = checkpoints.Checkpointer(str(tmp_path), period=1, keep=None, async_save=False)
+  ckpt.save(3, state(3), guard=guard)
+  ckpt.save(4, state(4))
+  ckpt.close()
+  abstract = jax.tree_util.tree_map(lambda x: x, state(0))
+  resumed = NonFiniteGuard('skip', 5)
+  checkpoints.Checkpointer(str(tmp_path)).restore(3, abstract, guard=resumed)
+  assert resumed.state() == guard.state() == {'skipped': 2, 'applied': True, 'first': [2, 'nan']}
+  fresh = NonFiniteGuard('skip', 5)
+  checkpoints.Checkpointer(str(tmp_path)).restore(4, abstract, guard=fresh)
+  assert fresh.state() == {'skipped': 0, 'applied': False, 'first': None}
+
+
 def test_keep_n_counts_committed_checkpoints_and_deletes_none_at_start_up(tmp_path):
   """A save in flight is not one of the kept (its commit may fail: the one before must stay), and
   a Checkpointer that has saved nothing deletes nothing (a run refused at start-up, e.g. resumed

@@ -210,6 +210,30 @@ def test_skipped_steps_in_a_row_stop_the_run(tmp_path):
     assert not list((tmp_path / f'b{period}').glob('checkpoint_*'))
 
 
+def test_a_resumed_run_is_judged_non_finite_as_the_uninterrupted_one(tmp_path, monkeypatch):
+  """What the guard counted is kept with each checkpoint. Before, a session resumed at step 4
+  whose steps 5-6 were skipped stopped as a run 'that applied no update' (at every rerun: the
+  run could never finish), where the uninterrupted run finished; and a row of skipped steps
+  3-5 began counting again at the resume, so max_skipped_in_a_row 3 never stopped it."""
+  from t5x_variants.train import preemption  # pylint: disable=g-import-not-at-top
+  reached = preemption.Preemption.reached
+  for poison, kwargs in (((5, 6), {}), ((3, 4, 5), {'max_skipped_in_a_row': 3})):
+    batches = functools.partial(StepBatches, poison=poison)
+    outcomes = []
+    for name in ('whole', 'resumed'):
+      if name == 'resumed':  # a stop after step 4, then the same command
+        monkeypatch.setattr(preemption.Preemption, 'reached', lambda self, step: step == 4)
+        run_train(tmp_path / f'{poison}{name}', 6, period=2, batches=batches, **kwargs)
+        monkeypatch.setattr(preemption.Preemption, 'reached', reached)
+      try:
+        outcomes.append(run_train(tmp_path / f'{poison}{name}', 6, period=2, batches=batches,
+                                  **kwargs)['step'])
+      except trainer.NonFiniteLossError as e:
+        outcomes.append(str(e).split(';')[0])
+    assert outcomes[0] == outcomes[1], outcomes
+  assert outcomes[0].startswith('non-finite from step 3: 3 steps in a row')
+
+
 def test_an_unreadable_latest_checkpoint_falls_back_to_the_previous_one(reference, tmp_path):
   """With checkpoint_4's state files overwritten by garbage, resuming moves it to
   ``checkpoint_4.unreadable``, restarts from checkpoint_2 (the next step logged is 3) and

@@ -1,9 +1,10 @@
 """Orbax checkpoints of the train state and of every host's data-iterator position.
 
 A checkpoint is ``MODEL_DIR/checkpoint_<step>/`` holding ``state`` (the sharded TrainState,
-written asynchronously; each process writes its own shards) and ``data`` (one file set per host,
+written asynchronously; each process writes its own shards), ``data`` (one file set per host,
 written by the iterator's own ``save(prefix)``, e.g. tf.data iterator checkpointing:
-``data_position``), so that a resumed run continues with exactly the batches it would have seen.
+``data_position``) and ``nonfinite`` (the trainer's NonFiniteGuard's counts, JSON), so that a
+resumed run continues with exactly the batches it would have seen, judged as it would have been.
 Orbax writes into a temporary directory and renames it when complete (on gs:// it writes
 ``commit_success.txt`` last), so a crash never leaves a half-written checkpoint listed, and keep-N
 takes one out of the listing before it deletes it (``Checkpointer._delete_old``). A checkpoint
@@ -29,6 +30,7 @@ PREFIX = 'checkpoint'
 # Where keep-N moves a checkpoint on a file system before deleting it (Checkpointer._delete_old).
 DELETED = 'deleted_checkpoints'
 COMMITTED = 'commit_success.txt'  # orbax's last object of a save on a store: listed only with it
+NONFINITE = 'nonfinite'  # the item of what the trainer's NonFiniteGuard has counted (JSON)
 log = logging.getLogger(__name__)
 # Orbax's own step naming: finds and builds ``checkpoint_<step>`` names (a regex on the whole name,
 # committed directories only), for the manager and for the functions below alike.
@@ -82,14 +84,17 @@ class Checkpointer:
   def steps(self):
     return sorted(s for s in self.manager.all_steps() if s not in self._deleted)
 
-  def save(self, step: int, state, data_iterator=None, force: bool = False) -> bool:
+  def save(self, step: int, state, data_iterator=None, force: bool = False, guard=None) -> bool:
     """Starts saving ``state`` at ``step`` if it is a period step or ``force``; True if started.
-    A step already saved is not saved again (orbax refuses it unless forced, and then raises)."""
+    A step already saved is not saved again (orbax refuses it unless forced, and then raises).
+    ``guard``: the trainer's NonFiniteGuard, whose ``state()`` is kept with it."""
     if force and step in self.manager.all_steps():
       return False
     items = {'state': ocp.args.StandardSave(state)}
     if data_position.resumable(data_iterator):
       items['data'] = data_position.DataIteratorSave(data_iterator)
+    if guard is not None:
+      items[NONFINITE] = ocp.args.JsonSave(guard.state())
     try:
       started = self.manager.save(step, args=ocp.args.Composite(**items), force=force)
     except Exception as e:  # pylint: disable=broad-except  (this save's, or the previous one's)
@@ -188,7 +193,7 @@ class Checkpointer:
     return CheckpointError(f'saving a checkpoint in {self.model_dir} failed ({reason}). {intact}; '
                            f'{unfinished}')
 
-  def restore_latest(self, abstract_state, data_iterator=None):
+  def restore_latest(self, abstract_state, data_iterator=None, guard=None):
     """(state, step) of the newest readable checkpoint, laid out as ``abstract_state`` says (its
     shardings may differ from the saving run's: another mesh or device count); None if there is no
     checkpoint. A checkpoint of another run configuration raises CheckpointError: other parameter
@@ -218,7 +223,7 @@ class Checkpointer:
               f'{path} holds {", ".join(sorted(saved))} but no '
               f'{", ".join(sorted(wanted - set(saved)))} (as t5xv-import writes parameters only): '
               f'train from it in a new model_dir with --gin.train.init_checkpoint="\'{path}\'"')
-        state = self.restore(step, abstract_state, data_iterator)
+        state = self.restore(step, abstract_state, data_iterator, guard)
       except ReadError as e:  # on every process at once
         if e.outside:
           raise _outside_error(path, str(e)) from e
@@ -274,9 +279,11 @@ class Checkpointer:
                             f'aside ({reason}): rename them yourself and rerun') from error
     self.manager.reload()
 
-  def restore(self, step: int, abstract_state, data_iterator=None):
-    """The state of checkpoint ``step``, then its data position into ``data_iterator``; a part
-    that any process could not read raises ReadError on every process."""
+  def restore(self, step: int, abstract_state, data_iterator=None, guard=None):
+    """The state of checkpoint ``step``, then its data position into ``data_iterator`` and what
+    its NonFiniteGuard had counted into ``guard`` (``load``; a checkpoint saved before that was
+    kept leaves it as it is); a part that any process could not read raises ReadError on every
+    process."""
     path = ocp.step.build_step_path(self.model_dir, _NAME_FORMAT, step)
     target = ocp.args.StandardRestore(abstract_arrays(abstract_state))
     state = finite(read_with(ocp.StandardCheckpointHandler(), 'state',
@@ -284,6 +291,10 @@ class Checkpointer:
     if data_position.resumable(data_iterator):
       read_on_every_process('data', lambda: data_position.DataIteratorHandler().restore(
           path / 'data', args=data_position.DataIteratorRestore(data_iterator)))
+    if guard is not None and multihost.process0_says(f'looking for {path / NONFINITE}',
+                                                     (path / NONFINITE).exists):
+      guard.load(read_with(ocp.JsonCheckpointHandler(), NONFINITE,
+                           lambda handler: handler.restore(path / NONFINITE)))
     return state
 
 

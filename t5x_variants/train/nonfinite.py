@@ -43,37 +43,49 @@ def diverged_step(line: str) -> Optional[int]:
 class NonFiniteGuard:
   """``on_nonfinite`` applied to each step read: a step whose update was skipped (its loss or
   gradients were not finite) stops the run ('stop') or is let pass ('skip'), up to
-  ``max_skipped_in_a_row`` in a row; a run that applied no update at all stops at its end."""
+  ``max_skipped_in_a_row`` in a row; a run that applied no update at all stops at its end. What
+  it has counted is kept with each checkpoint (``state``, ``load``): a resumed run is judged as
+  the uninterrupted one (a row of skipped steps goes on counting across the resume, and a run
+  that applied updates before it is not one that applied none)."""
 
   def __init__(self, on_nonfinite: str, max_skipped_in_a_row: int):
     if on_nonfinite not in NONFINITE:
       raise ValueError(f'unknown on_nonfinite {on_nonfinite!r}; valid: {", ".join(NONFINITE)}')
     self.on_nonfinite, self.max_skipped_in_a_row = on_nonfinite, max_skipped_in_a_row
-    self.skipped = []  # the skipped steps since the last applied one: (step, loss)
-    self.applied = 0
+    self.skipped = 0  # the skipped steps since the last applied one
+    self.first = None  # (step, loss) of the first of them
+    self.applied = False  # whether any step of the run applied its update
+
+  def state(self) -> dict:
+    return {'skipped': self.skipped, 'applied': self.applied,
+            'first': self.first and [self.first[0], str(self.first[1])]}
+
+  def load(self, state: Mapping):
+    self.skipped, self.applied = int(state['skipped']), bool(state['applied'])
+    self.first = state['first'] and (int(state['first'][0]), state['first'][1])
 
   def check(self, step: int, metrics: Mapping[str, float]):
     """Counts ``step`` (metrics on the host); raises NonFiniteStop if the run stops there."""
     if not metrics['skipped']:
-      self.skipped.clear()
-      self.applied += 1
+      self.skipped, self.first, self.applied = 0, None, True
       return
     if self.on_nonfinite == 'stop':
       raise NonFiniteStop(step, step, f'the loss or gradients are not finite (loss '
                           f'{metrics["loss"]})', "or set train.on_nonfinite='skip'")
-    self.skipped.append((step, metrics['loss']))
-    if len(self.skipped) >= self.max_skipped_in_a_row:
-      first_step, first_loss = self.skipped[0]
-      raise NonFiniteStop(step, first_step, f'{len(self.skipped)} steps in a row had a non-finite '
-                          f"loss or gradients (the first's loss {first_loss})",
+    self.skipped += 1
+    self.first = self.first or (step, metrics['loss'])
+    if self.skipped >= self.max_skipped_in_a_row:
+      raise NonFiniteStop(step, self.first[0], f'{self.skipped} steps in a row had a non-finite '
+                          f"loss or gradients (the first's loss {self.first[1]})",
                           'or check the data against the model (e.g. its vocab_size); '
                           'train.max_skipped_in_a_row sets how many are tolerated')
     log.warning('step %d: non-finite loss or gradients, update skipped', step)
 
   def check_run(self, start: int, step: int):
-    """Raises NonFiniteStop if the run from ``start`` to ``step`` applied none of its steps."""
+    """Raises NonFiniteStop if the run, resumed at ``start`` and now at ``step``, applied none of
+    its steps (in this session or before it)."""
     if step > start and not self.applied:
-      first_step, first_loss = self.skipped[0]
-      raise NonFiniteStop(step, first_step, f'every step of this run ({start + 1} to {step}) had a '
-                          f'non-finite loss or gradients, the first with loss {first_loss}',
+      first, loss = self.first
+      raise NonFiniteStop(step, first, f'every step of this run ({first} to {step}) had a '
+                          f'non-finite loss or gradients, the first with loss {loss}',
                           'or check the data')

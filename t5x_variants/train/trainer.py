@@ -64,12 +64,14 @@ class ShardedModel:
     return cls(config, mesh, model, layout, schedule, rng, inputs)
 
   def restore_or_init(self, ckpt: checkpoints.Checkpointer, data, model_dir: str,
-                      init_checkpoint: Optional[str], init_optimizer: bool):
-    """(state, step): the newest readable checkpoint's (and ``data``'s position), else step 0
+                      init_checkpoint: Optional[str], init_optimizer: bool,
+                      guard: Optional[NonFiniteGuard] = None):
+    """(state, step): the newest readable checkpoint's (and ``data``'s position, and what
+    ``guard`` had counted), else step 0
     from ``init_checkpoint``: its parameters, and with ``init_optimizer`` its optimizer state
     where it has one (``pretrained.restore_state``), else a fresh optimizer state; else a fresh
     state."""
-    restored = ckpt.restore_latest(self.layout.abstract, data)
+    restored = ckpt.restore_latest(self.layout.abstract, data, guard)
     if restored:
       log.info('resumed from step %d in %s', restored[1], model_dir)
       return restored
@@ -175,7 +177,7 @@ class _Run:
     could not write stops every process before the save (``MetricsLogger.check``)."""
     if force or self.step % self.ckpt.period == 0:
       self.logger.check()
-    if self.ckpt.save(self.step, self.state, self.data, force=force):
+    if self.ckpt.save(self.step, self.state, self.data, force=force, guard=self.guard):
       self.logger.flush()
       self.meter.resume()
 
@@ -344,7 +346,7 @@ def _finish(run: _Run, evaluator: Evaluator, start: int, total_steps: int, eval_
   run.meter.flush(run.step)
   try:
     run.logger.check()
-    run.ckpt.save(run.step, run.state, run.data, force=True)
+    run.ckpt.save(run.step, run.state, run.data, force=True, guard=run.guard)
     if (eval_period and run.step % eval_period and run.step == total_steps and run.step > start
         and not stopped):
       evaluator(run.step, run.state.params)
@@ -403,7 +405,8 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
   data = multihost.agree('building the training data', train_data)
   ckpt = checkpoints.Checkpointer(model_dir)
   _check_vocabulary(model_dir, files or {}, lambda: bool(ckpt.steps()))
-  state, start = sharded.restore_or_init(ckpt, data, model_dir, init_checkpoint, init_optimizer)
+  state, start = sharded.restore_or_init(ckpt, data, model_dir, init_checkpoint, init_optimizer,
+                                         guard)
   _write_run_files(model_dir, config, files or {})  # after restoring: a refused resume keeps them
   loss = dict(label_smoothing=label_smoothing, z_loss=z_loss,
               loss_normalizing_factor=loss_normalizing_factor)
