@@ -17,7 +17,8 @@ dense boolean ``mask``; both describe the same attention, and tests hold the two
 Decoding: with ``decode=True`` keys and values live in the ``cache`` collection. The first call
 (during ``init``) creates the cache from the full-length input; every later call takes one token
 (or a decoder-only model's prompts, the prefill), writes its keys and values from
-``decode_position`` on and attends over the cache under the given mask.
+``decode_position`` on and attends over the cache under the given mask. Cross-attention's keys
+and values, of the encoder's output, are projected once (``_keys_or_values``).
 """
 import functools
 from typing import Any, NamedTuple, Optional, Tuple
@@ -154,6 +155,7 @@ class Attention(nn.Module):
   synthesizer_hidden: str = 'query'
   kernel: str = 'xla'
   causal: bool = False
+  cross: bool = False  # keys and values of the encoder's output (cached once in decoding)
   dtype: Any = jnp.float32
 
   def _cached(self, name, x, write: CacheWrite):
@@ -167,6 +169,24 @@ class Attention(nn.Module):
                   x.astype(var.value.dtype))
     var.value = jax.lax.dynamic_update_slice(var.value, x, start)
     return var.value
+
+  def _keys_or_values(self, name, gain, x_kv, project, decode: bool, write: Optional[CacheWrite]):
+    """The ``name`` ('key', 'value') projection of ``x_kv``. In decoding, self-attention's are
+    written into the cache at ``write``; cross-attention's (``cross``: ``x_kv`` is the encoder's
+    output, the same at every step) are projected once and read from the cache at every later
+    step (rows of one input's beams hold the same, so beam search leaves them): when an ``apply``
+    makes the cache (train/decoding.py), else at the first step (a cache made by ``init``, whose
+    parameters are not the ones decoding, holds an empty placeholder)."""
+    if not decode:
+      return project(name, gain, x_kv)
+    if not self.cross:
+      return self._cached(f'cached_{name}', project(name, gain, x_kv), write)
+    cached = self.get_variable('cache', f'encoded_{name}')
+    if cached is not None and cached.shape[1]:
+      return cached
+    y = project(name, gain, x_kv)
+    self.put_variable('cache', f'encoded_{name}', y[:, :0] if self.is_initializing() else y)
+    return y
 
   def _component(self, name):
     kw = dict(max_length=self.max_length, name=name)
@@ -205,9 +225,7 @@ class Attention(nn.Module):
     project = lambda name, gain, x: checkpoint_name(
         dense((self.num_heads, self.head_dim), ('embed',), ('heads', 'kv'), gain=gain, name=name)(x),
         f'{name}_proj')
-    value = project('value', self.gain, x_kv)
-    if decode:
-      value = self._cached('cached_value', value, decode_position)
+    value = self._keys_or_values('value', self.gain, x_kv, project, decode, decode_position)
     fused = fused_attention.choose(
         self.kernel, '/'.join(self.scope.path), x_q.shape[1], value.shape[1], bias is not None,
         components=self.components,
@@ -223,9 +241,7 @@ class Attention(nn.Module):
     logits = []
     for name in self.components:
       if name == 'dot_product':
-        key = project('key', 1.0, x_kv)
-        if decode:
-          key = self._cached('cached_key', key, decode_position)
+        key = self._keys_or_values('key', 1.0, x_kv, project, decode, decode_position)
         if fused:  # a cached decode step (one query) is causal through its key lengths
           y = fused_attention.attend(query, key, value, bias, lengths,
                                      self.causal and x_q.shape[1] > 1, fused)

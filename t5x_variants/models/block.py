@@ -53,9 +53,11 @@ class TransformerLayer(nn.Module):
         decode_position=decode_position, deterministic=self.deterministic)), norm('attention'))
     if self.cross_attention:
       plain = c.placement == 'subln' and not c.subln_cross_attention  # Magneto's code
-      cross = attn(name='encoder_decoder_attention', **(dict(gain=1.0, inner_norm=None) if plain else {}))
+      cross = attn(name='encoder_decoder_attention', cross=True,
+                   **(dict(gain=1.0, inner_norm=None) if plain else {}))
       x = add(x, lambda h: drop(cross(h, encoded, None, None, cross_mask, lengths=cross_lengths,
-                                      deterministic=self.deterministic)), norm('cross_attention'))
+                                      decode=self.decode, deterministic=self.deterministic)),
+              norm('cross_attention'))
     mlp = MlpBlock(c.activations, c.ffn_hidden_dim, c.init_scheme, gain, c.use_bias, inner,
                    c.norm_epsilon, c.rate('activation'), c.dropout_broadcast_dims, dtype, name='mlp')
 
