@@ -328,6 +328,8 @@ def test_tasks_registered_with_one_vocabulary_are_registered_again_with_another(
   from t5x_variants.data import tasks, vocab  # pylint: disable=g-import-not-at-top
   embedded = vocab.vocabulary()
   output = lambda name: tasks.output_vocabulary(tasks.get_task_or_mixture(name))
+  with pytest.raises(TypeError):
+    tasks.register_tasks(embedded)  # pylint: disable=too-many-function-args
   try:
     tasks.register_tasks()
     assert output('embedded_lm') == embedded

@@ -112,6 +112,16 @@ def test_cross_attention_keys_and_values_are_projected_once_when_the_cache_is_ma
   logits, _ = step(made, encoded, first)
   other, _ = step(made, jnp.zeros_like(encoded), first)
   np.testing.assert_array_equal(np.asarray(other), np.asarray(logits))
+  # A cache made by init (other parameters) keeps none: its steps project them, and it goes
+  # through a loop unchanged in structure (an empty placeholder filled at the first step did not).
+  by_init = s.model.init(jax.random.PRNGKey(1), enc, jnp.zeros((4, M), jnp.int32), decode=True)['cache']
+  assert not {'encoded_key', 'encoded_value'} & {
+      k[-1].key for k, _ in jax.tree_util.tree_leaves_with_path(by_init)}
+  scanned = jax.lax.scan(lambda c, tok: (step(c, encoded, tok)[1]['cache'], None), by_init,
+                         jnp.ones((2, 4, 1), jnp.int32))[0]
+  assert jax.tree_util.tree_structure(scanned) == jax.tree_util.tree_structure(by_init)
+  np.testing.assert_allclose(np.asarray(step(by_init, encoded, first)[0]), np.asarray(logits),
+                             rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize('scan_layers', [True, False])

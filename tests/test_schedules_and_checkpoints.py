@@ -2,6 +2,7 @@
 Checkpointer's period, force, keep-N and checkpoint listing on a tiny state."""
 import functools
 import re
+import shutil
 import subprocess
 import sys
 from typing import Any
@@ -306,6 +307,15 @@ def test_what_the_non_finite_guard_counted_is_kept_with_a_checkpoint(tmp_path):
   fresh = NonFiniteGuard('skip', 5)
   checkpoints.Checkpointer(str(tmp_path)).restore(4, abstract, guard=fresh)
   assert fresh.state() == {'skipped': 0, 'applied': False, 'first': None}
+  # Damaged (not JSON, or JSON without its fields): a warning, the guard fresh, the checkpoint
+  # used (it was moved aside over a counter file, or a bare KeyError stopped the start).
+  shutil.rmtree(tmp_path / 'checkpoint_4')
+  for damaged in ('{"skipp', '{"skipped": 1}'):
+    for metadata in (tmp_path / 'checkpoint_3' / checkpoints.NONFINITE).iterdir():
+      metadata.write_text(damaged)
+    fresh = NonFiniteGuard('skip', 5)
+    assert checkpoints.Checkpointer(str(tmp_path)).restore_latest(abstract, guard=fresh)[1] == 3
+    assert fresh.state()['skipped'] == 0 and (tmp_path / 'checkpoint_3').is_dir()
 
 
 def test_keep_n_counts_committed_checkpoints_and_deletes_none_at_start_up(tmp_path):

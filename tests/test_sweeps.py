@@ -4,6 +4,7 @@ resumed steps), Spearman's rho, its bootstrap interval and the flipped pairs, t 
 seeds and paired differences against a baseline, the report's tables and plots; a sweep that
 writes its batches once and trains 4 runs from them through the real trainer. (The suite's sweep
 and report end to end through the real trainer, on a bucket: tests/test_gcs.py.)"""
+import dataclasses
 import json
 import math
 import os
@@ -813,6 +814,19 @@ def test_a_grid_value_written_another_way_than_its_recorded_run_is_refused(tmp_p
                      r'pre_ln\+base=1e-3-seed0 \(a grid value written another way\)'):
     build('0.001,0.01').merge_previous()
   build('1e-3,0.01').merge_previous()
+  # A sweep.json that holds both spellings (made before this was refused) takes either.
+  both = grid.Sweep.load(str(tmp_path / 's'))
+  both.runs.append(dataclasses.replace(build('0.001').runs[0], status='done'))
+  both.save()
+  build('0.001').merge_previous()
+  build('1e-3').merge_previous()
+  # Bindings are compared by what they bind: their order changed when --gin. flags stopped going
+  # after every --gin_bindings (a sweep made before was refused as of other bindings).
+  other = lambda bindings: grid.Sweep.build(str(tmp_path / 'o'), [base], [pre], 1, bindings=bindings)
+  other(['a.x = 1', 'b.y = 2']).save()
+  other(['b.y = 2', 'a.x = 1']).merge_previous()
+  with pytest.raises(grid.SweepError, match='other base gin files or bindings'):
+    other(['b.y = 2', 'a.x = 3']).merge_previous()
 
 
 def test_a_grid_value_that_is_no_hashable_literal_is_taken_as_written():
@@ -1326,6 +1340,15 @@ def test_what_a_sweep_and_its_report_must_not_mix(tmp_path, capsys):
   sweep.update_from_run_dirs()
   assert [(r.status, r.diverged_step) for r in sweep.runs] == [
       ('diverged', 4), ('pending', None), ('done', None), ('diverged', 6), ('diverged', 0)]
+  # Its last window all skipped under 'skip', and the eval of its last step logged: it finished
+  # (a run the trainer stopped never logs that eval).
+  write_metrics(sweep.model_dir(sweep.runs[3]), [train_record(2, 4.0), train_record(6, None, skipped=2.0),
+                                                 evaluated(2), evaluated(6)], total_steps=6)
+  with open(os.path.join(sweep.model_dir(sweep.runs[3]), 'config.gin'), 'a') as f:
+    f.write("train.eval_period = 2\ntrain_eval/DatasetConfig.mixture_or_task_name = 't'\n")
+  sweep.runs[3].status = 'pending'
+  sweep.update_from_run_dirs()
+  assert sweep.runs[3].status == 'done'
   sweep.runs[3:] = []
   sweep.save()
   assert '| relu | 1 diverged, 1 pending, 1 done | 6/6 or 60 (runs of other lengths) |' in (

@@ -133,7 +133,7 @@ def _unregister_if_other(vocabulary: seqio.Vocabulary):
 
 
 @gin.configurable
-def register_tasks(squad_dir: Optional[str] = None) -> List[str]:
+def register_tasks(*, squad_dir: Optional[str] = None) -> List[str]:
   """Registers every task and mixture with the gin-bound vocabulary, again if they were registered
   with another (idempotent otherwise); returns the names registered by this call. The vocabulary
   is gin's alone: one passed here was replaced by gin's at the next task lookup, which registers

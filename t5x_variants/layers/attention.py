@@ -18,7 +18,8 @@ Decoding: with ``decode=True`` keys and values live in the ``cache`` collection.
 (during ``init``) creates the cache from the full-length input; every later call takes one token
 (or a decoder-only model's prompts, the prefill), writes its keys and values from
 ``decode_position`` on and attends over the cache under the given mask. Cross-attention's keys
-and values, of the encoder's output, are projected once (``_keys_or_values``).
+and values, of the encoder's output, are projected once where an ``apply`` made the cache
+(``_keys_or_values``).
 """
 import functools
 from typing import Any, NamedTuple, Optional, Tuple
@@ -172,21 +173,22 @@ class Attention(nn.Module):
 
   def _keys_or_values(self, name, gain, x_kv, project, decode: bool, write: Optional[CacheWrite]):
     """The ``name`` ('key', 'value') projection of ``x_kv``. In decoding, self-attention's are
-    written into the cache at ``write``; cross-attention's (``cross``: ``x_kv`` is the encoder's
-    output, the same at every step) are projected once and read from the cache at every later
-    step (rows of one input's beams hold the same, so beam search leaves them): when an ``apply``
-    makes the cache (train/decoding.py), else at the first step (a cache made by ``init``, whose
-    parameters are not the ones decoding, holds an empty placeholder)."""
+    written into the cache at ``write`` (None: the call that makes the cache). Cross-attention's
+    (``cross``: ``x_kv`` is the encoder's output, the same at every step) are kept in the cache
+    by an ``apply`` that makes it (train/decoding.py's, with the decoding's parameters and encoder
+    output) and read from it at every step (one input's beams share them: beam search leaves
+    them); a cache made by ``init`` (other parameters) has none, and its steps project them."""
     if not decode:
       return project(name, gain, x_kv)
     if not self.cross:
       return self._cached(f'cached_{name}', project(name, gain, x_kv), write)
+    if write is None:
+      y = project(name, gain, x_kv)
+      if not self.is_initializing():
+        self.put_variable('cache', f'encoded_{name}', y)
+      return y
     cached = self.get_variable('cache', f'encoded_{name}')
-    if cached is not None and cached.shape[1]:
-      return cached
-    y = project(name, gain, x_kv)
-    self.put_variable('cache', f'encoded_{name}', y[:, :0] if self.is_initializing() else y)
-    return y
+    return project(name, gain, x_kv) if cached is None else cached
 
   def _component(self, name):
     kw = dict(max_length=self.max_length, name=name)

@@ -56,7 +56,8 @@ class TransformerLayer(nn.Module):
       cross = attn(name='encoder_decoder_attention', cross=True,
                    **(dict(gain=1.0, inner_norm=None) if plain else {}))
       x = add(x, lambda h: drop(cross(h, encoded, None, None, cross_mask, lengths=cross_lengths,
-                                      decode=self.decode, deterministic=self.deterministic)),
+                                      decode=self.decode, decode_position=decode_position,
+                                      deterministic=self.deterministic)),
               norm('cross_attention'))
     mlp = MlpBlock(c.activations, c.ffn_hidden_dim, c.init_scheme, gain, c.use_bias, inner,
                    c.norm_epsilon, c.rate('activation'), c.dropout_broadcast_dims, dtype, name='mlp')

@@ -245,14 +245,14 @@ class Sweep:
       return
     old = Sweep.load(self.sweep_dir)
     if (len(old.base) != len(self.base) or not all(map(_same_file, old.base, self.base))
-        or old.bindings != self.bindings):
+        or _effective(old.bindings) != _effective(self.bindings)):
       raise SweepError(f'{self.sweep_dir} holds a sweep of other base gin files or bindings '
                        f'({" ".join(old.base + old.bindings)}); use another --sweep_dir')
     previous = {r.name: r for r in old.runs}
     recorded = {_configuration(r): r.name for r in old.runs}
     for run in self.runs:  # a name holds only stems and a binding's last name component
       named = recorded.get(_configuration(run), run.name)
-      if named != run.name:  # (a grid value written another way: 1e-3 after 0.001)
+      if run.name not in previous and named != run.name:  # (a value respelled: 1e-3 after 0.001)
         raise SweepError(f'{self.sweep_dir} recorded {run.name}\'s configuration as {named} (a '
                          'grid value written another way): write the values as its runs were '
                          'named, or use another --sweep_dir')
@@ -284,7 +284,8 @@ class Sweep:
       if run.status == 'diverged':
         continue
       record = run_records.read_run(self.model_dir(run))
-      if run.status != 'done' and record.stopped_non_finite():
+      if (run.status != 'done' and record.stopped_non_finite()  # (a stopped run logs no last eval)
+          and not (record.evaluates and record.finished())):
         at = record.diverged_at()
         run.status, run.diverged_step = 'diverged', record.step if at is None else at
         run.reason = 'stopped at a non-finite step (read from its directory)'
@@ -316,6 +317,12 @@ def _literal(value: str):
   if isinstance(parsed, (int, float)) and not isinstance(parsed, bool):
     return 'number', float(parsed)
   return type(parsed).__name__, repr(parsed)
+
+
+def _effective(bindings: Sequence[str]) -> Dict[str, str]:
+  """What ``bindings`` bind, the later of two of one key winning (as gin applies them): the same
+  whatever the order of distinct keys (which changed when --gin. flags stopped going last)."""
+  return {binding_key(b): b.partition('=')[2].strip() for b in bindings}
 
 
 def _configuration(run: Run) -> tuple:

@@ -138,6 +138,8 @@ def read_run(model_dir: str) -> RunRecord:
   on_nonfinite = (_bound(text, 'train.on_nonfinite') or "'skip'").strip('\'"')
   found = re.search(r'Total number of parameters: ([\d,]+)', _read(model_dir, 'model-info.txt'))
   params = int(found.group(1).replace(',', '')) if found else None
+  # (gin's operative configuration, as the trainer writes it, names every value it used: the
+  # default period too, and a task bound unscoped under the scope it was read in)
   period = _bound(text, 'train.eval_period') or ''
   eval_task = _bound(text, 'train_eval/DatasetConfig.mixture_or_task_name')
   scheduled = period.isdigit() and int(period) > 0 and eval_task not in (None, 'None', "''", '""')

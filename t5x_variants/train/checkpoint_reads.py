@@ -21,9 +21,9 @@ _NOT_DAMAGE = re.compile(r'\b(UNAVAILABLE|DEADLINE_EXCEEDED|RESOURCE_EXHAUSTED|P
 
 
 class ReadError(RuntimeError):
-  """A part of a checkpoint (``part``: 'metadata', 'state', 'data') that some process could not
-  read, raised on every process (``read_on_every_process``); ``outside`` when a process's read
-  failed for a cause outside the checkpoint."""
+  """A part of a checkpoint (``part``: 'metadata', 'state', 'data', 'nonfinite') that some
+  process could not read, raised on every process (``read_on_every_process``); ``outside`` when
+  a process's read failed for a cause outside the checkpoint."""
 
   def __init__(self, part: str, reason: str, outside: bool):
     super().__init__(reason)

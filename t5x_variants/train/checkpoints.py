@@ -293,8 +293,14 @@ class Checkpointer:
           path / 'data', args=data_position.DataIteratorRestore(data_iterator)))
     if guard is not None and multihost.process0_says(f'looking for {path / NONFINITE}',
                                                      (path / NONFINITE).exists):
-      guard.load(read_with(ocp.JsonCheckpointHandler(), NONFINITE,
-                           lambda handler: handler.restore(path / NONFINITE)))
+      try:  # (parsed in the read: an unreadable one fails on every process)
+        guard.load(read_with(ocp.JsonCheckpointHandler(), NONFINITE, lambda handler: guard.parse(
+            handler.restore(path / NONFINITE))))
+      except ReadError as e:
+        if e.outside:
+          raise
+        log.warning('%s cannot be read (%s): the non-finite steps are counted from this resume '
+                    'on; the checkpoint is used', path / NONFINITE, e)
     return state
 
 

@@ -60,9 +60,14 @@ class NonFiniteGuard:
     return {'skipped': self.skipped, 'applied': self.applied,
             'first': self.first and [self.first[0], str(self.first[1])]}
 
-  def load(self, state: Mapping):
-    self.skipped, self.applied = int(state['skipped']), bool(state['applied'])
-    self.first = state['first'] and (int(state['first'][0]), state['first'][1])
+  @staticmethod
+  def parse(state: Mapping) -> tuple:
+    """``state()``'s dict as (skipped, applied, first); a KeyError or TypeError if it is not."""
+    first = state['first'] and (int(state['first'][0]), str(state['first'][1]))
+    return int(state['skipped']), bool(state['applied']), first
+
+  def load(self, parsed: tuple):
+    self.skipped, self.applied, self.first = parsed
 
   def check(self, step: int, metrics: Mapping[str, float]):
     """Counts ``step`` (metrics on the host); raises NonFiniteStop if the run stops there."""

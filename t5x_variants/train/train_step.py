@@ -131,8 +131,10 @@ def _classification_sums(config: TransformerConfig, logits, batch, label_smoothi
   return m['loss'], m
 
 
-# Optimizer states whose step count advances on a skipped step, the rest of them kept.
-COUNTED = (optax.ScaleByScheduleState, optax.FactoredState)
+# Optimizer states whose count bias-corrects their moments: kept on a skipped step with them
+# (optax's own skip keeps them too). Every other count advances (a schedule's, Adafactor's decay
+# rate's, as T5X's skipped update does).
+MOMENT_COUNTED = (optax.ScaleByAdamState, optax.ScaleByAmsgradState, optax.ScaleByBeliefState)
 
 
 def train_step(state: TrainState, batch: Dict[str, jnp.ndarray], rng, *, model, config,
@@ -141,8 +143,8 @@ def train_step(state: TrainState, batch: Dict[str, jnp.ndarray], rng, *, model, 
                loss_normalizing_factor: Union[str, float] = 'num_tokens', dropout: bool = False):
   """Returns (new state, metrics). A step whose loss or gradients are not finite leaves the
   parameters and optimizer statistics unchanged (metrics['skipped'] = 1); the step counts still
-  advance, the schedule's and Adafactor's with the state's (``COUNTED``), so the learning rate
-  logged is the one applied; Adam's count stays with the moments it bias-corrects.
+  advance with the state's, so the learning rate logged is the one applied, except Adam's, which
+  stays with the moments it bias-corrects (``MOMENT_COUNTED``).
   ``grad_norm`` is over the trained parameters (a frozen path's gradient updates nothing)."""
   grad_fn = jax.grad(functools.partial(summed_loss, model, config, label_smoothing=label_smoothing,
                                        z_loss=z_loss), argnums=0, has_aux=True)
@@ -172,12 +174,12 @@ def train_step(state: TrainState, batch: Dict[str, jnp.ndarray], rng, *, model, 
   finite = jnp.isfinite(metrics['loss']) & jnp.isfinite(metrics['grad_norm'])
   keep = lambda a, b: jax.tree_util.tree_map(lambda x, y: jnp.where(finite, x, y), a, b)
 
-  def kept(a, b):  # the step still counts (it consumed a batch): so do the schedule's count and
-    if isinstance(a, COUNTED):  # Adafactor's (its decay rate's, as T5X's skipped update)
-      return a._replace(**{f: keep(getattr(a, f), getattr(b, f)) for f in a._fields if f != 'count'})
-    return keep(a, b)  # Adam's count stays with its moments (bias correction: optax's skip too)
+  def kept(a, b):  # the step still counts (it consumed a batch): so do the optimizer's counts
+    if isinstance(a, MOMENT_COUNTED):  # but a count that bias-corrects moments stays with them
+      return keep(a, b)
+    return a._replace(**{f: keep(getattr(a, f), getattr(b, f)) for f in a._fields if f != 'count'})
   opt_state = jax.tree_util.tree_map(kept, new.opt_state, state.opt_state,
-                                     is_leaf=lambda x: isinstance(x, COUNTED))
+                                     is_leaf=lambda x: hasattr(x, '_fields') and 'count' in x._fields)
   new = TrainState(new.step, keep(new.params, state.params), opt_state)
   metrics['param_norm'] = optax.tree_utils.tree_norm(new.params)  # of the parameters kept
   metrics['skipped'] = (~finite).astype(jnp.int32)
