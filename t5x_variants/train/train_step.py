@@ -174,8 +174,9 @@ def train_step(state: TrainState, batch: Dict[str, jnp.ndarray], rng, *, model, 
   finite = jnp.isfinite(metrics['loss']) & jnp.isfinite(metrics['grad_norm'])
   keep = lambda a, b: jax.tree_util.tree_map(lambda x, y: jnp.where(finite, x, y), a, b)
 
-  def kept(a, b):  # the step still counts (it consumed a batch): so do the optimizer's counts
-    if isinstance(a, MOMENT_COUNTED):  # but a count that bias-corrects moments stays with them
+  def kept(a, b):  # the step still counts (it consumed a batch): so do the optimizer's counts,
+    # except one that bias-corrects moments (it stays with them); any other array is kept
+    if isinstance(a, MOMENT_COUNTED) or not hasattr(a, '_fields'):
       return keep(a, b)
     return a._replace(**{f: keep(getattr(a, f), getattr(b, f)) for f in a._fields if f != 'count'})
   opt_state = jax.tree_util.tree_map(kept, new.opt_state, state.opt_state,
