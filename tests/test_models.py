@@ -241,6 +241,21 @@ def test_decoding_with_a_padded_encoder_input_equals_full_forward():
                              jit_apply(model)({'params': params}, enc, dec), rtol=1e-4, atol=1e-4)
 
 
+def test_a_prefill_given_positions_of_each_row_fills_the_cache_as_without_them():
+  """The relative position bias of a prefill is built from token indices, as the full forward
+  pass builds it: positions with a batch axis raised in add_shared_bias (a bias of batch 2)."""
+  c = tiny(architecture='decoder_only', decoder_max_length=L)
+  dec = tokens(2, L)
+  model, params = init_params(c, dec)
+  cache = model.init(jax.random.PRNGKey(1), dec, decode=True)['cache']
+  prompt, lengths = tokens(2, 4), jnp.array([4, 4])
+  fill = lambda positions: model.apply({'params': params, 'cache': cache}, prompt, None, positions,
+                                       decode=True, prefill_lengths=lengths, mutable=['cache'])
+  (with_positions, filled), (without, _) = fill(jnp.tile(jnp.arange(4)[None], (2, 1))), fill(None)
+  np.testing.assert_allclose(np.asarray(with_positions), np.asarray(without), rtol=1e-6, atol=1e-6)
+  assert filled['cache']
+
+
 def test_a_cached_decode_step_takes_one_token():
   c = tiny(architecture='decoder_only', decoder_max_length=L)
   dec = tokens(2, L)
