@@ -76,9 +76,10 @@ def stem(path: str) -> str:
   return os.path.splitext(os.path.basename(path))[0]
 
 
-def binding_key(binding: str) -> str:
-  """``KEY`` of a binding ``KEY = VALUE``."""
-  return binding.partition('=')[0].strip()
+def binding_parts(binding: str) -> Tuple[str, str]:
+  """(``KEY``, ``VALUE``) of a binding ``KEY = VALUE``."""
+  key, _, value = binding.partition('=')
+  return key.strip(), value.strip()
 
 
 def grid_label(value: str) -> str:
@@ -167,9 +168,9 @@ class Sweep:
     base = [paths[0] for paths in found]
     axes = [expand(p, search_paths) for p in variant_patterns]
     grid_axes = [parse_grid(g) for g in grid]
-    keys = [binding_key(axis[0][1]) for axis in grid_axes]
+    keys = [binding_parts(axis[0][1])[0] for axis in grid_axes]
     names = [axis[0][0].split('=')[0] for axis in grid_axes]
-    given = {binding_key(b) for b in bindings}
+    given = {binding_parts(b)[0] for b in bindings}
     if given & set(PER_RUN_KEYS):
       raise SweepError(f'--gin.{sorted(given & set(PER_RUN_KEYS))[0]}: the sweep sets it for every '
                        'run itself (its directory, its seed); leave it out')
@@ -205,7 +206,7 @@ class Sweep:
                 *run.bindings, *self.bindings]
     return [*executable, *[f'--gin_file={f}' for f in [*self.base, *run.variant_files]],
             *([f'--gin_search_paths={",".join(self.search_paths)}'] if self.search_paths else []),
-            *[f'--gin.{k.strip()}={v.strip()}' for k, _, v in (b.partition('=') for b in bindings)],
+            *[f'--gin.{k}={v}' for k, v in map(binding_parts, bindings)],
             *([f'--batches_dir={self.batches_dir}'] if self.batches_dir else [])]
 
   # --- sweep.json --------------------------------------------------------------------------------
@@ -276,10 +277,11 @@ class Sweep:
   def update_from_run_dirs(self):
     """What the run directories say of runs trained elsewhere (``--print_commands``) or changed
     since: an unfinished run whose directory reached its last step is done, one its trainer
-    stopped at a non-finite step diverged there (at its last step too); a done one whose directory lacks the eval of its
-    last step (recorded done before that counted), or whose metrics no longer reach that step
-    (cut), is interrupted: a rerun redoes what is missing. A directory that cannot be read (no
-    config.gin: deleted, or a store's read failing) changes nothing."""
+    stopped at a non-finite step diverged there (at its last step too); a done one whose
+    directory lacks the eval of its last step (recorded done before that counted), or whose
+    metrics no longer reach that step (cut), is interrupted: a rerun redoes what is missing. A
+    directory that cannot be read (no config.gin: deleted, or a store's read failing) changes
+    nothing."""
     for run in self.all_runs():
       if run.status == 'diverged':
         continue
@@ -322,12 +324,12 @@ def _literal(value: str):
 def _effective(bindings: Sequence[str]) -> Dict[str, str]:
   """What ``bindings`` bind, the later of two of one key winning (as gin applies them): the same
   whatever the order of distinct keys (which changed when --gin. flags stopped going last)."""
-  return {binding_key(b): b.partition('=')[2].strip() for b in bindings}
+  return dict(map(binding_parts, bindings))
 
 
 def _configuration(run: Run) -> tuple:
   """What a run trains: its variant files, its grid values as gin reads them, its seed."""
-  values = tuple((binding_key(b), _literal(b.partition('=')[2].strip())) for b in run.bindings)
+  values = tuple((k, _literal(v)) for k, v in map(binding_parts, run.bindings))
   return tuple(map(os.path.realpath, run.variant_files)), values, run.seed
 
 
