@@ -63,9 +63,9 @@ def test_scalars_and_records(tmp_path, capsys):
   records = [json.loads(l) for l in (tmp_path / 'metrics.jsonl').read_text().splitlines()]
   assert all(r.pop('time') >= started for r in records)
   assert records == [
-      {'step': 2, 'kind': 'train', **train_metrics(2.718281828)},
+      {'step': 2, 'kind': 'train', **train_metrics(2.718281828), 'start_step': 0},
       {'step': 2, 'kind': 'eval', 'task': 'glue_cola', 'loss': None, 'accuracy': 0.6180339},
-      {'step': 4, 'kind': 'train', **train_metrics(1.414213562)},
+      {'step': 4, 'kind': 'train', **train_metrics(1.414213562), 'start_step': 0},
       {'step': 4, 'kind': 'eval', 'task': 'glue_cola', 'split': 'validation', 'loss': 3.0,
        'accuracy': 0.7071067},
       {'step': 4, 'kind': 'eval', 'task': 'glue_cola', 'split': 'test', 'loss': 5.0}]
@@ -107,8 +107,8 @@ def test_a_resumed_session_supersedes_the_earlier_records_of_later_steps(tmp_pat
   again = MetricsLogger(str(tmp_path), console=False, start_step=4)
   again.train(8, train_metrics(0.5), 4, time.time())
   again.close()
-  assert [(r['kind'], r['step']) for r in read_records(str(tmp_path))] == [
-      ('train', 4), ('eval', 4), ('train', 8)]
+  assert [(r['kind'], r['step'], r.get('start_step')) for r in read_records(str(tmp_path))] == [
+      ('train', 4, 0), ('eval', 4, None), ('train', 8, 4)]  # a train record names its session
   assert scalars(read_events(tmp_path), 'train/loss') == [(4, 1.0), (8, 0.5)]
   assert scalars(read_events(tmp_path), 'eval/cola/loss') == [(4, 2.0)]
   lines = (tmp_path / 'metrics.jsonl').read_text().splitlines()

@@ -204,6 +204,16 @@ def test_a_run_directory_read_back(tmp_path):
   assert run.diverged_at() is None
 
 
+def test_tokens_per_second_leaves_out_each_sessions_first_window(tmp_path):
+  # two trainer sessions (the second resumed at step 20): each one's first window compiled
+  session = lambda start, *records: [{**r, 'start_step': start} for r in records]
+  write_metrics(tmp_path / 'r', session(0, train_record(10, 6.0, tokens_per_second=1.0),
+                                        train_record(20, 5.0, tokens_per_second=10.0))
+                + session(20, train_record(30, 4.0, tokens_per_second=2.0),
+                          train_record(40, 3.0, tokens_per_second=20.0)), total_steps=40)
+  assert runs.read_run(str(tmp_path / 'r')).tokens_per_second() == 15.0
+
+
 @pytest.mark.parametrize('losses,skipped,expected', [
     ([6.0, 5.0, None], [0, 0, 0], 3),  # non-finite (written as null)
     ([6.0, 5.0, 5.5], [0, 0, 1], 3),  # a skipped step in the window

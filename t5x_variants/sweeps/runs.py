@@ -62,8 +62,15 @@ class RunRecord:
     return min(values) if values else None
 
   def tokens_per_second(self) -> Optional[float]:
-    """Mean over the logged windows after the first (which holds the compilation)."""
-    values = [r['tokens_per_second'] for r in self.train[1:] if r.get('tokens_per_second')]
+    """Mean over the logged windows but each trainer session's first (which holds its
+    compilation); a session is its records' ``start_step`` (records written without one: the
+    first window overall left out)."""
+    sessions, values = set(), []
+    for r in self.train:
+      if r.get('start_step') not in sessions:
+        sessions.add(r.get('start_step'))
+      elif r.get('tokens_per_second'):
+        values.append(r['tokens_per_second'])
     return sum(values) / len(values) if values else None
 
   def trained(self) -> bool:

@@ -114,8 +114,9 @@ class MetricsLogger:
     """Logs a train step; the ETA extrapolates the speed since ``start_step``."""
     if not self.enabled or self._held:
       return
+    # start_step names the session: its first record's window holds the step's compilation
     record = {'step': step, 'kind': 'train', **{k: float(v) for k, v in metrics.items()},
-              'time': time.time()}
+              'time': time.time(), 'start_step': start_step}
     try:
       self._write(record, {f'train/{k}': v for k, v in metrics.items()})
     except Exception as e:  # pylint: disable=broad-except  (the file system's or the bucket's)
