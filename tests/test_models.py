@@ -373,12 +373,14 @@ def test_each_dropout_rate_acts_on_its_own(rate):
 
 
 @pytest.mark.parametrize('broadcast', [True, False])
-def test_dropout_is_shared_by_positions_or_per_element(broadcast):
-  """T5X broadcasts residual and activation dropout masks over the sequence axis; PyTorch draws
-  one per element. With identical tokens and no position information every position computes
-  the same thing, so only a per-element mask can make positions differ."""
-  c = tiny(architecture='encoder_only', position_embedding='none', dropout_rate=0.3,
-           attention_dropout_rate=0.0, dropout_broadcast=broadcast)
+@pytest.mark.parametrize('rates', [(0.3, 0.0), (0.0, 0.3)], ids=['residual', 'attention'])
+def test_dropout_is_shared_by_positions_or_per_element(broadcast, rates):
+  """T5X broadcasts residual and activation dropout masks over the sequence axis, and the
+  attention probabilities' over the queries; PyTorch draws one per element. With identical
+  tokens and no position information every position computes the same thing, so only a
+  per-element mask can make positions differ."""
+  c = tiny(architecture='encoder_only', position_embedding='none', dropout_rate=rates[0],
+           attention_dropout_rate=rates[1], dropout_broadcast=broadcast)
   ids = jnp.full((2, 6), 5, jnp.int32)
   model, params = init_params(c, ids)
   out = model.apply({'params': params}, ids, enable_dropout=True, rngs={'dropout': jax.random.PRNGKey(0)})

@@ -149,6 +149,7 @@ class Attention(nn.Module):
   inner_norm: Optional[str] = None
   norm_epsilon: float = 1e-6
   dropout_rate: float = 0.0
+  dropout_broadcast_dims: Tuple[int, ...] = ()  # (-2,): one mask for every query (T5X)
   max_length: int = 512
   synthesizer_factor: Optional[int] = None
   synthesizer_rank: int = 16
@@ -264,7 +265,7 @@ class Attention(nn.Module):
     if bias is not None:  # after mixing, as the Synthesizer authors' Mesh TensorFlow code
       s = add_shared_bias(s, bias.astype(jnp.float32))
     probs = masked_softmax(s, mask)
-    probs = nn.Dropout(self.dropout_rate)(probs, deterministic=deterministic)
+    probs = nn.Dropout(self.dropout_rate, self.dropout_broadcast_dims)(probs, deterministic=deterministic)
     y = jnp.einsum('bhqk,bkhd->bqhd', probs.astype(self.dtype), value.astype(self.dtype))
     return self._output(y, x_q.shape[-1], dense)
 

@@ -39,7 +39,9 @@ class TransformerLayer(nn.Module):
     drop = lambda y: nn.Dropout(c.dropout_rate, c.dropout_broadcast_dims)(y, deterministic=self.deterministic)
     attn = functools.partial(Attention, c.num_heads, c.head_dim, init_scheme=c.init_scheme, gain=gain,
                              use_bias=c.use_bias, inner_norm=inner, norm_epsilon=c.norm_epsilon,
-                             dropout_rate=c.rate('attention'), kernel=c.attention_kernel, dtype=dtype)
+                             dropout_rate=c.rate('attention'),
+                             dropout_broadcast_dims=c.dropout_broadcast_dims, kernel=c.attention_kernel,
+                             dtype=dtype)
     add = functools.partial(residual, placement=c.placement, alpha=alpha)
 
     self_attention = attn(components=c.attention_components, max_length=c.max_length(self.stack),

@@ -103,8 +103,8 @@ class TransformerConfig:
       output projection (fairseq's ``activation_dropout``). None for either: ``dropout_rate``, as
       T5X's single rate.
     dropout_broadcast: one mask per example shared by every position (T5X's broadcast over the
-      sequence axis) or, False, an independent mask per element (PyTorch / fairseq). Attention
-      probabilities are always dropped per element.
+      sequence axis; on the attention probabilities, one (head, key) mask shared by every query,
+      as T5X's) or, False, an independent mask per element (PyTorch / fairseq).
     remat: what the backward pass keeps of each layer (models/stack.py REMAT_POLICIES); the
       rest is recomputed. 'none' keeps everything, 'full' nothing; 'auto' is chosen per platform
       (``remat_policy``).
@@ -358,7 +358,8 @@ class TransformerConfig:
 
   @property
   def dropout_broadcast_dims(self) -> Tuple[int, ...]:
-    """nn.Dropout's broadcast_dims for residual and activation dropout: the sequence axis or none."""
+    """nn.Dropout's broadcast_dims: the sequence axis of (batch, length, features) and the query
+    axis of attention probabilities (batch, heads, queries, keys), or none."""
     return (-2,) if self.dropout_broadcast else ()
 
   def rate(self, name: str) -> float:
