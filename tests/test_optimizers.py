@@ -174,14 +174,16 @@ def test_the_attention_layout_hint_only_for_a_statistic_saved_with_another_shape
 def test_adamw_leaves_norms_and_biases_undecayed_as_bert_when_asked():
   """With zero gradients AdamW's update is the decay -lr wd theta alone: on every parameter by
   default (fairseq, PyTorch), on none of the norms' parameters and biases with
-  decay_norms_and_biases False (BERT), in a scanned stack too."""
+  decay_norms_and_biases False (BERT; T5's relative position bias is a bias), in a scanned
+  stack too."""
   ones = lambda *shape: jnp.ones(shape)
-  params = {'encoder': {'layers': {'pre_attention_layer_norm': {'scale': ones(2, 4)},
+  params = {'encoder': {'relpos_bias': {'rel_embedding': ones(2, 8)},
+                        'layers': {'pre_attention_layer_norm': {'scale': ones(2, 4)},
                                    'attention': {'query': {'kernel': ones(2, 4, 4), 'bias': ones(2, 4)}}},
                         'encoder_norm': {'scale': ones(4)}},
             'classifier': {'kernel': ones(4, 2), 'bias': ones(2)}}
   zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
-  for flag, decayed in ((True, 6), (False, 2)):
+  for flag, decayed in ((True, 7), (False, 2)):
     adamw = lambda lr: optimizer.adamw(lr, weight_decay=0.5, decay_norms_and_biases=flag)
     tx = optimizer.make_optimizer(params, 0.1, optimizer=adamw)
     updates, _ = tx.update(zeros, tx.init(params), params)

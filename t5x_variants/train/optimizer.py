@@ -223,14 +223,15 @@ def adamw(learning_rate, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
   """AdamW (Loshchilov & Hutter 2019): decay lr * weight_decay * theta decoupled from the Adam
   step, on every trained parameter (as fairseq's and PyTorch's AdamW); with
   ``decay_norms_and_biases`` False not on the norms' parameters and the biases (BERT's
-  ``exclude_from_weight_decay``)."""
+  ``exclude_from_weight_decay``), T5's relative position bias among them (as Hugging Face's
+  Trainer leaves out T5's ``relative_attention_bias`` by its name)."""
   decayed = None if decay_norms_and_biases else (lambda params: jax.tree_util.tree_map_with_path(
       lambda path, _: not _norm_or_bias(path_keys(path)), params))
   return optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=decayed)
 
 
 def _norm_or_bias(keys) -> bool:
-  return keys[-1:] == ['bias'] or any(k.endswith('norm') for k in keys)
+  return keys[-1:] == ['bias'] or 'relpos_bias' in keys or any(k.endswith('norm') for k in keys)
 
 
 @gin.configurable
