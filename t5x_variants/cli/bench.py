@@ -8,7 +8,7 @@ Takes the same gin as ``t5xv-train`` (run file, size, variants, recipe, ``--gin.
 batch and lengths are the flags', else the run's (``BATCH_SIZE``, ``TASK_FEATURE_LENGTHS``), else
 8 and 512 / 114.
 
-Runs the step t5xv-train would (``trainer.ShardedModel``: the same mesh (``MeshConfig``),
+Runs the step t5xv-train would (``sharded_model.ShardedModel``: the same mesh (``MeshConfig``),
 optimizer (``make_optimizer``), schedule, dtype, ``train.num_microbatches`` and loss options, all
 from gin, and dropout when the model has any) on synthetic batches, so it needs no TensorFlow.
 Reports tokens/s (input + target positions), sequences/s, the median step time, achieved TFLOP/s
@@ -35,7 +35,7 @@ from t5x_variants import is_positive_number
 from t5x_variants.cli import common, launch, profile, ranges, recipe
 from t5x_variants.layers import dense
 from t5x_variants.models import flops
-from t5x_variants.train import aot, partitioning, targets, train_step, trainer
+from t5x_variants.train import aot, partitioning, sharded_model, targets, train_step
 
 DEFAULT_LENGTHS = {'inputs': 512, 'targets': 114}  # without a flag or a run file
 
@@ -82,7 +82,7 @@ def bench(config, batch: int, lengths, steps: int = 10, warmup: int = 2,
   The step is t5xv-train's: its gin-bound mesh, optimizer, microbatches (unless given) and loss
   options, dropout when the config has any; ``packed``: on packed rows (two examples each), as
   a pretraining run's step with packing."""
-  sharded = trainer.ShardedModel.build(config, mesh or partitioning.MeshConfig(), 0)
+  sharded = sharded_model.ShardedModel.build(config, mesh or partitioning.MeshConfig(), 0)
   mesh, rng = sharded.mesh, sharded.rng
   options = aot.train_options()
   num_microbatches = options['num_microbatches'] = num_microbatches or options['num_microbatches']

@@ -2,7 +2,7 @@
 device, whether it fits, compile time, and the compiler's cost-model estimate; and a search over
 the usual memory knobs for configurations that fit.
 
-The step is the trainer's own (``trainer.ShardedModel``'s, with the run's mesh, shardings,
+The step is the trainer's own (``sharded_model.ShardedModel``'s, with the run's mesh, shardings,
 optimizer, schedule, microbatches, dtype and remat), lowered on abstract arrays: no parameter,
 batch or data is ever materialised, so a 3B-parameter step compiles on a laptop.
 
@@ -29,7 +29,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from t5x_variants.models import flops, summary
 from t5x_variants.models.config import REMAT, TransformerConfig
-from t5x_variants.train import hlo_traffic, partitioning, train_step, trainer
+from t5x_variants.train import hlo_traffic, partitioning, sharded_model, train_step, trainer
 from t5x_variants.train.targets import GIB, Target
 
 STEP_OPTIONS = ('num_microbatches', 'label_smoothing', 'z_loss', 'loss_normalizing_factor')
@@ -98,7 +98,7 @@ def abstract_batch(config: TransformerConfig, batch: int, lengths, sharding,
 def lower(plan: Plan, target: Target, batch: int, lengths, options: Dict):
   """(the lowered train step of ``plan`` on ``target``, its parameter count); ValueError if the
   mesh does not fit the devices, the parameters or the batch (checked before tracing the step)."""
-  sharded = trainer.ShardedModel.build(plan.config, plan.mesh, 0, target.devices)
+  sharded = sharded_model.ShardedModel.build(plan.config, plan.mesh, 0, target.devices)
   mesh, layout, rng = sharded.mesh, sharded.layout, sharded.rng
   partitioning.check_batch(batch, mesh, plan.num_microbatches)
   step = sharded.make_train_step(**{**options, 'num_microbatches': plan.num_microbatches})

@@ -17,89 +17,23 @@ metrics and the previous step's, so it includes any input stall (tf.data prefetc
 the background) but not checkpoints or evals.
 """
 import dataclasses
-import functools
 import logging
 from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
-import flax.linen as nn
 import gin
 import jax
 
-from t5x_variants.models import build_model, fresh_head_params, init_inputs, losses
+from t5x_variants.models import losses
 from t5x_variants.models.config import TransformerConfig
 from t5x_variants.models.summary import model_info
-from t5x_variants.train import (checkpoints, diagnostics, evaluation, multihost, optimizer,
-                                partitioning, preemption, pretrained, storage, train_step)
+from t5x_variants.train import (checkpoints, diagnostics, evaluation, multihost, partitioning,
+                                preemption, storage, train_step)
 from t5x_variants.train.meter import TrainMeter, host_tokens
 from t5x_variants.train.metrics import MetricsLogger
+from t5x_variants.train.sharded_model import ShardedModel
 from t5x_variants.train.nonfinite import NonFiniteGuard, NonFiniteLossError, NonFiniteStop
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass
-class ShardedModel:
-  """The model on the mesh: its train state's layout (shapes, shardings, optimizer), the state it
-  starts from and its jitted steps."""
-  config: TransformerConfig
-  mesh: jax.sharding.Mesh
-  model: nn.Module
-  layout: train_step.StateLayout
-  schedule: Callable
-  rng: jax.Array
-  inputs: tuple
-
-  @classmethod
-  def build(cls, config: TransformerConfig, mesh_config: partitioning.MeshConfig, seed: int,
-            devices=None):
-    """``config``'s model on ``mesh_config``'s mesh (of ``devices``, default this host's), with
-    the gin-bound ``learning_rate_schedule`` and ``make_optimizer``; ``seed``: the RNG of
-    initialisation and dropout."""
-    mesh = mesh_config.mesh(devices)
-    model, rng, inputs = build_model(config), jax.random.PRNGKey(seed), init_inputs(config)
-    schedule = optimizer.learning_rate_schedule()
-    layout = train_step.state_layout(
-        model, functools.partial(optimizer.make_optimizer, learning_rate=schedule), mesh,
-        mesh_config.rules(), rng, inputs)
-    return cls(config, mesh, model, layout, schedule, rng, inputs)
-
-  def restore_or_init(self, ckpt: checkpoints.Checkpointer, data, model_dir: str,
-                      init_checkpoint: Optional[str], init_optimizer: bool,
-                      guard: Optional[NonFiniteGuard] = None):
-    """(state, step): the newest readable checkpoint's (and ``data``'s position, and what
-    ``guard`` had counted), else step 0
-    from ``init_checkpoint``: its parameters, and with ``init_optimizer`` its optimizer state
-    where it has one (``pretrained.restore_state``), else a fresh optimizer state; else a fresh
-    state."""
-    restored = ckpt.restore_latest(self.layout.abstract, data, guard)
-    if restored:
-      log.info('resumed from step %d in %s', restored[1], model_dir)
-      return restored
-    if init_checkpoint and init_optimizer:
-      state = pretrained.restore_state(init_checkpoint, self.layout.abstract,
-                                       fresh=fresh_head_params(self.config))
-      if state is not None:
-        return state, 0
-      log.info('%s holds parameters only: the optimizer state starts fresh', init_checkpoint)
-    params = (pretrained.restore_params(init_checkpoint, self.layout.abstract.params,
-                                         fresh=fresh_head_params(self.config))
-              if init_checkpoint else None)
-    return train_step.create_state(self.layout, self.model, self.rng, self.inputs, params), 0
-
-  def make_train_step(self, num_microbatches: int, **loss):
-    """The jitted step on this mesh; ``loss``: label_smoothing, z_loss, loss_normalizing_factor."""
-    return train_step.make_train_step(
-        self.layout.shardings, self.mesh, model=self.model, config=self.config, tx=self.layout.tx,
-        schedule=self.schedule, num_microbatches=num_microbatches,
-        dropout=self.config.uses_dropout, **loss)
-
-  def make_eval_step(self, z_loss: float):
-    return evaluation.make_eval_step(self.model, self.config, self.layout.shardings.params,
-                                     self.mesh, z_loss)
-
-  def make_diagnostics(self, model_dir: str, **loss) -> diagnostics.Diagnostics:
-    return diagnostics.Diagnostics(model_dir, self.model, self.config,
-                                   self.layout.shardings.params, self.mesh, **loss)
 
 
 def _check_vocabulary(model_dir: str, files: Mapping[str, str], resumed: Callable[[], bool]):
