@@ -6,6 +6,8 @@ attributed to its HLO instruction (the event's ``hlo_op``, else its kernel name)
 category by that instruction's text in the compiled module: matmul, fused attention, other
 fusions, copies, dtype conversions, reductions, collectives, other. Busy is the union of the device's kernel
 intervals over the wall time of the traced steps: near 100% the device never waited on the host.
+With several devices every figure is one device's: the mean over this host's devices (each runs
+the whole step on its shard; on the CPU they share one thread pool, whose busy time is the host's).
 """
 import collections
 import glob
@@ -31,6 +33,7 @@ CATEGORIES = (  # first match wins, on the instruction's HLO text (or the kernel
 )
 
 
+PLUMBING = {'parameter', 'constant', 'bitcast', 'broadcast', 'reshape', 'tuple', 'get-tuple-element'}
 CONTAINERS = ('while', 'conditional', 'call')  # ops whose events enclose their bodies' events
 # XLA on a GPU replays runs of kernels as CUDA graphs ('command buffers'): a trace shows one
 # 'command_buffer_N' event per replay and none of the kernels inside (seen on an H200, jax 0.11.2).
@@ -72,23 +75,26 @@ def hlo_instructions(hlo: str):
 
 
 def category(instruction) -> str:
-  """What runs a dot is a matmul (XLA GPU's gemm fusions, the CPU's dot fusions)."""
+  """What runs a dot is a matmul (XLA GPU's gemm fusions, the CPU's dot fusions), what runs
+  reductions alone a reduction (the CPU's ``ynn_fusion``s, named by neither); else by its text."""
   _, text, runs = instruction[:3]
-  return 'matmul' if runs & hlo_traffic.MATMULS else categorize(text)
+  if runs & hlo_traffic.MATMULS:
+    return 'matmul'
+  return 'reductions' if runs - PLUMBING == {'reduce'} else categorize(text)
 
 
 def _device_lines(planes):
-  """(line, from_device) of the lines that hold the compiled step's work."""
+  """(plane name, line) of the lines that hold the compiled step's work."""
   for plane in planes:
     if plane.name.startswith('/device:') and not plane.name.startswith('/device:CUSTOM'):
       names = [line.name for line in plane.lines]
       for line in plane.lines:
         if line.name == 'XLA Ops' or ('XLA Ops' not in names and 'Stream' in line.name):
-          yield line
+          yield plane.name, line
     elif plane.name.startswith('/host:CPU'):
       for line in plane.lines:
         if line.name.startswith('tf_XLA'):
-          yield line
+          yield plane.name, line
 
 
 def _busy(intervals) -> float:
@@ -114,8 +120,8 @@ def profile(step, state, data, rng, calls: int = 3, top: int = 15):
     trace = jax.profiler.ProfileData.from_file(
         sorted(glob.glob(f'{logdir}/**/*.xplane.pb', recursive=True))[-1])
   hlo = hlo_instructions(step.as_text())
-  by_op, count, intervals = collections.Counter(), collections.Counter(), []
-  for line in _device_lines(trace.planes):
+  by_op, count, intervals = collections.Counter(), collections.Counter(), collections.defaultdict(list)
+  for plane, line in _device_lines(trace.planes):
     for event in line.events:
       stats = dict(event.stats)
       if event.duration_ns <= 0 or (line.name.startswith('tf_XLA') and 'hlo_op' not in stats):
@@ -125,24 +131,28 @@ def profile(step, state, data, rng, calls: int = 3, top: int = 15):
         continue
       by_op[op] += event.duration_ns
       count[op] += 1
-      intervals.append((event.start_ns, event.start_ns + event.duration_ns))
-  per_step = lambda ns: ns / calls / 1e6
+      intervals[plane].append((event.start_ns, event.start_ns + event.duration_ns))
+  devices = jax.local_device_count()
+  per_step = lambda ns: ns / calls / devices / 1e6
   by_category = collections.Counter()
   ops = []
   for op, ns in by_op.most_common():
     instruction = hlo.get(op, ('', op, set(), '', ''))
     by_category[category(instruction)] += ns
     if len(ops) < top:
-      ops.append({'ms': per_step(ns), 'op': op, 'calls': count[op] // calls,
+      ops.append({'ms': per_step(ns), 'op': op, 'calls': count[op] // (calls * devices),
                   'category': category(instruction), 'shape': instruction[3], 'op_name': instruction[4]})
-  busy = per_step(_busy(intervals))
+  planes = [v for k, v in intervals.items() if k.startswith('/device:')] or list(intervals.values())
+  busy = sum(_busy(v) for v in planes) / max(len(planes), 1) / calls / 1e6
   return {'wall_ms': wall / calls * 1e3, 'busy_ms': busy, 'busy_fraction': busy / (wall / calls * 1e3),
-          'device_ms': per_step(sum(by_op.values())), 'kernels_per_step': sum(count.values()) // calls,
+          'devices': devices, 'device_ms': per_step(sum(by_op.values())),
+          'kernels_per_step': sum(count.values()) // (calls * devices),
           'by_category': {k: per_step(v) for k, v in by_category.most_common()}, 'top_ops': ops}, state
 
 
 def format_report(report) -> str:
-  lines = [f'profile: {report["wall_ms"]:.1f} ms per step, device busy {report["busy_ms"]:.1f} ms '
+  each = f' (each of {report["devices"]} devices)' if report.get('devices', 1) > 1 else ''
+  lines = [f'profile{each}: {report["wall_ms"]:.1f} ms per step, device busy {report["busy_ms"]:.1f} ms '
            f'({report["busy_fraction"]:.0%}; the rest waiting on the host), '
            f'{report["kernels_per_step"]} kernels per step',
            'by category (ms per step): ' + ', '.join(f'{k} {v:.1f}' for k, v in report['by_category'].items())]
