@@ -333,3 +333,23 @@ def test_the_shared_bias_gradient_stays_on_each_device_of_a_split_batch():
   assert out.returncode == 0, out.stderr[-2000:]
   moved, error = out.stdout.rsplit(' ', 1)
   assert moved == '[1]' and float(error) < 1e-4, out.stdout
+
+
+def test_random_tables_start_as_their_own_draw_per_layer_and_head_at_std_one_over_root_l():
+  """A fixed random synthesizer's starting table is all it ever has: std l^-1/2 (variance
+  scaling over the keys), a draw of its own for each layer and head; a mixture's weights start
+  equal (zeros: softmax 1/n each); the factorized random factors at std k^-1/2."""
+  from conftest import init_params  # pylint: disable=g-import-not-at-top
+  l = 64
+  c = tiny(architecture='encoder_only', self_attention='fixed_random', encoder_max_length=l, num_heads=2)
+  _, p = init_params(c, tokens(1, l))
+  r = np.asarray(p['encoder']['layers']['self_attention']['fixed_random']['random_logits'])
+  assert r.shape == (c.num_encoder_layers, 2, l, l) and c.num_encoder_layers >= 2
+  assert abs(r.std() - l ** -0.5) < 0.05 * l ** -0.5 and abs(r.mean()) < 0.05 * l ** -0.5
+  assert not np.allclose(r[0], r[1]) and not np.allclose(r[0, 0], r[0, 1])
+  c = tiny(architecture='encoder_only', self_attention=('random', 'factorized_random'), encoder_max_length=l)
+  _, p = init_params(c, tokens(1, l))
+  attention = p['encoder']['layers']['self_attention']
+  np.testing.assert_array_equal(attention['mixture_weights'], 0.0)
+  factor = np.asarray(attention['factorized_random']['random_factor_1'])
+  assert abs(factor.std() - c.synthesizer_rank ** -0.5) < 0.05 * c.synthesizer_rank ** -0.5

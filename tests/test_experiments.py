@@ -110,6 +110,21 @@ def test_glu_recipe_is_t5_v1_0_base_with_222_903_552_parameters(ffn):
   assert float(lr(524_288)) == 0
 
 
+@needs_data_layer
+@pytest.mark.parametrize('variant', sorted(os.path.basename(p)[:-4] for p in glob.glob(
+    os.path.join(PACKAGE_DIR, 'gin', 'variants', 'attention', '*.gin'))))
+def test_in_the_synthesizer_recipe_only_dot_product_attention_has_the_relative_bias(variant):
+  """As the authors' Synthesizer layer (relative_attention_type None): a synthesizer, alone or in
+  a mixture, gets no relative position bias unless synthesizer_relative_bias is set."""
+  files = ('gin/experiments/synthesizer/span_corruption.gin', f'gin/variants/attention/{variant}.gin')
+  for extra, expected in (((), variant == 'dot_product'),
+                          (('TransformerConfig.synthesizer_relative_bias = True',), True)):
+    c = load(*files, bindings=['MODEL_DIR = "/tmp/unused"', *extra])
+    model = build_model(c)
+    params = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), *init_inputs(c)))['params']
+    assert ('relpos_bias' in params['encoder'], 'relpos_bias' in params['decoder']) == (expected, expected)
+
+
 @pytest.mark.parametrize('path', [p for p in experiment_files()
                                   if os.path.basename(os.path.dirname(p)) in PLACEMENT_FAMILIES
                                   and os.path.basename(p) not in OVERLAYS
