@@ -691,9 +691,21 @@ def test_paired_table_against_a_baseline():
   # subln: -0.05, -0.06, -0.05: mean -0.0533, s 0.00577, t(0.975, 2) 4.3027: ± 0.0143
   assert lines[2:] == [
       '| subln | 0, 1, 2 | 3 | -0.0533 | [-0.0677, -0.0390] | better |',
-      '| post_ln | 0, 2 | 2 | +0.0000 | [-1.2706, +1.2706] | not distinguishable at n=2 seeds |',
+      '| post_ln | 0, 2 | 2 | +0.0000 | [-1.2706, +1.2706] | not distinguishable at n=2 seeds; '
+      'post_ln diverged at seed 1 (left out) |',
       '| deepnorm | 0, 1, 2 | 3 | +0.2000 | [+0.1752, +0.2248] | worse |',
       '| rmsnorm | 0 | 1 | -0.1000 | n=1, no interval | not distinguishable at n=1 seeds |']
+
+
+def test_a_verdict_names_the_seeds_a_divergence_left_out_in_either_arm():
+  """Was: a variant that diverged at one seed was 'better' on the others with no word of it."""
+  values = {'base': [3.0, 3.1, 3.05, 3.2], 'v': [2.9, 3.01, 2.93, None], 'w': [2.9, 3.0, 2.96, 3.1]}
+  trials = [trial(v, seed, x if x is not None else 9.0, diverged=x is None)
+            for v, xs in values.items() for seed, x in enumerate(xs)]
+  trials[3] = trial('base', 3, 9.0, diverged=True)  # the baseline's seed 3 too
+  lines = report.paired_table(report.Group('g', trials), 'base')
+  assert lines[2].endswith('| better; v diverged at seed 3, base diverged at seed 3 (left out) |')
+  assert lines[3].endswith('| better; base diverged at seed 3 (left out) |')
 
 
 def test_report_with_a_baseline(tmp_path):

@@ -12,7 +12,7 @@ import itertools
 import math
 import os
 import re
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -128,16 +128,19 @@ def paired_differences(trials: Sequence[Trial],
 
 def _paired_lines(kind: str, difference: str,
                   pairs: Sequence[Tuple[str, List[Tuple[int, float]]]],
-                  words: Tuple[str, str] = ('better', 'worse')) -> List[str]:
+                  words: Tuple[str, str] = ('better', 'worse'),
+                  notes: Optional[Dict[str, str]] = None) -> List[str]:
   """Markdown: per name its (seed, difference from the baseline) pairs: the seeds, n, the mean
-  ``difference``, its 95% t interval over the pairs and the verdict (``words``: below 0, above)."""
+  ``difference``, its 95% t interval over the pairs and the verdict (``words``: below 0, above),
+  with the name's ``notes``, if any."""
   head = [kind, 'paired seeds', 'n', difference, '95% CI', 'verdict']
   lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
   for name, named in pairs:
     interval = t_interval([d for _, d in named])
     row = [name, ', '.join(str(s) for s, _ in named) or '—', str(len(named)),
            '—' if interval is None else f'{interval.mean:+.4f}',
-           format_interval(interval, 4, mean=False, signed=True), verdict(interval, *words)]
+           format_interval(interval, 4, mean=False, signed=True),
+           verdict(interval, *words) + (notes or {}).get(name, '')]
     lines.append('| ' + ' | '.join(row) + ' |')
   return lines
 
@@ -154,10 +157,21 @@ def _uncorrected(k: int) -> str:
 
 
 def paired_table(group: Group, baseline: str) -> List[str]:
-  """Every other variant's final held-out log-perplexity against ``baseline``'s, paired by seed."""
-  return _paired_lines('variant', f'mean difference (variant - {baseline})', [
-      (v, paired_differences(group.of(v), group.of(baseline)))
-      for v in group.variants() if v != baseline])
+  """Every other variant's final held-out log-perplexity against ``baseline``'s, paired by seed;
+  a verdict over the seeds where neither diverged names the seeds it leaves out for a divergence
+  (a variant that diverged in one seed is no better for its other seeds)."""
+  def diverged(name):
+    return sorted(t.seed for t in group.of(name) if diverged_step(t) is not None)
+
+  def left_out(name):
+    arms = [(n, seeds) for n in (name, baseline) for seeds in [diverged(n)] if seeds]
+    return '; ' + ', '.join(f'{n} diverged at seed{"s" * (len(s) > 1)} {", ".join(map(str, s))}'
+                            for n, s in arms) + ' (left out)' if arms else ''
+
+  others = [v for v in group.variants() if v != baseline]
+  return _paired_lines('variant', f'mean difference (variant - {baseline})',
+                       [(v, paired_differences(group.of(v), group.of(baseline))) for v in others],
+                       notes={v: left_out(v) for v in others})
 
 
 def sensitivity_table(curves: Sequence[stability.Curve], baseline: str) -> List[str]:
@@ -304,7 +318,8 @@ def group_markdown(group: Group, out_dir: str, baseline: Optional[str] = None) -
     paired = paired_table(group, baseline)
     lines += [f'Paired differences against `{baseline}`: final held-out {metric} of each '
               f'variant minus `{baseline}`\'s, seed by seed (seed s of both saw the same data '
-              'order; only seeds where both finished and neither diverged), the mean over the '
+              'order; only seeds where both finished and neither diverged: the verdict names the '
+              'seeds a divergence left out), the mean over the '
               'pairs and its 95% Student t interval (n-1 degrees of freedom). Negative: lower '
               f'{metric} than the baseline. Verdict: better (or worse) if the interval lies '
               f'entirely below (above) 0.{_uncorrected(_intervals(paired))}', '']
