@@ -306,7 +306,9 @@ def group_markdown(group: Group, out_dir: str, baseline: Optional[str] = None) -
                f'split of `{task}` at the last evaluation (final) and the lowest of all (best), '
                f'mean ± sample std over the finished seeds that did not diverge, and the '
                f'final\'s mean with its 95% confidence interval over those seeds (Student t, '
-               f'n-1 degrees of freedom: mean ± t(0.975, n-1) s/√n). '
+               f'n-1 degrees of freedom: mean ± t(0.975, n-1) s/√n). Tokens/s: input and target '
+               'positions trained per second, padding included, the mean over the logged windows '
+               'but each training session\'s first (its compilation). '
                f'Diverged: a non-finite loss or skipped update or held-out value (even once), or '
                f'a logged training loss more than {BLOW_UP_NATS:g} nat above the lowest before it '
                'that had not come back by the last log (the step where it first was).' if task else
