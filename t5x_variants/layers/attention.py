@@ -177,8 +177,10 @@ class Attention(nn.Module):
     written into the cache at ``write`` (None: the call that makes the cache). Cross-attention's
     (``cross``: ``x_kv`` is the encoder's output, the same at every step) are kept in the cache
     by an ``apply`` that makes it (train/decoding.py's, with the decoding's parameters and encoder
-    output) and read from it at every step (one input's beams share them: beam search leaves
-    them); a cache made by ``init`` (other parameters) has none, and its steps project them."""
+    output) and read from it at every step; a cache made by ``init`` (other parameters) has none,
+    and its steps project them. They are kept once per input: an encoder output of batch B
+    serves queries of batch B * beams, each input's beams consecutive rows (``_grouped``), and
+    beam search leaves them in place."""
     if not decode:
       return project(name, gain, x_kv)
     if not self.cross:
@@ -246,11 +248,12 @@ class Attention(nn.Module):
       if name == 'dot_product':
         key = self._keys_or_values('key', 1.0, x_kv, project, decode, decode_position)
         if fused:  # a cached decode step (one query) is causal through its key lengths
-          y = fused_attention.attend(query, key, value, bias, lengths,
+          group = lambda kv: jnp.repeat(kv, query.shape[0] // kv.shape[0], 0)
+          y = fused_attention.attend(query, group(key), group(value), bias, lengths,
                                      self.causal and x_q.shape[1] > 1, fused)
           return self._output(y, x_q.shape[-1], dense)
         # In the compute dtype, then float32: its backward (dQ, dK) is a compute-dtype matmul too.
-        s = jnp.einsum('bqhd,bkhd->bhqk', query, key)
+        s = _grouped('bqhd,bkhd->bhqk', query, key)
       elif name in synth.DENSE_SYNTHESIZERS:
         s = self._component(name)(self._hidden(name, query, x_q, project), k_positions)
       else:
@@ -266,7 +269,7 @@ class Attention(nn.Module):
       s = add_shared_bias(s, bias.astype(jnp.float32))
     probs = masked_softmax(s, mask)
     probs = nn.Dropout(self.dropout_rate, self.dropout_broadcast_dims)(probs, deterministic=deterministic)
-    y = jnp.einsum('bhqk,bkhd->bqhd', probs.astype(self.dtype), value.astype(self.dtype))
+    y = _grouped('bhqk,bkhd->bqhd', probs.astype(self.dtype), value.astype(self.dtype))
     return self._output(y, x_q.shape[-1], dense)
 
   def _output(self, y, features: int, dense):
@@ -276,3 +279,17 @@ class Attention(nn.Module):
       y = Norm(self.inner_norm, self.norm_epsilon, self.dtype, ('heads', 'kv'), name='inner_layer_norm')(y)
     return checkpoint_name(dense((features,), ('heads', 'kv'), ('embed',), gain=self.gain, name='out')(y),
                            'out_proj')
+
+
+def _grouped(spec: str, x, kv):
+  """``jnp.einsum(spec, x, kv)`` where each row of ``kv`` (keys or values) serves a group of
+  consecutive rows of ``x``: one input's beams in decoding, over cross-attention keys and values
+  kept once per input (train/decoding.py)."""
+  groups = x.shape[0] // kv.shape[0]
+  if groups == 1:
+    return jnp.einsum(spec, x, kv)
+  lhs, rest = spec.split(',')
+  out = jnp.einsum(f'bg{lhs[1:]},{rest.replace("->b", "->bg")}',
+                   x.reshape(kv.shape[0], groups, *x.shape[1:]), kv)
+  return out.reshape(x.shape[0], *out.shape[2:])
+

@@ -152,8 +152,8 @@ def decode(model, config, params, *, encoder_input_tokens=None, prompt_tokens=No
   variables = {'params': params}
   if config.architecture == 'encoder_decoder':
     enc = jnp.repeat(encoder_input_tokens, beams, 0)
+    # once per input: its beams' queries share its cross-attention keys and values (Attention)
     encoded = model.apply(variables, encoder_input_tokens, method=model.encode)
-    encoded = jnp.repeat(encoded, beams, 0)
     prompt = jnp.zeros((encoder_input_tokens.shape[0], 1), jnp.int32)
     run = lambda v, tok, **kw: model.apply(v, encoded, enc, tok, method=model.decode, **kw)
   elif config.architecture == 'decoder_only':
