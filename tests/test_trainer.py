@@ -518,3 +518,28 @@ def test_eval_at_start_evaluates_the_initial_parameters_once(tmp_path):
   assert records(fresh, 'eval')[0] == {**evals[0], 'time': records(fresh, 'eval')[0]['time']}
   run_train(tmp_path, 4, eval_data=eval_batches, eval_period=2, eval_at_start=True)
   assert [r['step'] for r in records(tmp_path, 'eval')] == [0, 2, 4]
+
+
+def test_a_directory_that_is_no_run_keeps_the_files_training_would_replace(tmp_path):
+  """Was: a model_dir holding the user's own config.gin and vocab.model (no run's: no
+  model-info.txt, no checkpoint) had both replaced, without a word."""
+  mine = tmp_path / 'mine'
+  mine.mkdir()
+  (mine / 'config.gin').write_text('# my notes\n')
+  (mine / 'vocab.model').write_bytes(b'my vocabulary')
+  vocab = tmp_path / 'spm.model'
+  vocab.write_bytes(b'the run vocabulary')
+  with pytest.raises(ValueError, match=r'mine is no run directory \(no model-info.txt, no checkpoint\) '
+                                       r'but holds config.gin and vocab.model, which training would'):
+    run_train(mine, 2, files={'vocab.model': str(vocab)})
+  assert (mine / 'config.gin').read_text() == '# my notes\n'
+  assert (mine / 'vocab.model').read_bytes() == b'my vocabulary'
+  assert sorted(p.name for p in mine.iterdir()) == ['config.gin', 'vocab.model']
+  # a run's own directory, stopped before its first checkpoint (its run files written), trains
+  run = tmp_path / 'run'
+  run_train(run, 2)
+  for path in run.iterdir():
+    if path.name not in ('config.gin', 'model-info.txt'):
+      shutil.rmtree(path) if path.is_dir() else path.unlink()
+  run_train(run, 2)
+  assert [r['step'] for r in records(run)] == [1, 2]

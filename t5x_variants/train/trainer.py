@@ -54,6 +54,23 @@ def _check_vocabulary(model_dir: str, files: Mapping[str, str], resumed: Callabl
                      f'--gin.vocabulary.path="\'{saved}\'") or use a new model_dir')
 
 
+def _check_run_directory(model_dir: str, files: Mapping[str, str]):
+  """ValueError (one line) when ``model_dir`` holds files of the names a run writes there
+  (``config.gin``, ``model-info.txt``, ``files``) but is no run's (no ``model-info.txt``, which
+  every run and t5xv-import writes, and no checkpoint): training would replace them."""
+  run = storage.path(model_dir)
+
+  def clashes():
+    if not run.is_dir() or (run / 'model-info.txt').exists() or any(run.glob('checkpoint_*')):
+      return []
+    return [name for name in ('config.gin', *files) if (run / name).exists()]
+  found = multihost.process0_json(f'looking into {model_dir}', clashes)
+  if found:
+    raise ValueError(f'{model_dir} is no run directory (no model-info.txt, no checkpoint) but holds '
+                     f'{" and ".join(found)}, which training would replace: move them away or use '
+                     'another model_dir')
+
+
 def _write_run_files(model_dir: str, config: TransformerConfig, files: Mapping[str, str]):
   """``config.gin`` (every binding of this run), ``model-info.txt`` and ``files`` (e.g. the
   vocabulary, which a later evaluation needs) into ``model_dir``, by process 0."""
@@ -337,6 +354,7 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
   sharded = ShardedModel.build(config, mesh or partitioning.MeshConfig(), seed)
   # First: missing data is one error before the run directory exists.
   data = multihost.agree('building the training data', train_data)
+  _check_run_directory(model_dir, files or {})
   ckpt = checkpoints.Checkpointer(model_dir)
   _check_vocabulary(model_dir, files or {}, lambda: bool(ckpt.steps()))
   state, start = sharded.restore_or_init(ckpt, data, model_dir, init_checkpoint, init_optimizer,
