@@ -102,7 +102,12 @@ def test_bench_flags_out_of_range_and_an_unwritable_output_are_one_line_before_a
   """--batch=0 ran the default batch; --output naming a directory failed after the run; the peer's
   flags without --hf were ignored."""
   base = ['--gin_file=gin/models/t5_tiny.gin', '--steps=1', '--warmup=0']
+  (tmp_path / 'notes.txt').write_text('my notes\n')  # replaced by the run's JSON before
+  (tmp_path / 'list.json').write_text('[1, 2]\n')
   for flags, message in ((['--batch=0'], '--batch=0 is out of range: it must be at least 1'),
+                         ([f'--output={tmp_path}/notes.txt'], 'notes.txt exists and is not an '
+                          'earlier t5xv-bench result, which it would replace: give another path'),
+                         ([f'--output={tmp_path}/list.json'], 'is not an earlier t5xv-bench result'),
                          (['--steps=0'], '--steps=0 is out of range'),
                          ([f'--output={tmp_path}'], 'cannot be written: it must name a file in an existing'),
                          ([f'--output={tmp_path}/no/such.json'], 'cannot be written'),
@@ -117,6 +122,7 @@ def test_bench_flags_out_of_range_and_an_unwritable_output_are_one_line_before_a
       bench.main(base + flags)
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count('\n') == 1 and message in err, err
+  assert (tmp_path / 'notes.txt').read_text() == 'my notes\n'
 
 
 @pytest.mark.skipif(ON_GPU, reason='the CPU run of the bench; on a GPU: scripts/gpu_bench.sh')

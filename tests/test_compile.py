@@ -343,6 +343,18 @@ def test_compile_bad_input_is_one_line(compile_main, args, says):
   assert len(err.strip().splitlines()) == 1, err
 
 
+@needs_libtpu
+def test_compile_keeps_a_file_that_is_no_earlier_result(compile_main, tmp_path):
+  """--output naming the user's own file replaced it with the result."""
+  notes = tmp_path / 'notes.txt'
+  notes.write_text('my notes\n')
+  status, err = compile_main('--gin_file=gin/runs/pretrain.gin', '--gin_file=gin/models/t5_tiny.gin',
+                             '--topology=v5e:2x2', f'--output={notes}')
+  assert status == 2 and err.count('\n') == 1, err
+  assert f'--output={notes} exists and is not an earlier t5xv-compile result, which it would' in err
+  assert notes.read_text() == 'my notes\n'
+
+
 def test_estimate_with_microbatches_compiles_once_and_says_why(compile_main, monkeypatch, capsys):
   """The cost model counts a microbatch loop's body once, unrolled or not: --estimate then makes
   no unrolled compile (was: a second whole compile whose figures replaced the first's)."""

@@ -174,6 +174,7 @@ def _check_flags(args):
     if os.path.isdir(args.output) or not os.path.isdir(parent):
       raise ValueError(f'--output={args.output} cannot be written: it must name a file in an '
                        'existing directory')
+    common.check_json_output(args.output, 't5xv-bench', 'median_step_seconds')
 
 
 def main(argv=None):

@@ -15,6 +15,7 @@ CPU processes (tests) use gloo collectives.
 import argparse
 import contextlib
 import errno
+import json
 import logging
 import os
 import re
@@ -33,6 +34,22 @@ class UsageError(ValueError):
 
 
 # --- flags -----------------------------------------------------------------------------------
+
+def check_json_output(output: str, prog: str, key: str):
+  """UsageError (one line) when ``--output`` names a file that is not an earlier ``prog`` result
+  (a JSON object with ``key``): the run would replace it."""
+  from t5x_variants.train import storage  # pylint: disable=g-import-not-at-top
+  path = storage.path(output)
+  if not path.is_file():
+    return
+  try:
+    ours = key in dict(json.loads(path.read_text()))
+  except (ValueError, TypeError):  # not JSON, not text (UnicodeDecodeError), not an object
+    ours = False
+  if not ours:
+    raise UsageError(f'--output={output} exists and is not an earlier {prog} result, which it '
+                     'would replace: give another path, or move that file away')
+
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -103,6 +103,8 @@ def main(argv=None):
     args = common.parse_args(parser, argv)
     ranges.check_flags(args, {'devices': 1, 'batch': 1, 'inputs_length': 1, 'targets_length': 1,
                               'max_compiles': 1, 'traffic': 0})
+    if args.output:
+      common.check_json_output(args.output, 't5xv-compile', 'target')
     if args.device_memory_gib is not None and not 0 < args.device_memory_gib < math.inf:
       raise common.UsageError(f'--device_memory_gib={args.device_memory_gib} is out of range: it '
                               'must be more than 0 and finite')
