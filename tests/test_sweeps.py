@@ -1400,3 +1400,12 @@ def test_what_a_sweep_and_its_report_must_not_mix(tmp_path, capsys):
   finally:
     runner.trainer_executable = runner_executable
   assert '1 interrupted' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize('text', ['{}', '[]', '{"runs": [{"name": 1}]}', '{"runs": [', 'not json'])
+def test_a_damaged_sweep_record_is_one_error_naming_it(tmp_path, text):
+  """Was: a KeyError, TypeError or JSONDecodeError traceback (or a line naming no file)."""
+  (tmp_path / 'sweep.json').write_text(text)
+  with pytest.raises(grid.SweepError, match=rf'{tmp_path}/sweep.json cannot be read as a sweep record '
+                                            r'\(.+\): restore it .* or use another --sweep_dir'):
+    grid.Sweep.load(str(tmp_path))

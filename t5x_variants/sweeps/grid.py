@@ -233,11 +233,15 @@ class Sweep:
     path = storage.path(storage.join(sweep_dir, SWEEP_FILE))
     if not path.exists():
       raise FileNotFoundError(f'{path} not found: not a sweep directory (t5xv-sweep writes it)')
-    d = json.loads(path.read_text())
     fields = {f.name for f in dataclasses.fields(Run)}
-    runs = [Run(**{k: v for k, v in r.items() if k in fields}) for r in d.pop('runs')]
-    d['sweep_dir'] = _absolute(sweep_dir)  # where it is now, if it was moved
-    return cls(**d, runs=runs)
+    try:
+      d = json.loads(path.read_text())
+      runs = [Run(**{k: v for k, v in r.items() if k in fields}) for r in d.pop('runs')]
+      d['sweep_dir'] = _absolute(sweep_dir)  # where it is now, if it was moved
+      return cls(**d, runs=runs)
+    except (ValueError, TypeError, KeyError, AttributeError) as e:  # not JSON, or not a sweep's
+      raise SweepError(f'{path} cannot be read as a sweep record ({type(e).__name__}: {e}): restore '
+                       'it (the run directories beside it are intact) or use another --sweep_dir') from None
 
   def merge_previous(self):
     """Keeps the record of runs this sweep directory already has; refuses a different base,
