@@ -659,6 +659,16 @@ def test_results_written_before_the_split_key_are_read_as_validation(tmp_path):
   assert eval_cli.read_results(epath.Path(tmp_path / 'missing.json')) == {}
 
 
+@pytest.mark.parametrize('text', ['[]', '{"validation": 3}', '{"validation": {', '\u00ff'])
+def test_a_damaged_results_file_is_one_error_naming_it(tmp_path, text):
+  """Was: an AttributeError traceback, or a JSON error naming no file."""
+  path = tmp_path / 'eval_results.json'
+  path.write_text(text)
+  with pytest.raises(ValueError, match=rf'{path} cannot be read as t5xv-eval results \(.+\): move it '
+                                       'aside to start its results afresh'):
+    eval_cli.read_results(epath.Path(path))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('name', ['t5xv-train', 't5xv-eval', 't5xv-infer', 't5xv-bench', 't5xv-compile'])
 def test_a_model_axis_that_splits_heads_unevenly_is_one_line_in_every_command(quickstart, name, tmp_path):

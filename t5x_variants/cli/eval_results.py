@@ -101,12 +101,29 @@ def benchmark_averages(results) -> dict:
   return out
 
 
+def _read(path: epath.Path) -> dict:
+  """The file's object of objects ({} where there is none); ValueError, one line, for anything
+  else (cut short, edited, another file of its name)."""
+  if not path.exists():
+    return {}
+  try:
+    results = json.loads(path.read_text())
+    why = '' if isinstance(results, dict) and all(isinstance(v, dict) for v in results.values()) \
+        else f'a {type(results).__name__}, not results by split'
+  except ValueError as e:  # not JSON, or not text (UnicodeDecodeError)
+    why = f'{type(e).__name__}: {e}'
+  if why:
+    raise ValueError(f'{path} cannot be read as t5xv-eval results ({why}): move it aside to start '
+                     'its results afresh')
+  return results
+
+
 def read_results(path: epath.Path) -> dict:
   """eval_results.json as {split: {step: {task: metrics}, 'best': ...}}, as process 0 reads it, on
   every process. A file written before results were keyed by split ({step: ...} at the top) is
   read as the default split's."""
   results = multihost.process0_json(  # the file process 0 writes, as it reads it
-      f'reading {path}', lambda: json.loads(path.read_text()) if path.exists() else {})
+      f'reading {path}', lambda: _read(path))
   if any(key.isdigit() or key == BEST for key in results):
     return {DEFAULT_SPLIT: results}
   return results
