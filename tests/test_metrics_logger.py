@@ -212,3 +212,14 @@ def test_a_tensorboard_write_that_fails_on_its_thread_stops_the_logger_not_hangs
   assert 'writing the TensorBoard events of' in str(errors[0])
   with pytest.raises(OSError, match='writing the TensorBoard events'):
     logger.close()
+
+
+def test_records_of_other_types_than_the_loggers_write_are_skipped(tmp_path):
+  """Was: a record with "loss": "oops" crashed t5xv-report with a TypeError traceback."""
+  from t5x_variants.train.metrics import read_records  # pylint: disable=g-import-not-at-top
+  lines = [{'step': 1, 'kind': 'train', 'loss': 2.0}, {'step': 2, 'kind': 'train', 'loss': 'oops'},
+           {'step': '3', 'kind': 'train', 'loss': 1.0}, [4], {'step': 5, 'kind': 'eval', 'task': 7},
+           {'step': 6, 'kind': 'train', 'loss': True}, {'step': 7, 'kind': 'eval', 'task': 't',
+                                                          'loss': None, 'split': 'test'}]
+  (tmp_path / 'metrics.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in lines))
+  assert [r['step'] for r in read_records(str(tmp_path))] == [1, 7]

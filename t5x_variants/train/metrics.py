@@ -39,9 +39,22 @@ def format_duration(seconds: float) -> str:
   return f'{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}'
 
 
+_NAMES = ('kind', 'task', 'split')  # a record's values that are text; the rest are numbers or null
+
+
+def _whole(record) -> bool:
+  """A record as the loggers write it: an integer step, text names, numbers or null."""
+  return (isinstance(record, dict) and type(record.get('step')) is int
+          and isinstance(record.get('kind'), str)
+          and all(isinstance(v, str) if k in _NAMES else
+                  v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+                  for k, v in record.items() if k != 'step'))
+
+
 def read_records(model_dir: str):
   """The records of a run directory's ``metrics.jsonl`` (every writer session's, in order), without
-  a line that is not whole JSON (being written as we read, or cut by a full disk). A ``RESUMED``
+  a line that is not a whole record (being written as we read, cut by a full disk, or edited: not
+  JSON, or values of other types than the loggers write). A ``RESUMED``
   record at step S (a trainer resumed there) drops the records before it of steps after S: an
   earlier session's steps that its checkpoints did not keep (a stop at a non-finite step, a
   kill), which the resumed session may not log again."""
@@ -50,6 +63,8 @@ def read_records(model_dir: str):
     try:
       record = json.loads(line)
     except json.JSONDecodeError:
+      continue
+    if not _whole(record):
       continue
     if record.get('kind') == RESUMED:
       records = [r for r in records if r['step'] <= record['step']]
