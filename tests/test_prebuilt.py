@@ -118,6 +118,30 @@ def test_missing_batches_say_how_to_write_them(tmp_path):
     prebuilt.local_root('gs://b/batches')
 
 
+@pytest.mark.parametrize('damage', ['deleted', 'cut', 'meta', 'deleted_eval'])
+def test_damaged_batches_are_one_error_saying_to_write_them_again(tmp_path, damage):
+  """Was: a deleted feature file trained on without it (or a 50-line traceback at the first step),
+  a cut one or a damaged data.json an error naming no file."""
+  desc = describe(eval_batches=2)
+  directory = prebuilt.write(str(tmp_path / 'b'), desc, lambda: batches(10),
+                             lambda: {'t': batches(3, seed=1)}, {}, 100)
+  target = {'deleted': 'train/weights.npy', 'cut': 'train/tokens.npy', 'meta': prebuilt.META,
+            'deleted_eval': 'eval0/tokens.npy'}[damage]
+  path = os.path.join(directory, target)
+  if damage.startswith('deleted'):
+    os.remove(path)
+  else:
+    with open(path, 'r+b') as f:
+      f.truncate(os.path.getsize(path) // 2)
+  says = {'deleted': r'train/weights.npy is missing', 'cut': r'ValueError: ',
+          'meta': r'data.json: JSONDecodeError', 'deleted_eval': r'eval0/tokens.npy is missing'}[damage]
+  with pytest.raises(ValueError, match=rf'the pre-built batches in {directory} are damaged \(.*{says}'
+                                       r'.*\): remove that directory and write them again with the '
+                                       r'same t5xv-train command and --write_batches'):
+    data = prebuilt.Prebuilt(str(tmp_path / 'b'), desc)
+    data.train(), data.evals()
+
+
 # Runs t5xv-train with TensorFlow, seqio and TFDS made unimportable.
 WITHOUT_TF = '''
 import sys

@@ -10,7 +10,9 @@ rate sweep, the variants of one seed) share one directory, and a run whose data 
 none. The data layer's own bindings (vocabulary, local corpus, task directories) are not in the
 key, since a reader without the data layer cannot see them: the writer records them and refuses
 to reuse batches written with others. Each feature is one ``.npy`` file of shape (batches, batch size, length), read memory
-mapped. One process only: a multi-host run reads its data through the data layer.
+mapped; ``data.json`` records every split's files and shapes, and a reader refuses a directory
+that no longer holds them (a file deleted or cut short). One process only: a multi-host run reads
+its data through the data layer.
 """
 import dataclasses
 import hashlib
@@ -121,7 +123,9 @@ def write(root: str, desc: Mapping, train: Callable[[], Iterator],
     for name, path in files.items():
       shutil.copyfile(path, os.path.join(tmp, name))
     meta = dict(desc, eval_tasks=list(eval_sets), eval_counts=counts, files=sorted(files),
-                vocabulary_size=vocabulary_size, data_layer=data_layer)
+                vocabulary_size=vocabulary_size, data_layer=data_layer,
+                features={split: _features(_load(os.path.join(tmp, split)))
+                          for split in ['train', *(f'eval{i}' for i in range(len(eval_sets)))]})
     with open(os.path.join(tmp, META), 'w') as f:
       json.dump(meta, f, indent=1, sort_keys=True, default=str)
     os.chmod(tmp, 0o755)  # mkdtemp's 0o700 would hide it from other users
@@ -140,13 +144,36 @@ def _load(directory: str) -> Dict[str, np.ndarray]:
           for name in sorted(os.listdir(directory)) if name.endswith('.npy')}
 
 
+def _features(arrays: Mapping[str, np.ndarray]) -> Dict[str, list]:
+  """{feature: [dtype, shape...]} of a split's arrays, as data.json records them."""
+  return {name: [a.dtype.name, *a.shape] for name, a in arrays.items()}
+
+
+def _damaged(directory: str, why: str) -> ValueError:
+  root = os.path.dirname(os.path.normpath(directory))
+  return ValueError(f'the pre-built batches in {root} are damaged ({why}): remove that directory and '
+                    'write them again with the same t5xv-train command and --write_batches')
+
+
 class PrebuiltBatches(Iterator[Dict[str, np.ndarray]]):
   """The training batches of a pre-built directory, in order; ``save``/``restore`` the position
-  (a checkpoint holds it, as it holds a tf.data iterator's)."""
+  (a checkpoint holds it, as it holds a tf.data iterator's). ``features``: what data.json
+  recorded of them (None: written before it did), which they must still be."""
 
-  def __init__(self, directory: str):
-    self.arrays, self.position = _load(directory), 0
-    self.length = len(next(iter(self.arrays.values())))
+  def __init__(self, directory: str, features: Optional[Mapping[str, list]] = None):
+    try:
+      self.arrays, self.position = _load(directory), 0
+    except (OSError, ValueError) as e:  # a file cut short, or not an .npy
+      raise _damaged(directory, f'{type(e).__name__}: {e}') from None
+    found = _features(self.arrays)
+    lengths = {a.shape[0] for a in self.arrays.values()}
+    if features is not None and found != features:
+      missing = sorted(set(features) - set(found))
+      raise _damaged(directory, f'{os.path.basename(directory)}/{missing[0]}.npy is missing' if missing
+                     else f'{os.path.basename(directory)} holds {found}, not the {features} written')
+    if len(lengths) != 1:
+      raise _damaged(directory, f'{os.path.basename(directory)} has features of different lengths')
+    self.length = lengths.pop()
 
   def __next__(self) -> Dict[str, np.ndarray]:
     if self.position >= self.length:
@@ -182,16 +209,23 @@ class Prebuilt:
           f'no pre-built batches for this run\'s data in {root} (expected {self.directory}); '
           'write them on a host with the data layer (TensorFlow, seqio): the same t5xv-train '
           'command with --write_batches')
-    with open(meta_path) as f:
-      self.meta = json.load(f)
+    try:
+      with open(meta_path) as f:
+        self.meta = dict(json.load(f))
+    except (ValueError, TypeError) as e:  # cut short or edited
+      raise _damaged(os.path.join(self.directory, 'train'),
+                     f'{META}: {type(e).__name__}: {e}') from None
+
+  def _split(self, split: str) -> PrebuiltBatches:
+    return PrebuiltBatches(os.path.join(self.directory, split),
+                           self.meta.get('features', {}).get(split))
 
   def train(self) -> PrebuiltBatches:
-    return PrebuiltBatches(os.path.join(self.directory, 'train'))
+    return self._split('train')
 
   def evals(self) -> Dict[str, Iterable[Dict[str, np.ndarray]]]:
     """{task: its eval batches}, read anew at each call."""
-    return {name: PrebuiltBatches(os.path.join(self.directory, f'eval{i}'))
-            for i, name in enumerate(self.meta['eval_tasks'])}
+    return {name: self._split(f'eval{i}') for i, name in enumerate(self.meta['eval_tasks'])}
 
   def files(self) -> Dict[str, str]:
     return {name: os.path.join(self.directory, name) for name in self.meta['files']}
