@@ -19,6 +19,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from t5x_variants import path_keys
+from t5x_variants.train import optimizer
 
 MESH_AXES = ('data', 'model')
 
@@ -154,11 +155,23 @@ def sharded_abstract_params(model, init_inputs, mesh: Mesh, rules, rng=None):
       lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), nn.unbox(boxed), shardings)
 
 
+def _forms(path, shape: Tuple[int, ...], spec: Tuple):
+  """A parameter's (shape, spec) and, for an attention projection, those of the matrix Adafactor
+  sees (``optimizer.as_matrix``, after any leading layers axis): its heads and head_dim axes as
+  one, split as the heads axis (head_dim is never split)."""
+  yield shape, spec
+  lead = len(shape) - 3
+  if lead >= 0 and optimizer.as_matrix(path, shape[lead:]) != shape[lead:]:
+    i = lead if path_keys(path)[-2] == 'out' else lead + 1  # the heads axis
+    if spec[i + 1] is None:
+      yield shape[:i] + (shape[i] * shape[i + 1],) + shape[i + 2:], spec[:i + 1] + spec[i + 2:]
+
+
 def follow_param_shardings(abstract_tree, abstract_params, mesh: Mesh):
   """Shardings for optimizer statistics, whose trees end in the parameters' paths. A leaf with its
-  parameter's shape takes the parameter's sharding; one with a single axis fewer (Adafactor's
-  factored row / column second moments) takes it without that axis, when only one axis fits;
-  anything else (counters, placeholders) is replicated."""
+  parameter's shape (or its ``_forms``' other) takes the parameter's sharding; one with a single
+  axis fewer (Adafactor's factored row / column second moments) takes it without that axis, when
+  only one axis fits; anything else (counters, placeholders) is replicated."""
   params = {tuple(k.key for k in path): (tuple(x.shape), tuple(x.sharding.spec))
             for path, x in jax.tree_util.tree_leaves_with_path(abstract_params)}
 
@@ -170,8 +183,10 @@ def follow_param_shardings(abstract_tree, abstract_params, mesh: Mesh):
       keys.insert(0, k.key)
     shape, spec = params.get(tuple(keys), ((), ()))
     spec = spec + (None,) * (len(shape) - len(spec))
-    fits = {spec} if tuple(leaf.shape) == shape else {
-        spec[:i] + spec[i + 1:] for i in range(len(shape)) if shape[:i] + shape[i + 1:] == tuple(leaf.shape)}
+    fits = set()
+    for shape, spec in _forms(keys, shape, spec):
+      fits |= {spec} if tuple(leaf.shape) == shape else {
+          spec[:i] + spec[i + 1:] for i in range(len(shape)) if shape[:i] + shape[i + 1:] == tuple(leaf.shape)}
     return NamedSharding(mesh, PartitionSpec(*fits.pop()) if len(fits) == 1 else PartitionSpec())
   return jax.tree_util.tree_map_with_path(sharding, abstract_tree)
 
