@@ -360,6 +360,21 @@ def test_t5s_vocabulary_out_of_reach_is_one_line_naming_it_and_the_fix(tmp_path,
                                "vocabulary.kind = 'embedded'"), err
 
 
+def test_a_run_file_given_to_t5xv_data_says_which_files_it_takes(capsys):
+  """Was: "No configurable matching 'train'" alone, with no word of which gin files it takes."""
+  try:
+    with pytest.raises(SystemExit) as e:
+      data_main(['--task=embedded_span_corruption', '--gin_file=gin/experiments/quickstart.gin'])
+  finally:
+    gin.clear_config()
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and err.count('\n') == 1, err
+  assert "No configurable matching 'train'" in err and err.rstrip().endswith(
+      "t5xv-data takes the data layer's gin files and bindings (vocabulary, local_corpus_files), not "
+      "a run or experiment file or a run's config.gin: give its task and lengths as --task, "
+      "--inputs_length and --targets_length"), err
+
+
 def test_a_sentencepiece_model_without_t5s_special_ids_is_refused(tmp_path, capsys):
   """Was accepted: with SentencePiece's defaults (unk 0, eos 2) decoding waited for id 1 (``<s>``)
   and unknown pieces were weighted as padding."""

@@ -1,6 +1,11 @@
 """t5xv-data: print decoded examples of a seqio task or mixture and their statistics.
 
-  t5xv-data --task=embedded_span_corruption [--split=validation] [--n=5] [--gin_file=...]
+  t5xv-data --task=embedded_span_corruption [--split=validation] [--n=5] [--inputs_length=512]
+            [--targets_length=114] [--gin_file=...]
+
+Its gin files and bindings set the data layer (``vocabulary``, ``local_corpus_files``); a run's
+task and lengths are its flags. A run or experiment file, or a run's config.gin, also binds the
+trainer's settings, which it refuses.
 """
 import sys
 
@@ -86,9 +91,17 @@ def main(argv=None):
     ranges.check_flags(args, {'n': 1, 'inputs_length': 1, 'targets_length': 1})
     common.import_data_layer()
     from t5x_variants.data import corpus, vocab  # pylint: disable=g-import-not-at-top
-    recipe.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_paths.split(','),
-                     configurables={'vocabulary': vocab.vocabulary,
-                                    'local_corpus_files': corpus.local_corpus_files})
+    try:
+      recipe.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_paths.split(','),
+                       configurables={'vocabulary': vocab.vocabulary,
+                                      'local_corpus_files': corpus.local_corpus_files})
+    except recipe.GinConfigError as e:
+      if 'No configurable matching' not in str(e):
+        raise
+      raise recipe.GinConfigError(
+          f'{e}. t5xv-data takes the data layer\'s gin files and bindings (vocabulary, '
+          'local_corpus_files), not a run or experiment file or a run\'s config.gin: give its task '
+          'and lengths as --task, --inputs_length and --targets_length', detail=e.detail) from None
     lengths = default_lengths(args.task, args.inputs_length or 512)
     if args.targets_length:
       lengths['targets'] = args.targets_length
