@@ -185,6 +185,8 @@ def test_t5xv_info_prints_table_constants_and_total(capsys):
      "%MACRO, or a list, tuple or dict of them); a string needs quotes: "
      "--gin.TransformerConfig.norm=\"'rms'\""),
     (['--gin.TransformerConfig.d_model=[8,'], '--gin.TransformerConfig.d_model=[8,: [8, is not a gin value'),
+    (["--gin.TransformerConfig.norm='rmsnorm"],  # its closing quote left off: was told "''rmsnorm'"
+     "a string needs quotes: --gin.TransformerConfig.norm=\"'rmsnorm'\""),
     (['--gin.TransformerConfig.encoder_alpha=2.0'], 'encoder_alpha scales the residual only under DeepNorm'),
     (['--gin.TransformerConfig.subln_cross_attention=True'],  # (ignored: helper-75)
      "subln_cross_attention gives Sub-LN's inner LN to cross-attention: it needs placement 'subln'"),

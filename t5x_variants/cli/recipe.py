@@ -21,6 +21,9 @@ from t5x_variants.models.config import TransformerConfig
 from t5x_variants.train import storage
 
 
+QUOTES = '\'"'  # a value's own quotes, one of them left off
+
+
 class GinConfigError(ValueError):
   """A gin file or binding that cannot be applied, with what to do about it (one line).
   ``detail``: gin's whole message (e.g. with the configuration it read), shown at --verbosity=1."""
@@ -116,7 +119,8 @@ def parse_gin(gin_files: List[str], bindings: List[str], search_paths: Sequence[
       key, value = key.strip(), value.strip()
       raise GinConfigError(f'--gin.{key}={value}: {value} is not a gin value (a number, a quoted '
                            f'string, @name, %MACRO, or a list, tuple or dict of them); a string '
-                           f'needs quotes: --gin.{key}="\'{value}\'"', detail=str(e)) from e
+                           f'needs quotes: --gin.{key}="\'{value.strip(QUOTES)}\'"',
+                           detail=str(e)) from e
     known = {**CONFIGURABLES, **(configurables or {})}
     raise GinConfigError(f'invalid gin configuration: {_explain(_one_line(str(e)), known)}',
                          detail=str(e)) from e
