@@ -402,6 +402,11 @@ def test_a_quickstart_step_that_fails_is_named_and_advises_the_quickstarts_flags
                         'a run of another model (ffn: saved a_former_ffn, this configuration '), err
   assert 'or set --model_dir to a new directory' in err and '--gin.' not in err.split('config.gin')[-1]
   assert os.listdir(tmp_path) == ['model-info.txt']
+  with pytest.raises(SystemExit) as e:  # a flag its training step does not know: was "t5xv-train: error"
+    quickstart.main([f'--model_dir={tmp_path}', '--modeldir=x'])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and err == ('t5xv-quickstart (t5xv-train step): error: unrecognized '
+                                       'arguments: --modeldir=x (see --help)\n'), err
 
 
 def test_a_resume_with_another_vocabulary_is_refused(tmp_path, capsys):

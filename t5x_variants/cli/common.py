@@ -56,7 +56,8 @@ class ArgumentParser(argparse.ArgumentParser):
   """argparse whose usage errors are one line (and exit status 2), like every other error."""
 
   def error(self, message):
-    print(f'{self.prog}: error: {message} (see --help)', file=sys.stderr)
+    prog = f'{_on_behalf_of[0]} ({self.prog} step)' if _on_behalf_of else self.prog
+    print(f'{prog}: error: {message} (see --help)', file=sys.stderr)
     raise SystemExit(2)
 
 
