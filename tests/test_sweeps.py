@@ -433,10 +433,11 @@ def test_a_sweep_or_report_directory_that_is_a_file_is_one_line(tmp_path, capsys
   from t5x_variants.cli import sweep as sweep_cli  # pylint: disable=g-import-not-at-top
   base, = gin_files(tmp_path, 'base.gin')
   (tmp_path / 'notes').write_text('mine')
+  (tmp_path / 'run').mkdir()
   for main, flags, message in (
       (sweep_cli.main, [f'--sweep_dir={tmp_path}/notes/s', f'--gin_file={base}'],
        f'--sweep_dir={tmp_path}/notes/s: {tmp_path}/notes is a file; give a directory'),
-      (report_cli.main, [f'--run_dirs={tmp_path}', f'--output_dir={tmp_path}/notes'],
+      (report_cli.main, [f'--run_dirs={tmp_path}/run', f'--output_dir={tmp_path}/notes'],
        f'--output_dir={tmp_path}/notes: {tmp_path}/notes is a file; give a directory')):
     with pytest.raises(SystemExit) as e:
       main(flags)
@@ -445,7 +446,7 @@ def test_a_sweep_or_report_directory_that_is_a_file_is_one_line(tmp_path, capsys
   assert (tmp_path / 'notes').read_text() == 'mine'
 
 
-def test_report_without_runs_is_a_usage_error(capsys):
+def test_report_without_runs_is_a_usage_error(capsys, tmp_path):
   from t5x_variants.cli import report as report_cli  # pylint: disable=g-import-not-at-top
   with pytest.raises(SystemExit) as exit_info:
     report_cli.main([])
@@ -458,6 +459,13 @@ def test_report_without_runs_is_a_usage_error(capsys):
     report_cli.main(['--run_dirs=/nonexistent/relu-seed0', '--output_dir=/nonexistent/out'])
   assert exit_info.value.code == 2
   assert 'error: --run_dirs: /nonexistent/relu-seed0 does not exist' in capsys.readouterr().err
+  (tmp_path / 'sweep').mkdir()
+  (tmp_path / 'sweep' / 'sweep.json').write_text('{}')
+  with pytest.raises(SystemExit) as exit_info:  # an existing directory that is no run: was a row
+    report_cli.main([f'--run_dirs={tmp_path}/sweep', f'--output_dir={tmp_path}/out'])
+  assert exit_info.value.code == 2 and (
+      f'error: --run_dirs: {tmp_path}/sweep is no run directory (no config.gin, no metrics.jsonl) '
+      "(a sweep's: give it as --sweep_dir)") in capsys.readouterr().err
 
 
 def test_a_smaller_grid_keeps_the_record_and_runs_trained_elsewhere_count(tmp_path):

@@ -67,6 +67,12 @@ def run_dirs_group(run_dirs: Sequence[str], name: str = 'runs', paper: Optional[
   for d in run_dirs:
     if not storage.path(d).exists():
       raise FileNotFoundError(f'--run_dirs: {d} does not exist')
+    path = storage.path(d)
+    if (path.is_dir() and any(path.iterdir())  # (an empty one: a run not started yet)
+        and not any((path / f).exists() for f in ('config.gin', 'metrics.jsonl'))):
+      sweep = ' (a sweep\'s: give it as --sweep_dir)' if (path / grid.SWEEP_FILE).exists() else ''
+      raise ValueError(f'--run_dirs: {d} is no run directory (no config.gin, no metrics.jsonl)'
+                       f'{sweep}: give the directories t5xv-train wrote')
     base = os.path.basename(os.path.normpath(d))
     found = re.fullmatch(r'(.+)-seed(\d+)', base)
     variant, seed = (found.group(1), int(found.group(2))) if found else (base, 0)
