@@ -297,7 +297,8 @@ def test_t5xv_data_prints_examples_and_statistics(capsys):
                                    'benchmark is set: GLUE_DIR, SUPER_GLUE_DIR, SQUAD_DIR'),
     (['--task=local_lm', '--gin.local_corpus_files.pattern="/nonexistent/dir"'], 'no .txt or .jsonl files match'),
     (['--task=embedded_span_corruption', '--inputs_length=2'], 'too short for span corruption'),
-    (['--task=embedded_span_corruption', '--targets_length=100'], 'makes targets of 114 tokens, but'),
+    (['--task=embedded_span_corruption', '--targets_length=100'], 'makes targets of 114 tokens, but the '
+     'targets length is 100; set it to 114 or more (--targets_length, or the run\'s TASK_FEATURE_LENGTHS)'),
     (['--task=embedded_lm', '--targets_length=1'], 'leaves no room'),
     (['--task=embedded_prefix_lm', '--targets_length=100'], 'makes targets of up to 511 tokens'),
     (['--task=embedded_prefix_lm', '--inputs_length=2'], 'leaves no room to split a chunk'),

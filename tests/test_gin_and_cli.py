@@ -219,6 +219,17 @@ def test_bad_gin_input_fails_with_one_clear_message(argv, message, capsys):
 
 
 @needs_data_layer
+def test_a_verbosity_in_the_environment_that_is_no_integer_is_named(monkeypatch, capsys):
+  """Was: "invalid literal for int() with base 10: 'abc'", naming neither the variable nor the fix."""
+  from t5x_variants.cli import info  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv('T5XV_VERBOSITY', 'abc')
+  with pytest.raises(SystemExit) as e:
+    info.main(['--gin_file=gin/models/t5_tiny.gin'])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and err == ("t5xv-info: error: T5XV_VERBOSITY='abc' is not an integer: 0 "
+                                       '(the default) or 1 (see --help)\n'), err
+
+
 @pytest.mark.parametrize('command,argv,message,detail', [
     # t5xv-eval without the run's config.gin, which sets TASK_FEATURE_LENGTHS and the other macros
     ('t5xv-eval', ['--gin_file=gin/runs/eval.gin', "--gin.CHECKPOINT_PATH='/tmp/run'"],

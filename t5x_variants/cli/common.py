@@ -74,7 +74,7 @@ def parser(prog: str, doc: str, processes: bool = True) -> ArgumentParser:
   p.add_argument('--gin_file', action='append', default=[], help='gin file (repeatable)')
   p.add_argument('--gin_bindings', action='append', default=[], help='KEY=VALUE (repeatable)')
   p.add_argument('--gin_search_paths', default='', help='comma-separated gin search dirs')
-  p.add_argument('--verbosity', type=int, default=int(os.environ.get('T5XV_VERBOSITY', '0')),
+  p.add_argument('--verbosity', type=int, default=None,
                  help='0: the project\'s lines and warnings (default); 1: also the libraries\' '
                       'INFO logs and TensorFlow/XLA start-up messages (env T5XV_VERBOSITY)')
   if processes:
@@ -104,6 +104,11 @@ def parse_args(p: argparse.ArgumentParser, argv: Optional[Sequence[str]]):
       arg = f'--gin_bindings={key} = {value}'
     rewritten.append(arg)
   args = p.parse_args(rewritten)
+  if args.verbosity is None:
+    env = os.environ.get('T5XV_VERBOSITY', '0')
+    if not re.fullmatch(r'\s*-?\d+\s*', env):
+      p.error(f'T5XV_VERBOSITY={env!r} is not an integer: 0 (the default) or 1')
+    args.verbosity = int(env)
   set_verbosity(args.verbosity)
   return args
 

@@ -116,7 +116,8 @@ def span_corruption(dataset: tf.data.Dataset, sequence_length: Dict[str, int],
   if sequence_length.get('targets', targets_length) < targets_length:
     raise ValueError(f"span corruption of {sequence_length['inputs']} inputs makes targets of "
                      f"{targets_length} tokens, but the targets length is {sequence_length['targets']}; "
-                     f'use input_and_target_lengths({sequence_length["inputs"]}) to set it')
+                     f'set it to {targets_length} or more (--targets_length, or the run\'s '
+                     'TASK_FEATURE_LENGTHS)')
   vocabulary = output_features['targets'].vocabulary
   num_spans = _corrupted_lengths(raw_length, noise_density, mean_noise_span_length)[2]
   if vocabulary.extra_ids and vocabulary.extra_ids < num_spans:
