@@ -373,6 +373,17 @@ def test_export_of_another_model_or_a_damaged_checkpoint_is_one_error(tmp_path):
   assert not (tmp_path / 'out').exists()
 
 
+def test_a_checkpoint_whose_metadata_is_cut_short_is_called_damaged(tmp_path):
+  """Its metadata cut short gave a bare JSONDecodeError, without the hint an array's damage gets."""
+  from train_helpers import save_fresh_state  # pylint: disable=g-import-not-at-top
+  save_fresh_state(tiny(), tmp_path / 'run', seed=0)
+  meta = tmp_path / 'run' / 'checkpoint_1' / 'state' / '_METADATA'
+  meta.write_bytes(meta.read_bytes()[:len(meta.read_bytes()) // 2])
+  with pytest.raises(checkpoints.CheckpointError, match=r'cannot read params of .*checkpoint_1 \('
+                                                        r'.*\): is it damaged\?'):
+    pretrained.read_on_host(str(tmp_path / 'run'))
+
+
 @pytest.mark.slow
 def test_export_reads_a_checkpoint_written_by_eight_devices(tmp_path):
   """A data=4 x model=2 (fsdp) run in a subprocess; exported here on one device, transformers'

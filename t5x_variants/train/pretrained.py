@@ -88,7 +88,7 @@ def read_on_host(path: str, part: Optional[str] = 'params'):
     saved = saved_tree(path)
     saved = {part: saved[part]} if part else saved
   except Exception as e:
-    raise CheckpointError(f'cannot read {part or "the state"} of {path}: {e}') from e
+    raise _read_error(path, part or 'the state', e) from e
   try:
     restored = _read(path, jax.tree_util.tree_map(
         lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one), saved))
@@ -112,7 +112,7 @@ def restore_params(path: str, abstract_params, fresh: Sequence[str] = ()):
   try:
     saved = array_shapes(saved_tree(path)['params'])
   except Exception as e:
-    raise CheckpointError(f'cannot read the parameters of {path}: {e}') from e
+    raise _read_error(path, 'the parameters', e) from e
   wanted = array_shapes(abstract_params)
   new = _new_params(path, saved, wanted, fresh)
   dropped = sorted(saved.keys() - wanted.keys())
@@ -141,7 +141,7 @@ def restore_state(path: str, abstract_state, fresh: Sequence[str] = ()):
   try:
     tree = saved_tree(path)
   except Exception as e:
-    raise CheckpointError(f'cannot read the state of {path}: {error_reason(e)}') from e
+    raise _read_error(path, 'the state', e) from e
   if 'opt_state' not in tree:
     return None
   new = _new_params(path, array_shapes(tree['params']), array_shapes(abstract_state.params), fresh)
