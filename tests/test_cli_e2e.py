@@ -319,6 +319,12 @@ BAD_TRAIN_INPUTS = [
      "train.seed = 'a' is out of range: the random seed must be an integer >= 0 or None"),
     ('{tmp}/run', None, ['--gin.make_optimizer.global_norm_clip=-1'],  # trained uphill, exit 0
      'make_optimizer.global_norm_clip = -1 is out of range: it must be a number > 0, or None'),
+    ('{tmp}/run', None, ["--gin.TransformerConfig.self_attention='random'",  # failed at step 1
+                         '--gin.TransformerConfig.encoder_max_length=32'],
+     "TASK_FEATURE_LENGTHS (train/DatasetConfig.task_feature_lengths) = {'inputs': 64, 'targets': 16} "
+     'makes encoder rows of 64 tokens, more than this model reads (encoder_max_length 32: its learned '
+     'positions or synthesizer are sized by it); set TransformerConfig.encoder_max_length = 64, or '
+     'shorter lengths'),
 ]
 
 
@@ -327,7 +333,7 @@ BAD_TRAIN_INPUTS = [
     'batch_negative', 'batch_vs_data_axis', 'batch_vs_microbatches', 'inputs_length_0',
     'targets_length_negative', 'steps_0', 'steps_negative', 'log_period_0', 'eval_period_negative',
     'checkpoint_period_0', 'keep_0', 'data_not_prepared', 'mesh_model_0', 'mesh_data_string',
-    'seed_string', 'negative_clip'])
+    'seed_string', 'negative_clip', 'rows_longer_than_the_synthesizer'])
 def test_bad_train_input_is_one_line_before_any_work(model_dir, setup, flags, message, tmp_path,
                                                      monkeypatch, capsys):
   model_dir, message = (x.replace('{tmp}', str(tmp_path)) for x in (model_dir, message))

@@ -94,6 +94,22 @@ def check_model_dir(model_dir, config):
           f'or set --gin.{flag} to a new directory')
 
 
+def _check_rows_fit(config, scope: str, cfg):
+  """ValueError if ``cfg``'s rows are longer than a model whose parameters are sized by its
+  stacks' lengths (learned positions, a synthesizer) can read: before the run directory is
+  written (it failed at the first step)."""
+  lengths = cfg.task_feature_lengths or {}
+  for stack in config.stacks if cfg.mixture_or_task_name and config.sized_by_length else ():
+    if all(f in lengths for f in config.stack_features(stack)):
+      n, most = config.stack_length(stack, lengths), config.max_length(stack)
+      if n > most:
+        raise ValueError(f'{ranges.binding_name(f"{scope}/DatasetConfig.task_feature_lengths")[1]} = '
+                         f'{dict(lengths)} makes {stack} rows of {n} tokens, more than this model '
+                         f'reads ({stack}_max_length {most}: its learned positions or synthesizer '
+                         f'are sized by it); set TransformerConfig.{stack}_max_length = {n}, or '
+                         'shorter lengths')
+
+
 def check_inputs(config, train_cfg, eval_cfg):
   """Every number and path the training run reads, checked before any data is built or anything
   compiles; the first bad one is a ValueError of one line naming its binding (its macro if it has
@@ -109,6 +125,7 @@ def check_inputs(config, train_cfg, eval_cfg):
   for scope, cfg in (('train', train_cfg), ('train_eval', eval_cfg)):
     check_loss_on_targets_only(cfg.loss_on_targets_only, config.data_architecture,
                                f'{scope}/DatasetConfig.loss_on_targets_only')
+    _check_rows_fit(config, scope, cfg)
   if train_cfg.num_epochs is not None and jax.process_count() > 1:
     # Each host's share of the data ends after its own number of batches: the first host out
     # would stop while the others step on, alone in the step's collectives.
