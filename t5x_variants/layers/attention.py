@@ -292,4 +292,3 @@ def _grouped(spec: str, x, kv):
   out = jnp.einsum(f'bg{lhs[1:]},{rest.replace("->b", "->bg")}',
                    x.reshape(kv.shape[0], groups, *x.shape[1:]), kv)
   return out.reshape(x.shape[0], *out.shape[2:])
-
