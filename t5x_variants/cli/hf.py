@@ -181,8 +181,11 @@ def export_checkpoint(checkpoint_path: str, output_dir: str, params_only: bool =
   path = checkpoints.checkpoint_path(checkpoint_path)
   run = path.parent
   gin.clear_config()  # the run's config.gin alone says what the model is
-  recipe.parse_gin([str(run / 'config.gin')], [], skip_unknown=True)
-  config = recipe.build_config()
+  try:
+    recipe.parse_gin([str(run / 'config.gin')], [], skip_unknown=True)
+    config = recipe.build_config()
+  finally:
+    gin.clear_config()  # a caller's next configuration starts from nothing, not from this run's
   why = hf_t5.inexpressible(config)
   if why and not params_only:
     raise ValueError(f'transformers T5 cannot express this model: {why}. --params_only writes its '
