@@ -248,7 +248,7 @@ class Attention(nn.Module):
       if name == 'dot_product':
         key = self._keys_or_values('key', 1.0, x_kv, project, decode, decode_position)
         if fused:  # a cached decode step (one query) is causal through its key lengths
-          group = lambda kv: jnp.repeat(kv, query.shape[0] // kv.shape[0], 0)
+          group = lambda kv: jnp.repeat(kv, max(query.shape[0] // kv.shape[0], 1), 0)
           y = fused_attention.attend(query, group(key), group(value), bias, lengths,
                                      self.causal and x_q.shape[1] > 1, fused)
           return self._output(y, x_q.shape[-1], dense)
@@ -284,10 +284,11 @@ class Attention(nn.Module):
 def _grouped(spec: str, x, kv):
   """``jnp.einsum(spec, x, kv)`` where each row of ``kv`` (keys or values) serves a group of
   consecutive rows of ``x``: one input's beams in decoding, over cross-attention keys and values
-  kept once per input (train/decoding.py)."""
-  groups = x.shape[0] // kv.shape[0]
-  if groups == 1:
+  kept once per input (train/decoding.py). Otherwise the plain einsum (a batch of 1 broadcasts:
+  a random synthesizer's probabilities are one for every row)."""
+  if x.shape[0] <= kv.shape[0]:
     return jnp.einsum(spec, x, kv)
+  groups = x.shape[0] // kv.shape[0]
   lhs, rest = spec.split(',')
   out = jnp.einsum(f'bg{lhs[1:]},{rest.replace("->b", "->bg")}',
                    x.reshape(kv.shape[0], groups, *x.shape[1:]), kv)
