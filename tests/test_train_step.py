@@ -270,3 +270,16 @@ def test_evaluation_counts_every_token_of_a_large_split_exactly():
   batch = {'tokens': np.full((1, 16383), 1, np.int32)}
   out = evaluation.evaluate(step, None, (batch for _ in range(2000)), mesh)
   assert out == {'loss': 2.5, 'log_perplexity': 2.5, 'token_accuracy': 0.5, 'num_tokens': 32766000.0}
+
+
+def test_the_mesh_check_sees_every_size_a_logical_name_has():
+  """It kept the first parameter of each logical name: a later one of another size went unchecked
+  (every name has one size today, so this was latent)."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  from jax.sharding import AbstractMesh  # pylint: disable=g-import-not-at-top
+  boxed = {'a': nn.LogicallyPartitioned(jnp.zeros((8,)), ('mlp',)),
+           'b': nn.LogicallyPartitioned(jnp.zeros((6,)), ('mlp',))}
+  mesh = AbstractMesh((1, 4), partitioning.MESH_AXES)
+  with pytest.raises(ValueError, match=r"mesh axis 'model' of size 4 does not divide mlp = 6 \(e\.g\. b\); "
+                                       r".*\(mlp 8, mlp 6\) and the 4 devices: 1, 2 \(set MeshConfig.model\)"):
+    partitioning.check_mesh(boxed, mesh, partitioning.logical_axis_rules())

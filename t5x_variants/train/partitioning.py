@@ -74,7 +74,7 @@ def check_mesh(boxed_params, mesh: Mesh, rules):
   ValueError naming the dimension (its logical name, size and a parameter that has it), the axis
   and the axis sizes that would divide every dimension split over it. Runs before any compile
   (the compiler's own message names only an array axis). ``mesh``: a Mesh or an AbstractMesh."""
-  split: Dict[str, Dict[str, Tuple[int, str]]] = {}  # mesh axis -> logical name -> (size, path)
+  split: Dict[str, Dict[Tuple[str, int], str]] = {}  # mesh axis -> (logical name, size) -> a path
   rule = dict(rules)
   for path, leaf in jax.tree_util.tree_leaves_with_path(
       boxed_params, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned)):
@@ -83,16 +83,15 @@ def check_mesh(boxed_params, mesh: Mesh, rules):
     for name, size in zip(leaf.names, leaf.value.shape):
       axis = rule.get(name)
       if axis is not None and mesh.shape[axis] > 1:
-        split.setdefault(axis, {}).setdefault(
-            name, (size, '/'.join(path_keys(path))))
+        split.setdefault(axis, {}).setdefault((name, size), '/'.join(path_keys(path)))
   for axis, dims in split.items():
     n = mesh.shape[axis]
-    bad = [(name, size, where) for name, (size, where) in dims.items() if size % n]
+    bad = [(name, size, where) for (name, size), where in dims.items() if size % n]
     if bad:
       name, size, where = bad[0]
-      common = math.gcd(*(size for size, _ in dims.values()))
+      common = math.gcd(*(size for _, size in dims))
       fits = [d for d in divisors(common) if mesh.size % d == 0]
-      listed = ', '.join(f'{k} {v[0]}' for k, v in dims.items())
+      listed = ', '.join(f'{k} {size}' for k, size in dims)
       raise ValueError(
           f"mesh axis '{axis}' of size {n} does not divide {name} = {size} (e.g. {where}); "
           f"'{axis}' sizes that divide every dimension split over it ({listed}) and the "
