@@ -212,25 +212,31 @@ def test_factored_adafactor_statistics_follow_their_parameter_sharding():
 def test_adafactor_statistics_of_attention_projections_follow_their_heads_sharding():
   """Adafactor sees a projection as T5's (d_model, heads x head_dim) matrix (or (heads x
   head_dim, d_model) for out): its statistics were replicated on every device (no shape of the
-  kernel matched), the full second moments too below 128. Scanned (a layers axis) and not."""
+  kernel matched), the full second moments too below 128. Scanned (a layers axis) and not; square
+  (T5's d_model = heads x head_dim), where v_row keeps the matrix's first axis as optax's does."""
   mesh = partitioning.make_mesh(devices=jax.devices()[:1])
   kernel = lambda shape, *spec: jax.ShapeDtypeStruct(shape, jnp.float32,
                                                       sharding=NamedSharding(mesh, PartitionSpec(*spec)))
   params = {'encoder': {'layers': {'self_attention': {
                 'query': {'kernel': kernel((2, 192, 4, 64), None, 'data', 'model', None)},
                 'out': {'kernel': kernel((2, 4, 16, 96), None, 'model', None, 'data')}}}},
-            'decoder': {'self_attention': {'key': {'kernel': kernel((192, 4, 64), 'data', 'model')}}}}
+            'decoder': {'self_attention': {'key': {'kernel': kernel((192, 4, 64), 'data', 'model')},
+                                           'value': {'kernel': kernel((256, 4, 64), 'data', 'model')}}}}
   stats = jax.eval_shape(optimizer.make_optimizer(params, learning_rate=0.01).init, params)
   found = {}
   for (path, s), x in zip(jax.tree_util.tree_leaves_with_path(
       partitioning.follow_param_shardings(stats, params, mesh)), jax.tree_util.tree_leaves(stats)):
     names = [str(getattr(k, 'key', '')) for k in path]
-    if 'kernel' in names and x.size > 2:
+    if 'kernel' in names and x.size > 2 and 'value' not in names:
       found[names[names.index('kernel') - 1], x.shape] = tuple(s.spec)
   assert found == {
       ('query', (2, 192)): (None, 'data'), ('query', (2, 256)): (None, 'model'),  # factored
       ('out', (2, 64, 96)): (None, 'model', 'data'),  # (64, 96): below 128, not factored
       ('key', (192,)): ('data',), ('key', (256,)): ('model',)}  # not scanned
+  square = [tuple(s.spec) for (path, s), x in zip(
+      jax.tree_util.tree_leaves_with_path(partitioning.follow_param_shardings(stats, params, mesh)),
+      jax.tree_util.tree_leaves(stats)) if 'value' in jax.tree_util.keystr(path) and x.size > 2]
+  assert square == [('data',), ('model',)]  # v_row (d_model), v_col (heads x head_dim)
 
 
 @pytest.mark.parametrize('architecture', ['encoder_decoder', 'decoder_only'])

@@ -169,8 +169,10 @@ def _forms(path, shape: Tuple[int, ...], spec: Tuple):
 def follow_param_shardings(abstract_tree, abstract_params, mesh: Mesh):
   """Shardings for optimizer statistics, whose trees end in the parameters' paths. A leaf with its
   parameter's shape (or its ``_forms``' other) takes the parameter's sharding; one with a single
-  axis fewer (Adafactor's factored row / column second moments) takes it without that axis, when
-  only one axis fits; anything else (counters, placeholders) is replicated."""
+  axis fewer (Adafactor's factored row / column second moments) takes it without that axis: the
+  one axis that fits or, where two do (a square matrix), the one optax reduces for that statistic
+  (``v_row`` drops the later, ``v_col`` the earlier: its stable argsort of the shape); anything
+  else (counters, placeholders) is replicated."""
   params = {tuple(k.key for k in path): (tuple(x.shape), tuple(x.sharding.spec))
             for path, x in jax.tree_util.tree_leaves_with_path(abstract_params)}
 
@@ -182,11 +184,16 @@ def follow_param_shardings(abstract_tree, abstract_params, mesh: Mesh):
       keys.insert(0, k.key)
     shape, spec = params.get(tuple(keys), ((), ()))
     spec = spec + (None,) * (len(shape) - len(spec))
-    fits = set()
+    fits = []  # (the axis dropped, None if none; the spec)
     for shape, spec in _forms(keys, shape, spec):
-      fits |= {spec} if tuple(leaf.shape) == shape else {
-          spec[:i] + spec[i + 1:] for i in range(len(shape)) if shape[:i] + shape[i + 1:] == tuple(leaf.shape)}
-    return NamedSharding(mesh, PartitionSpec(*fits.pop()) if len(fits) == 1 else PartitionSpec())
+      fits += [(None, spec)] if tuple(leaf.shape) == shape else [
+          (i, spec[:i] + spec[i + 1:]) for i in range(len(shape)) if shape[:i] + shape[i + 1:] == tuple(leaf.shape)]
+    field = next((k.name for k in path if isinstance(k, jax.tree_util.GetAttrKey)
+                  and k.name in ('v_row', 'v_col')), None)
+    if len({s for _, s in fits}) > 1 and field and all(i is not None for i, _ in fits):
+      fits = [(max if field == 'v_row' else min)(fits, key=lambda f: f[0])]
+    specs = {s for _, s in fits}
+    return NamedSharding(mesh, PartitionSpec(*specs.pop()) if len(specs) == 1 else PartitionSpec())
   return jax.tree_util.tree_map_with_path(sharding, abstract_tree)
 
 
