@@ -464,8 +464,15 @@ def test_report_without_runs_is_a_usage_error(capsys, tmp_path):
   with pytest.raises(SystemExit) as exit_info:  # an existing directory that is no run: was a row
     report_cli.main([f'--run_dirs={tmp_path}/sweep', f'--output_dir={tmp_path}/out'])
   assert exit_info.value.code == 2 and (
-      f'error: --run_dirs: {tmp_path}/sweep is no run directory (no config.gin, no metrics.jsonl) '
-      "(a sweep's: give it as --sweep_dir)") in capsys.readouterr().err
+      f"error: --run_dirs: {tmp_path}/sweep holds runs and is none (a sweep's directory, or one of "
+      "run directories): give the run directories, or a sweep's as --sweep_dir") in capsys.readouterr().err
+  write_metrics(tmp_path / 'runs' / 'a-seed0', [train_record(10, 6.0)], total_steps=10)
+  with pytest.raises(SystemExit) as exit_info:  # the parent of runs
+    report_cli.main([f'--run_dirs={tmp_path}/runs', f'--output_dir={tmp_path}/out'])
+  assert exit_info.value.code == 2 and 'holds runs and is none' in capsys.readouterr().err
+  (tmp_path / 'starting').mkdir()  # a sweep's run whose trainer has not written its files yet
+  (tmp_path / 'starting' / 'train.log').write_text('starting\n')
+  assert report_cli.main([f'--run_dirs={tmp_path}/starting', f'--output_dir={tmp_path}/out']) == 0
 
 
 def test_a_smaller_grid_keeps_the_record_and_runs_trained_elsewhere_count(tmp_path):

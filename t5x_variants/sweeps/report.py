@@ -68,11 +68,11 @@ def run_dirs_group(run_dirs: Sequence[str], name: str = 'runs', paper: Optional[
     if not storage.path(d).exists():
       raise FileNotFoundError(f'--run_dirs: {d} does not exist')
     path = storage.path(d)
-    if (path.is_dir() and any(path.iterdir())  # (an empty one: a run not started yet)
-        and not any((path / f).exists() for f in ('config.gin', 'metrics.jsonl'))):
-      sweep = ' (a sweep\'s: give it as --sweep_dir)' if (path / grid.SWEEP_FILE).exists() else ''
-      raise ValueError(f'--run_dirs: {d} is no run directory (no config.gin, no metrics.jsonl)'
-                       f'{sweep}: give the directories t5xv-train wrote')
+    if (path / grid.SWEEP_FILE).exists() or any(
+        (child / f).exists() for child in path.iterdir() if child.is_dir()
+        for f in ('config.gin', 'metrics.jsonl')):  # (one without either: a run not started yet)
+      raise ValueError(f'--run_dirs: {d} holds runs and is none (a sweep\'s directory, or one of '
+                       'run directories): give the run directories, or a sweep\'s as --sweep_dir')
     base = os.path.basename(os.path.normpath(d))
     found = re.fullmatch(r'(.+)-seed(\d+)', base)
     variant, seed = (found.group(1), int(found.group(2))) if found else (base, 0)
