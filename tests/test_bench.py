@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import ON_GPU, init_params, parse_recipe, tiny, tokens
-from t5x_variants.cli import bench, launch, recipe
+from t5x_variants.cli import bench, common, launch, recipe
 from t5x_variants.models import flops, summary
 
 
@@ -123,6 +123,8 @@ def test_bench_flags_out_of_range_and_an_unwritable_output_are_one_line_before_a
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count('\n') == 1 and message in err, err
   assert (tmp_path / 'notes.txt').read_text() == 'my notes\n'
+  (tmp_path / 'empty.json').write_text('')  # mktemp's: nothing to lose
+  common.check_json_output(str(tmp_path / 'empty.json'), 't5xv-bench', 'median_step_seconds')
 
 
 @pytest.mark.skipif(ON_GPU, reason='the CPU run of the bench; on a GPU: scripts/gpu_bench.sh')

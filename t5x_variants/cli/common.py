@@ -40,7 +40,7 @@ def check_json_output(output: str, prog: str, key: str):
   (a JSON object with ``key``): the run would replace it."""
   from t5x_variants.train import storage  # pylint: disable=g-import-not-at-top
   path = storage.path(output)
-  if not path.is_file():
+  if not path.is_file() or not path.stat().length:  # (an empty one loses nothing: mktemp's)
     return
   try:
     ours = key in dict(json.loads(path.read_text()))
