@@ -61,7 +61,8 @@ def _check_run_directory(model_dir: str, files: Mapping[str, str]):
   run = storage.path(model_dir)
 
   def clashes():
-    if not run.is_dir() or (run / 'model-info.txt').exists() or any(run.glob('checkpoint_*')):
+    if not run.is_dir() or (run / 'model-info.txt').exists() or any(
+        p.name.startswith('checkpoint_') for p in run.iterdir()):
       return []
     return [name for name in ('config.gin', *files) if (run / name).exists()]
   found = multihost.process0_json(f'looking into {model_dir}', clashes)
