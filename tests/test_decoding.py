@@ -12,6 +12,7 @@ import pytest
 from conftest import init_params, jit_apply, tiny, tokens
 from test_models import _unstack_layers
 from t5x_variants.models import build_model
+from t5x_variants.train import decoding
 from t5x_variants.train.decoding import decode, filter_logits
 
 # 'prefix_lm': the decoder-only model with its prompt fully visible (filled into the cache at once).
@@ -125,7 +126,7 @@ def test_cross_attention_keys_and_values_are_projected_once_when_the_cache_is_ma
 
 
 @pytest.mark.parametrize('scan_layers', [True, False])
-def test_an_inputs_beams_share_one_row_of_cross_attention_keys_and_values(scan_layers):
+def test_an_inputs_beams_share_one_row_of_cross_attention_keys_and_values(scan_layers, monkeypatch):
   """Kept once per input (batch B), not per beam row (B * beams: 2.4 GB at T5-base, batch 32,
   4 beams): a step's logits equal those of a cache made from the encoder output repeated per
   beam."""
@@ -147,6 +148,17 @@ def test_an_inputs_beams_share_one_row_of_cross_attention_keys_and_values(scan_l
   np.testing.assert_allclose(np.asarray(step(shared, encoded, token)),
                              np.asarray(step(repeated, jnp.repeat(encoded, beams, 0), token)),
                              rtol=1e-6, atol=1e-6)
+  # and the cache decode() makes for its beam search holds them so
+  seen, search = [], decoding._beam_search  # pylint: disable=protected-access
+
+  def beam_search(step_fn, cache, *args):
+    seen.extend(x.shape[batch_axis] for path, x in jax.tree_util.tree_leaves_with_path(cache)
+                if path[-1].key.startswith('encoded_'))
+    return search(step_fn, cache, *args)
+  monkeypatch.setattr(decoding, '_beam_search', beam_search)
+  decoding.decode(s.model, s.config, s.params, encoder_input_tokens=enc, max_decode_length=3,
+                  method='beam', num_beams=beams)
+  assert seen and set(seen) == {4}
 
 
 @pytest.mark.parametrize('scan_layers', [True, False])
