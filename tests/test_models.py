@@ -388,6 +388,18 @@ def test_dropout_is_shared_by_positions_or_per_element(broadcast, rates):
   assert same == broadcast
 
 
+@pytest.mark.parametrize('broadcast', [True, False])
+def test_attention_dropout_draws_a_mask_per_example_over_batch_shared_probabilities(broadcast):
+  """A random synthesizer's probabilities are one row for the whole batch (unpacked decoder-only
+  rows: a causal mask of batch 1): their dropout mask was one for every example."""
+  c = tiny(architecture='decoder_only', self_attention='random', dropout_rate=0.0,
+           attention_dropout_rate=0.5, dropout_broadcast=broadcast)
+  ids = jnp.tile(tokens(1, 6), (2, 1))  # two identical rows
+  model, params = init_params(c, ids)
+  out = model.apply({'params': params}, ids, enable_dropout=True, rngs={'dropout': jax.random.PRNGKey(0)})
+  assert not np.allclose(out[0], out[1], atol=1e-6)
+
+
 def test_bfloat16_output_logits_and_synthesizer_logits_are_float32():
   """Under bfloat16 compute the vocabulary projection multiplies bfloat16 operands (as T5X and
   MaxText: tests/test_precision.py) and its logits come out float32, for the loss's softmax."""

@@ -268,6 +268,9 @@ class Attention(nn.Module):
     if bias is not None:  # after mixing, as the Synthesizer authors' Mesh TensorFlow code
       s = add_shared_bias(s, bias.astype(jnp.float32))
     probs = masked_softmax(s, mask)
+    if not deterministic and self.dropout_rate > 0 and probs.shape[0] < value.shape[0]:
+      # one batch-shared row of probabilities (a random synthesizer's): a mask for each example
+      probs = jnp.broadcast_to(probs, (value.shape[0], *probs.shape[1:]))
     probs = nn.Dropout(self.dropout_rate, self.dropout_broadcast_dims)(probs, deterministic=deterministic)
     y = _grouped('bhqk,bkhd->bqhd', probs.astype(self.dtype), value.astype(self.dtype))
     return self._output(y, x_q.shape[-1], dense)
