@@ -535,6 +535,10 @@ def test_a_directory_that_is_no_run_keeps_the_files_training_would_replace(tmp_p
   assert (mine / 'config.gin').read_text() == '# my notes\n'
   assert (mine / 'vocab.model').read_bytes() == b'my vocabulary'
   assert sorted(p.name for p in mine.iterdir()) == ['config.gin', 'vocab.model']
+  # the vocabulary given from that directory itself is not replaced by anything: trains
+  (mine / 'config.gin').unlink()
+  run_train(mine, 2, files={'vocab.model': str(mine / 'vocab.model')})
+  assert (mine / 'vocab.model').read_bytes() == b'my vocabulary'
   # a run's own directory, stopped before its first checkpoint (its run files written), trains
   run = tmp_path / 'run'
   run_train(run, 2)

@@ -64,7 +64,8 @@ def _check_run_directory(model_dir: str, files: Mapping[str, str]):
     if not run.is_dir() or (run / 'model-info.txt').exists() or any(
         p.name.startswith('checkpoint_') for p in run.iterdir()):
       return []
-    return [name for name in ('config.gin', *files) if (run / name).exists()]
+    return [name for name in ('config.gin', *files) if (run / name).exists()
+            and str(run / name) != str(storage.path(files.get(name, '')))]  # (not its own source)
   found = multihost.process0_json(f'looking into {model_dir}', clashes)
   if found:
     raise ValueError(f'{model_dir} is no run directory (no model-info.txt, no checkpoint) but holds '
