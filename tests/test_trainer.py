@@ -144,6 +144,36 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, subprocess_train
   assert [r['step'] for r in records(tmp_path)] == list(range(1, k + 2))
 
 
+SIGTERM_IN_THE_FINAL_EVAL = '''
+import os, signal, sys
+sys.path.insert(0, {tests!r})
+from train_helpers import eval_batches, run_train, slow_commits
+calls = [0]
+def evals():  # evals at steps 2 and 4, then the final one at 5, which gets a SIGTERM
+  calls[0] += 1
+  batches = eval_batches()
+  def signalled():
+    os.kill(os.getpid(), signal.SIGTERM)
+    yield from batches['synthetic']
+  return {{'synthetic': signalled()}} if calls[0] == 3 else batches
+slow_commits(2.0)  # checkpoint_5's commit still in flight when the signal comes
+print(run_train(sys.argv[1], 5, period=2, eval_data=evals, eval_period=2)['step'])
+'''
+
+
+@pytest.mark.slow
+def test_a_signal_during_the_final_eval_lets_the_last_checkpoint_commit(tmp_path):
+  """A finished run's final eval ran with SIGTERM's default action: the signal killed it (143)
+  with checkpoint_5 still a temporary directory, and the rerun trained from step 4 again."""
+  tests = os.path.dirname(os.path.abspath(__file__))
+  out = subprocess.run([sys.executable, '-c', SIGTERM_IN_THE_FINAL_EVAL.format(tests=tests),
+                        str(tmp_path)], capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0 and out.stdout.split()[-1] == '5', out.stderr[-2000:]
+  assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith('checkpoint_')) == [
+      'checkpoint_2', 'checkpoint_4', 'checkpoint_5']
+  assert [r['step'] for r in records(tmp_path, 'eval')] == [2, 4, 5]
+
+
 def test_a_stop_at_the_last_step_commits_without_the_final_eval(tmp_path, monkeypatch):
   """A signal at the last step (not an eval step): its checkpoint commits with further signals
   noted, so the final eval is left to the rerun (else it would run where nothing can stop it);

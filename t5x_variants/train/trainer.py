@@ -387,7 +387,7 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
   except BaseException:
     _close_after(run)
     raise
-  if preempted:  # another signal while the stop's checkpoint commits is noted, not obeyed
-    with preemption.Preemption(ckpt):
-      return _finish(run, evaluator, start, total_steps, eval_period, stopped=True)
-  return _finish(run, evaluator, start, total_steps, eval_period)
+  # A signal while the last checkpoint commits (a stop's, or the finished run's while its final
+  # eval runs) is noted, not obeyed: the commit finishes (it killed the run and its commit).
+  with preemption.Preemption(ckpt):
+    return _finish(run, evaluator, start, total_steps, eval_period, stopped=preempted)
