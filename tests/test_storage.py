@@ -127,3 +127,15 @@ def test_a_local_copy_of_an_object_does_not_trust_a_file_already_named_so(tmp_pa
   planted.write_bytes(b'other')
   assert storage.local_copy('gs://b/run/spm.model') == str(planted)
   assert planted.read_bytes() == b'model'
+
+
+def test_a_bucket_run_directory_whose_path_is_a_pattern_is_refused():
+  """gcsfs's rm and mv read '[', ']', '*', '?' as a pattern: keep-N deleting gs://b/run[1]'s
+  checkpoint_2 deleted gs://b/run1's too (audit). Local paths are literal."""
+  from t5x_variants.train import checkpoints  # pylint: disable=g-import-not-at-top
+  for name in ('gs://b/run[1]', 'gs://b/runs/a*', 'gs://b/r?n'):
+    assert 'may not have [, ], * or ? in its path' in storage.pattern_in_name(name)
+    with pytest.raises(ValueError, match=r'would delete another run.s checkpoints; name it without'):
+      checkpoints.Checkpointer(name)
+  assert storage.pattern_in_name('gs://b/run1') is None
+  assert storage.pattern_in_name('/tmp/run[1]') is None

@@ -115,11 +115,25 @@ def _sync(p: epath.Path):
     os.close(fd)
 
 
+def pattern_in_name(directory: PathLike):
+  """Why an object-store run directory's name cannot be used, or None: the store's clients read
+  '[', ']', '*' and '?' in a path they delete or rename (gcsfs's rm and mv, orbax's merge of its
+  files) as a pattern, so a checkpoint of ``gs://b/run[1]`` deleted by keep-N took
+  ``gs://b/run1``'s too."""
+  if scheme(directory) and re.search(r'[][*?]', str(directory)):
+    return (f'{directory}: a run directory on a bucket may not have [, ], * or ? in its path: the '
+            "store reads them as a pattern when it deletes or renames, and would delete another "
+            "run's checkpoints; name it without them")
+  return None
+
+
 def store_unusable(directory: PathLike):
   """Why this process cannot use the object-store directory ``directory`` (write, read, list and
-  delete one small object there), or None: a missing bucket or missing permissions said in one
-  line at start-up, not as a traceback at the first checkpoint. The clients have retried
-  transient errors (5xx, timeouts) before this sees them."""
+  delete one small object there, its path no pattern: ``pattern_in_name``), or None: a missing
+  bucket or missing permissions said in one line at start-up, not as a traceback at the first
+  checkpoint. The clients have retried transient errors (5xx, timeouts) before this sees them."""
+  if pattern_in_name(directory):
+    return pattern_in_name(directory)
   bucket = str(directory).split('/')[2]
   probe = path(join(directory, f'.t5xv-access-check-{uuid.uuid4().hex}'))  # one per host
   try:
