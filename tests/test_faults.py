@@ -208,7 +208,9 @@ def test_a_real_full_disk_stops_with_one_line_and_the_rerun_is_exact(reference, 
   """Steps 5-6 on a file system with 64 KB left: the save of checkpoint_6 fails, and so does the
   close of the records after it (tensorboard's flush). The command's line is the save's (before,
   the close's OSError replaced it, and gin's copy of that error had lost its errno: a bare
-  '[Errno 28]'); checkpoint_4 is intact and, with space freed, the rerun is exact."""
+  '[Errno 28]'), or, where tensorboardX's writer thread found the disk full first (a race: one
+  run in four here), that thread's full disk (it said only 'the error is above'); checkpoint_4
+  is intact and, with space freed, the rerun is exact."""
   from t5x_variants.cli import common  # pylint: disable=g-import-not-at-top
   _, ref = reference
   run = small_disk / 'run'
@@ -222,8 +224,10 @@ def test_a_real_full_disk_stops_with_one_line_and_the_rerun_is_exact(reference, 
       run_train(run, STEPS, eval_data=eval_batches, eval_period=2)
   line = capsys.readouterr().err.strip().splitlines()[-1]
   assert exit_.value.code == 2 and 'No space left on device' in line, line
-  assert line.startswith(f't5xv-train: error: saving a checkpoint in {run} failed (') and (
-      'checkpoint_4 (and those before it) is intact' in line), line
+  assert (line.startswith(f't5xv-train: error: saving a checkpoint in {run} failed (') and (
+      'checkpoint_4 (and those before it) is intact' in line)) or line.startswith(
+          f't5xv-train: error: No space left on device writing the TensorBoard events of {run}: '
+          'free space and rerun the same command'), line
   assert committed(run) == ['checkpoint_2', 'checkpoint_4']
   filler.unlink()
   before = complete_records(run)

@@ -5,12 +5,15 @@ process at a record that all log together (an eval, the diagnostics, a checkpoin
 check before a checkpoint is saved, the close); a train step's record is not agreed at each log
 step, which would hold the host until the device has run the step: a failure to write one is held
 on process 0 until the next of those."""
+import errno
 import itertools
 import json
 import math
 import os
 import sys
+import threading
 import time
+import weakref
 from typing import Mapping, Optional, Sequence
 
 import jax
@@ -29,6 +32,20 @@ finally:
 from t5x_variants.train import multihost, storage
 
 RESUMED = 'resumed'  # the kind of a trainer session's record of the step it resumed at (read_records)
+# The error that ended a thread (tensorboardX's writer's: its trace goes to stderr, and nothing is
+# raised where the scalars are logged), noted by the process's thread excepthook.
+_thread_errors = weakref.WeakKeyDictionary()
+_previous_excepthook = threading.excepthook
+
+
+def _note_thread_error(args):
+  if args.thread is not None:
+    _thread_errors[args.thread] = args.exc_value
+  _previous_excepthook(args)
+
+
+threading.excepthook = _note_thread_error
+
 # Numbers each writer of this process: tensorboardX names its file by host and second only and
 # opens it with 'wb', so a logger reopened in the same second (a quick resume) would truncate it.
 _writer_ids = itertools.count()
@@ -121,9 +138,13 @@ class MetricsLogger:
     after it would wait forever on its full queue (every process with them, in the next step)."""
     worker = self._tensorboard_worker()
     if worker is not None and not worker.is_alive():
-      raise OSError(f'writing the TensorBoard events of {self.model_dir} failed (the error is '
-                    'above): fix its cause and rerun the same command to resume from the last '
-                    'checkpoint')
+      cause = _thread_errors.get(worker)
+      if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):  # a full disk
+        raise OSError(cause.errno, cause.strerror, cause.filename or
+                      f'the TensorBoard events of {self.model_dir}') from cause
+      why = f'{type(cause).__name__}: {cause}' if cause else 'the error is above'
+      raise OSError(f'writing the TensorBoard events of {self.model_dir} failed ({why}): fix its '
+                    'cause and rerun the same command to resume from the last checkpoint')
 
   def train(self, step: int, metrics: Mapping[str, float], start_step: int, start_time: float):
     """Logs a train step; the ETA extrapolates the speed since ``start_step``."""
