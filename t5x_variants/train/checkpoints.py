@@ -70,12 +70,9 @@ class Checkpointer:
     if storage.pattern_in_name(model_dir):
       raise ValueError(storage.pattern_in_name(model_dir))
     self.model_dir = storage.path(model_dir)
-    # On a file system orbax deletes the temporary directories of saves a kill left (one of a step
-    # never saved again stayed for good); on a bucket ``_delete_leftovers`` does, more carefully.
     options = ocp.CheckpointManagerOptions(
         save_decision_policy=ocp.checkpoint_managers.FixedIntervalPolicy(period),
-        step_name_format=_NAME_FORMAT, create=True, enable_async_checkpointing=async_save,
-        cleanup_tmp_directories=storage.scheme(model_dir) != 'gs')
+        step_name_format=_NAME_FORMAT, create=True, enable_async_checkpointing=async_save)
     self.manager = ocp.CheckpointManager(self.model_dir, options=options)
     self._deleted = set()  # the steps keep-N deleted (the manager's steps in memory keep them)
     self._deleting = None  # the thread deleting them
