@@ -51,7 +51,6 @@ def check_json_output(output: str, prog: str, key: str):
                      'would replace: give another path, or move that file away')
 
 
-
 class ArgumentParser(argparse.ArgumentParser):
   """argparse whose usage errors are one line (and exit status 2), like every other error."""
 

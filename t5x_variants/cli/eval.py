@@ -176,15 +176,15 @@ def continuation_metrics(predictor, task, split: str, lengths, prompt_length: in
 def _check_fits(config, task: str, split: str, lengths: Mapping[str, int]):
   """ValueError if the rows of ``task``'s whole examples are longer than a model whose parameters
   are sized by its stacks' lengths (learned positions, a synthesizer) can read."""
-  for stack in config.stacks if config.sized_by_length else ():
-    n = config.stack_length(stack, lengths)
-    if n > config.max_length(stack):
-      most = config.max_length(stack)
-      raise ValueError(f'the longest {split} example of {task} makes {stack} rows of {n} tokens, '
-                       f'more than this model reads ({stack}_max_length {most}: '
-                       'its learned positions or synthesizer are sized by it); evaluate it at '
-                       'lengths that fit (--gin.EVAL_FEATURE_LENGTHS, e.g. the run\'s '
-                       'TASK_FEATURE_LENGTHS)')
+  found = config.overlong_stack(lengths)
+  if found:
+    stack, n = found
+    most = config.max_length(stack)
+    raise ValueError(f'the longest {split} example of {task} makes {stack} rows of {n} tokens, '
+                     f'more than this model reads ({stack}_max_length {most}: '
+                     'its learned positions or synthesizer are sized by it); evaluate it at '
+                     'lengths that fit (--gin.EVAL_FEATURE_LENGTHS, e.g. the run\'s '
+                     'TASK_FEATURE_LENGTHS)')
 
 
 def _load(predictor, path: epath.Path) -> bool:

@@ -99,15 +99,15 @@ def _check_rows_fit(config, scope: str, cfg):
   stacks' lengths (learned positions, a synthesizer) can read: before the run directory is
   written (it failed at the first step)."""
   lengths = cfg.task_feature_lengths or {}
-  for stack in config.stacks if cfg.mixture_or_task_name and config.sized_by_length else ():
-    if all(f in lengths for f in config.stack_features(stack)):
-      n, most = config.stack_length(stack, lengths), config.max_length(stack)
-      if n > most:
-        raise ValueError(f'{ranges.binding_name(f"{scope}/DatasetConfig.task_feature_lengths")[1]} = '
-                         f'{dict(lengths)} makes {stack} rows of {n} tokens, more than this model '
-                         f'reads ({stack}_max_length {most}: its learned positions or synthesizer '
-                         f'are sized by it); set TransformerConfig.{stack}_max_length = {n}, or '
-                         'shorter lengths')
+  found = config.overlong_stack(lengths) if cfg.mixture_or_task_name else None
+  if found:
+    stack, n = found
+    most = config.max_length(stack)
+    raise ValueError(f'{ranges.binding_name(f"{scope}/DatasetConfig.task_feature_lengths")[1]} = '
+                     f'{dict(lengths)} makes {stack} rows of {n} tokens, more than this model '
+                     f'reads ({stack}_max_length {most}: its learned positions or synthesizer '
+                     f'are sized by it); set TransformerConfig.{stack}_max_length = {n}, or '
+                     'shorter lengths')
 
 
 def check_inputs(config, train_cfg, eval_cfg):

@@ -340,6 +340,17 @@ class TransformerConfig:
     """The length of ``stack``'s rows for task feature ``lengths``."""
     return sum(lengths[f] for f in self.stack_features(stack))
 
+  def overlong_stack(self, lengths: Dict[str, int]) -> Optional[Tuple[str, int]]:
+    """(stack, its row length) of the first stack whose rows for task feature ``lengths`` are
+    longer than a model whose parameters are sized by its lengths (``sized_by_length``) reads;
+    None where every row fits."""
+    for stack in self.stacks if self.sized_by_length else ():
+      if all(f in lengths for f in self.stack_features(stack)):
+        n = self.stack_length(stack, lengths)
+        if n > self.max_length(stack):
+          return stack, n
+    return None
+
   def num_layers(self, stack: str) -> int:
     return self.num_encoder_layers if stack == 'encoder' else self.num_decoder_layers
 

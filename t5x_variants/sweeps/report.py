@@ -65,9 +65,9 @@ def run_dirs_group(run_dirs: Sequence[str], name: str = 'runs', paper: Optional[
   diverged (stopped by a non-finite loss) or incomplete."""
   trials, seen = [], {}
   for d in run_dirs:
-    if not storage.path(d).exists():
-      raise FileNotFoundError(f'--run_dirs: {d} does not exist')
     path = storage.path(d)
+    if not path.exists():
+      raise FileNotFoundError(f'--run_dirs: {d} does not exist')
     if (path / grid.SWEEP_FILE).exists() or any(
         (child / f).exists() for child in path.iterdir() if child.is_dir()
         for f in ('config.gin', 'metrics.jsonl')):  # (one without either: a run not started yet)

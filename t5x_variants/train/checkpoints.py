@@ -67,8 +67,9 @@ class Checkpointer:
   def __init__(self, model_dir: str, period: int = 1000, keep: Optional[int] = 5,
                async_save: bool = True):
     self.period, self.keep, self.async_save = period, keep, async_save
-    if storage.pattern_in_name(model_dir):
-      raise ValueError(storage.pattern_in_name(model_dir))
+    pattern = storage.pattern_in_name(model_dir)
+    if pattern:
+      raise ValueError(pattern)
     self.model_dir = storage.path(model_dir)
     options = ocp.CheckpointManagerOptions(
         save_decision_policy=ocp.checkpoint_managers.FixedIntervalPolicy(period),

@@ -132,8 +132,9 @@ def store_unusable(directory: PathLike):
   delete one small object there, its path no pattern: ``pattern_in_name``), or None: a missing
   bucket or missing permissions said in one line at start-up, not as a traceback at the first
   checkpoint. The clients have retried transient errors (5xx, timeouts) before this sees them."""
-  if pattern_in_name(directory):
-    return pattern_in_name(directory)
+  pattern = pattern_in_name(directory)
+  if pattern:
+    return pattern
   bucket = str(directory).split('/')[2]
   probe = path(join(directory, f'.t5xv-access-check-{uuid.uuid4().hex}'))  # one per host
   try:

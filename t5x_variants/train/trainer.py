@@ -30,8 +30,8 @@ from t5x_variants.train import (checkpoints, diagnostics, evaluation, multihost,
                                 preemption, storage, train_step)
 from t5x_variants.train.meter import TrainMeter, host_tokens
 from t5x_variants.train.metrics import MetricsLogger
-from t5x_variants.train.sharded_model import ShardedModel
 from t5x_variants.train.nonfinite import NonFiniteGuard, NonFiniteLossError, NonFiniteStop
+from t5x_variants.train.sharded_model import ShardedModel
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +56,8 @@ def _check_vocabulary(model_dir: str, files: Mapping[str, str], resumed: Callabl
 
 def _check_run_directory(model_dir: str, files: Mapping[str, str]):
   """ValueError (one line) when ``model_dir`` holds files of the names a run writes there
-  (``config.gin``, ``model-info.txt``, ``files``) but is no run's (no ``model-info.txt``, which
-  every run and t5xv-import writes, and no checkpoint): training would replace them."""
+  (``config.gin``, ``files``) but is no run's (no ``model-info.txt``, which every run and
+  t5xv-import writes, and no checkpoint): training would replace them."""
   run = storage.path(model_dir)
 
   def clashes():
