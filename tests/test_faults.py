@@ -82,6 +82,7 @@ def test_sigkill_then_rerun_resumes_exactly(phase, at, resumes_from, reference, 
     assert before_checkpoints == ['checkpoint_2']
   run_train(tmp_path, STEPS, eval_data=eval_batches, eval_period=2)
   assert_nothing_lost(tmp_path, before_checkpoints, before_records, ref)
+  assert not list(tmp_path.glob('*.orbax-checkpoint-tmp*'))  # the rerun deleted the unfinished save
   steps = [r['step'] for r in complete_records(tmp_path) if r['kind'] == 'train']
   assert steps[len(steps) - (STEPS - resumed):] == list(range(resumed + 1, STEPS + 1))
   evals = {r['step'] for r in complete_records(tmp_path) if r['kind'] == 'eval'}

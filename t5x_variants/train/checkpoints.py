@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 # Orbax's own step naming: finds and builds ``checkpoint_<step>`` names (a regex on the whole name,
 # committed directories only), for the manager and for the functions below alike.
 _NAME_FORMAT = ocp.step.standard_name_format(step_prefix=PREFIX)
+# Orbax's temporary directory of a save to a file system, renamed to its step's name at commit.
+_UNFINISHED = re.compile(PREFIX + r'_\d+' + re.escape(ocp.step.TMP_DIR_SUFFIX) + '.*')
 
 
 class CheckpointError(RuntimeError):
@@ -121,12 +123,16 @@ class Checkpointer:
     return storage.scheme(self.model_dir) == 'gs'
 
   def _delete_leftovers(self):
-    """Deletes what a killed keep-N left, never a checkpoint: ``DELETED`` on a file system; on
-    gs:// the ``checkpoint_<step>`` directories without ``COMMITTED`` older than the newest
-    committed one: an unfinished save's, which its error message names, is newer than that one
-    until the run has passed its step again."""
+    """Deletes what a killed keep-N or save left, never a checkpoint: on a file system ``DELETED``
+    and orbax's temporary directories of unfinished saves (the run directory is locked by this
+    trainer: none is in flight); on gs:// the ``checkpoint_<step>`` directories without
+    ``COMMITTED`` older than the newest committed one: an unfinished save's, which its error
+    message names, is newer than that one until the run has passed its step again."""
     if not self._commit_file():
       (self.model_dir / DELETED).rmtree(missing_ok=True)
+      for path in self.model_dir.iterdir():
+        if _UNFINISHED.fullmatch(path.name) and path.is_dir():
+          path.rmtree(missing_ok=True)
       return
     committed = self.steps()
     for path in self.model_dir.iterdir() if committed else []:
@@ -191,7 +197,8 @@ class Checkpointer:
               f'and rerun the same command to resume from step {steps[-1]}' if steps
               else 'there is no earlier checkpoint: fix the cause and rerun to start again')
     unfinished = (f'the unfinished save is the {PREFIX}_<step> without a commit_success.txt' if store
-                  else f'the unfinished save is in {PREFIX}_*.orbax-checkpoint-tmp*')
+                  else f'the unfinished save, in {PREFIX}_*.orbax-checkpoint-tmp*, is deleted '
+                  'when the run resumes')
     reason = error_reason(e)
     return CheckpointError(f'saving a checkpoint in {self.model_dir} failed ({reason}). {intact}; '
                            f'{unfinished}')
