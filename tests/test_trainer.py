@@ -174,6 +174,32 @@ def test_a_signal_during_the_final_eval_lets_the_last_checkpoint_commit(tmp_path
   assert [r['step'] for r in records(tmp_path, 'eval')] == [2, 4, 5]
 
 
+SIGTERM_AFTER_THE_LAST_STEP = '''
+import os, signal, sys
+sys.path.insert(0, {tests!r})
+from t5x_variants.train import trainer
+from train_helpers import run_train
+judge = trainer.NonFiniteGuard.check_run
+def signalled(self, *args):  # judging the run: after its last step, between the steps and the save
+  os.kill(os.getpid(), signal.SIGTERM)
+  return judge(self, *args)
+trainer.NonFiniteGuard.check_run = signalled
+print(run_train(sys.argv[1], 3, period=2)['step'])
+'''
+
+
+@pytest.mark.slow
+def test_a_signal_after_the_last_step_lets_the_last_checkpoint_commit(tmp_path):
+  """A signal after the steps, before the last save: it fell between two Preemption contexts,
+  so its default action killed the run (143) without checkpoint_3."""
+  tests = os.path.dirname(os.path.abspath(__file__))
+  out = subprocess.run([sys.executable, '-c', SIGTERM_AFTER_THE_LAST_STEP.format(tests=tests),
+                        str(tmp_path)], capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0 and out.stdout.split()[-1] == '3', out.stderr[-2000:]
+  assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith('checkpoint_')) == [
+      'checkpoint_2', 'checkpoint_3']
+
+
 def test_a_stop_at_the_last_step_commits_without_the_final_eval(tmp_path, monkeypatch):
   """A signal at the last step (not an eval step): its checkpoint commits with further signals
   noted, so the final eval is left to the rerun (else it would run where nothing can stop it);

@@ -371,23 +371,23 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
           if diagnostics_period else None)
   run = _Run(state, start, data, sharded.make_train_step(num_microbatches, **loss), sharded.mesh,
              sharded.rng, ckpt, logger, TrainMeter(logger, start, log_period, total_steps), guard)
-  try:
-    if eval_data and _eval_due_at_start(start, total_steps, eval_period, eval_at_start, logger,
-                                        lambda: list(eval_data())):
-      evaluator(start, state.params)
-      run.meter.resume()
-    with preemption.Preemption(ckpt) as preempt:
+  # One Preemption from the first step to the end: a signal while the last checkpoint commits (a
+  # stop's, or the finished run's while its final eval runs, or after an error) is noted, not
+  # obeyed, so the commit finishes (the default action killed the run and its commit).
+  with preemption.Preemption(ckpt) as preempt:
+    try:
+      if eval_data and _eval_due_at_start(start, total_steps, eval_period, eval_at_start, logger,
+                                          lambda: list(eval_data())):
+        evaluator(start, state.params)
+        run.meter.resume()
       preempted = _train_steps(run, preempt, evaluator, diag, total_steps, eval_period,
                                num_microbatches)
-    run.read()
-    if not preempted:  # a preempted run is judged when it resumes
-      guard.check_run(start, run.step)
-  except NonFiniteStop as stop:
-    _stop(run, stop, model_dir)
-  except BaseException:
-    _close_after(run)
-    raise
-  # A signal while the last checkpoint commits (a stop's, or the finished run's while its final
-  # eval runs) is noted, not obeyed: the commit finishes (it killed the run and its commit).
-  with preemption.Preemption(ckpt):
+      run.read()
+      if not preempted:  # a preempted run is judged when it resumes
+        guard.check_run(start, run.step)
+    except NonFiniteStop as stop:
+      _stop(run, stop, model_dir)
+    except BaseException:
+      _close_after(run)
+      raise
     return _finish(run, evaluator, start, total_steps, eval_period, stopped=preempted)
