@@ -118,10 +118,11 @@ def test_a_metrics_line_cut_mid_write_is_left_and_the_next_record_starts_a_new_l
   assert_nothing_lost(tmp_path, ['checkpoint_2', 'checkpoint_4'], before, ref)
 
 
-@pytest.mark.parametrize('damage', ['truncated', 'deleted'])
+@pytest.mark.parametrize('damage', ['truncated', 'deleted', 'a bit flipped'])
 def test_a_damaged_file_in_the_newest_checkpoint_falls_back_and_keeps_it(
     damage, reference, tmp_path, caplog):
-  """The largest array file of checkpoint_6 truncated to half or deleted: the rerun says which
+  """The largest array file of checkpoint_6 truncated to half, deleted, or with one bit flipped
+  (which still decodes: it was restored with other values, silently): the rerun says which
   checkpoint it cannot read and why, moves it aside as ``checkpoint_6.unreadable`` with every file
   it had (nothing deleted), resumes from checkpoint_4 and logs the reference losses of steps 5-6."""
   ref_dir, ref = reference
@@ -129,15 +130,23 @@ def test_a_damaged_file_in_the_newest_checkpoint_falls_back_and_keeps_it(
   shutil.copytree(ref_dir, model_dir)
   files = [p for p in (model_dir / 'checkpoint_6' / 'state').rglob('*') if p.is_file()]
   largest = max(files, key=lambda p: p.stat().st_size)
+  data = bytearray(largest.read_bytes())
   if damage == 'truncated':
-    largest.write_bytes(largest.read_bytes()[:largest.stat().st_size // 2])
-  else:
+    largest.write_bytes(data[:len(data) // 2])
+  elif damage == 'deleted':
     largest.unlink()
+  else:  # in the middle of the largest file of array data (in a d/ folder, not metadata)
+    held = max((p for p in files if p.parent.name == 'd'), key=lambda p: p.stat().st_size)
+    data = bytearray(held.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    held.write_bytes(data)
   kept = sorted(str(p.relative_to(model_dir / 'checkpoint_6'))
                 for p in (model_dir / 'checkpoint_6').rglob('*'))
   run_train(model_dir, STEPS)
   assert f'checkpoint {model_dir / "checkpoint_6"} cannot be read' in caplog.text
   assert 'falling back to the previous one' in caplog.text
+  if damage == 'a bit flipped':
+    assert 'does not read as it was saved (its fingerprint differs' in caplog.text
   aside = model_dir / 'checkpoint_6.unreadable'
   assert sorted(str(p.relative_to(aside)) for p in aside.rglob('*')) == kept
   assert [r['step'] for r in read_run(str(model_dir)).train] == list(range(1, STEPS + 1))

@@ -16,7 +16,8 @@ import pytest
 
 from conftest import ON_GPU
 from train_helpers import unreadable_state
-from t5x_variants.train import checkpoint_reads, checkpoints, multihost, optimizer, pretrained, storage
+from t5x_variants.train import (checkpoint_reads, checkpoints, fingerprints, multihost, optimizer,
+                                pretrained, storage)
 
 STEPS = np.arange(0, 1201, dtype=np.int32)
 
@@ -493,6 +494,48 @@ def test_a_data_position_that_fails_to_read_says_why_and_moves_nothing(tmp_path,
     resumed.restore_latest(state(0), Position(error))
   resumed.close()
   assert names(sorted(tmp_path.iterdir())) == ['checkpoint_1', 'checkpoint_2']
+
+
+def test_a_fingerprint_is_its_closed_form_and_any_flipped_bit_changes_it():
+  """F(x) = sum_i w_i (2 i + 1) mod 2^32 over x's bits as 32-bit words, row-major, in numpy."""
+  rng = np.random.RandomState(0)
+  arrays = {'f32': rng.randn(3, 5).astype(np.float32), 'i32': rng.randint(-9, 9, (4,), np.int32),
+            'bf16': rng.randn(2, 3).astype(jnp.bfloat16), 'flag': np.array([True, False, True]),
+            'scalar': np.float32(2.5)}
+  def closed_form(x):
+    words = {1: np.uint8, 2: np.uint16, 4: np.uint32}[x.dtype.itemsize]
+    w = np.asarray(x).view(words).ravel().astype(np.uint64)
+    return int(np.sum(w * (2 * np.arange(w.size, dtype=np.uint64) + 1)) % 2**32)
+  finite, prints = fingerprints.summarize({k: jnp.asarray(x) for k, x in arrays.items()})
+  assert all(finite.values())
+  assert prints == {k: [str(x.dtype), closed_form(x)] for k, x in arrays.items()}
+  x = arrays['f32'][:2, :2]
+  print_of = lambda a: fingerprints.summarize({'x': jnp.asarray(a)})[1]['x'][1]
+  for i in range(x.size):
+    for bit in range(32):
+      flipped = x.copy().view(np.uint32)
+      flipped.flat[i] ^= np.uint32(1 << bit)
+      assert print_of(flipped.view(np.float32)) != print_of(x), (i, bit)
+  assert print_of(x[::-1]) != print_of(x)  # values in other places
+
+
+def test_parameters_whose_bytes_changed_are_refused_by_every_reader(tmp_path):
+  """A checkpoint whose state/ holds another step's arrays (damaged bytes that decode: they
+  were read as other values, silently): the run's restore and restore_params both name it."""
+  ckpt = checkpoints.Checkpointer(str(tmp_path), period=1, keep=None, async_save=False)
+  for step in (1, 2):
+    ckpt.save(step, state(step))
+  ckpt.close()
+  shutil.rmtree(tmp_path / 'checkpoint_2' / 'state')
+  shutil.copytree(tmp_path / 'checkpoint_1' / 'state', tmp_path / 'checkpoint_2' / 'state')
+  with pytest.raises(checkpoints.CheckpointError, match='checkpoint_2 .*params/.* does not read as '
+                     'it was saved'):
+    pretrained.restore_params(str(tmp_path), state(0).params)
+  resumed = checkpoints.Checkpointer(str(tmp_path), period=1)
+  restored, step = resumed.restore_latest(state(0))
+  resumed.close()
+  assert step == 1 and (tmp_path / 'checkpoint_2.unreadable').exists()
+  jax.tree_util.tree_map(np.testing.assert_array_equal, restored, state(1))
 
 
 def test_listing_skips_unreadable_unfinished_and_stray_entries(tmp_path):

@@ -12,7 +12,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from t5x_variants import path_keys
-from t5x_variants.train import multihost
+from t5x_variants.train import fingerprints, multihost
 
 # Status words of a read that failed outside the checkpoint (tensorstore's and XLA's errors):
 # the bucket or the network, its permissions, memory. A restore failing so moves nothing aside.
@@ -51,18 +51,25 @@ def read_on_every_process(part: str, read):
   return value
 
 
-def finite(tree):
-  """``tree``, a checkpoint's arrays as read, if every floating one is finite; else a ReadError
-  naming the first that holds a NaN or an infinity: damaged bytes that decoded (a step whose
-  update is not finite is skipped, so no run saves one). Reduced by one jitted call over the
-  global arrays to scalars, which every process holds whole: the same answer on all."""
-  named = [('/'.join(path_keys(p)), x) for p, x in jax.tree_util.tree_leaves_with_path(tree)
-           if jnp.issubdtype(x.dtype, jnp.inexact)]
-  flags = jax.jit(lambda xs: [jnp.isfinite(x).all() for x in xs])([x for _, x in named])
-  bad = next((name for (name, _), ok in zip(named, flags) if not ok.addressable_data(0)), None)
+def intact(tree, path: epath.Path):
+  """``tree``, the arrays read from checkpoint ``path``, if every floating one is finite and each
+  has the fingerprint saved with it (``fingerprints``; a checkpoint saved before they were has
+  none); else a ReadError naming the first that does not: damaged bytes that decoded (a step
+  whose update is not finite is skipped, so no run saves one). The same answer on every process."""
+  finite, read = fingerprints.summarize(tree)
+  bad = next((name for name, ok in finite.items() if not ok), None)
   if bad:
     raise ReadError('state', f'{bad} holds a NaN or an infinity, which training never saves',
                     outside=False)
+  item = path / fingerprints.ITEM
+  if multihost.process0_says(f'looking for {item}', item.exists):
+    saved = read_with(ocp.JsonCheckpointHandler(), fingerprints.ITEM,
+                      lambda handler: handler.restore(item))
+    bad = fingerprints.changed(saved, read)
+    if bad:
+      raise ReadError('state', f'{bad[0]} does not read as it was saved (its fingerprint differs '
+                      f'from the one saved with it; {len(bad)} array(s) differ): damaged bytes',
+                      outside=False)
   return tree
 
 

@@ -3,8 +3,9 @@
 A checkpoint is ``MODEL_DIR/checkpoint_<step>/`` holding ``state`` (the sharded TrainState,
 written asynchronously; each process writes its own shards), ``data`` (one file set per host,
 written by the iterator's own ``save(prefix)``, e.g. tf.data iterator checkpointing:
-``data_position``) and ``nonfinite`` (the trainer's NonFiniteGuard's counts, JSON), so that a
-resumed run continues with exactly the batches it would have seen, judged as it would have been.
+``data_position``), ``nonfinite`` (the trainer's NonFiniteGuard's counts, JSON) and
+``fingerprints`` (each array's, JSON: ``fingerprints.py``), so that a resumed run continues with
+exactly the batches it would have seen, judged as it would have been, from the state as it was.
 Orbax writes into a temporary directory and renames it when complete (on gs:// it writes
 ``commit_success.txt`` last), so a crash never leaves a half-written checkpoint listed, and keep-N
 takes one out of the listing before it deletes it (``Checkpointer._delete_old``). A checkpoint
@@ -22,8 +23,8 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
-from t5x_variants.train import data_position, multihost, optimizer, storage
-from t5x_variants.train.checkpoint_reads import (ReadError, array_shapes, error_reason, finite,
+from t5x_variants.train import data_position, fingerprints, multihost, optimizer, storage
+from t5x_variants.train.checkpoint_reads import (ReadError, array_shapes, error_reason, intact,
                                                  read_on_every_process, read_with, saved_tree)
 
 PREFIX = 'checkpoint'
@@ -95,7 +96,8 @@ class Checkpointer:
     ``guard``: the trainer's NonFiniteGuard, whose ``state()`` is kept with it."""
     if force and step in self.manager.all_steps():
       return False
-    items = {'state': ocp.args.StandardSave(state)}
+    items = {'state': ocp.args.StandardSave(state),
+             fingerprints.ITEM: ocp.args.JsonSave(fingerprints.summarize(state)[1])}
     if data_position.resumable(data_iterator):
       items['data'] = data_position.DataIteratorSave(data_iterator)
     if guard is not None:
@@ -296,8 +298,8 @@ class Checkpointer:
     process."""
     path = ocp.step.build_step_path(self.model_dir, _NAME_FORMAT, step)
     target = ocp.args.StandardRestore(abstract_arrays(abstract_state))
-    state = finite(read_with(ocp.StandardCheckpointHandler(), 'state',
-                             lambda handler: handler.restore(path / 'state', args=target)))
+    state = intact(read_with(ocp.StandardCheckpointHandler(), 'state',
+                             lambda handler: handler.restore(path / 'state', args=target)), path)
     if data_position.resumable(data_iterator):
       read_on_every_process('data', lambda: data_position.DataIteratorHandler().restore(
           path / 'data', args=data_position.DataIteratorRestore(data_iterator)))

@@ -12,7 +12,7 @@ import optax
 import orbax.checkpoint as ocp
 
 from t5x_variants import path_keys
-from t5x_variants.train.checkpoint_reads import (array_shapes, error_reason, finite, outside_cause,
+from t5x_variants.train.checkpoint_reads import (array_shapes, error_reason, intact, outside_cause,
                                                  read_with, saved_tree)
 from t5x_variants.train.checkpoints import (CheckpointError, abstract_arrays, checkpoint_path,
                                             optimizer_hint)
@@ -22,14 +22,14 @@ log = logging.getLogger(__name__)
 
 def _read(path, target):
   """``target``'s arrays (ShapeDtypeStructs with their shardings, named as saved) from checkpoint
-  ``path``; saved arrays it does not name are not read. One holding a NaN or an infinity is a
-  damaged checkpoint (a ReadError)."""
+  ``path``; saved arrays it does not name are not read. One holding a NaN or an infinity, or
+  whose fingerprint differs from the one saved, is a damaged checkpoint (a ReadError)."""
   restore_args = jax.tree_util.tree_map(
       lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding, global_shape=x.shape, dtype=x.dtype),
       target)
   args = ocp.args.PyTreeRestore(item=target, restore_args=restore_args, partial_restore=True)
-  return finite(read_with(ocp.PyTreeCheckpointHandler(), 'state',
-                          lambda handler: handler.restore(path / 'state', args=args)))
+  return intact(read_with(ocp.PyTreeCheckpointHandler(), 'state',
+                          lambda handler: handler.restore(path / 'state', args=args)), path)
 
 
 def _read_error(path, what: str, e: Exception) -> CheckpointError:
