@@ -6,12 +6,9 @@ bucket, the network, memory), which decides whether a checkpoint may be moved as
 """
 import re
 
-import jax
-import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from etils import epath
 
-from t5x_variants import path_keys
 from t5x_variants.train import fingerprints, multihost
 
 # Status words of a read that failed outside the checkpoint (tensorstore's and XLA's errors):
