@@ -201,22 +201,41 @@ def test_task_examples_of_a_random_preprocessor_are_the_same_at_every_call():
     np.testing.assert_array_equal(a['targets'], b['targets'])
 
 
+def validation_documents(task_name):
+  """The tokens of each validation document of an embedded task, in order."""
+  task = tasks.get_task_or_mixture(task_name)
+  vocabulary = task.output_features['targets'].vocabulary
+  texts = task.source.get_dataset('validation', shuffle=False).as_numpy_iterator()
+  return [np.asarray(vocabulary.encode(ex['text'].decode())) for ex in texts]
+
+
+def test_lm_objective_is_t5s_full_lm_eos_where_each_document_ends():
+  """Causal LM as T5's ``full_lm``: the documents, each followed by EOS, joined and cut into
+  chunks of the targets length; EOS had ended every chunk, mid-document, and no document."""
+  length = 32
+  stream = np.concatenate([np.append(doc, 1) for doc in validation_documents('embedded_lm')])
+  chunks = tasks.task_examples(tasks.get_task_or_mixture('embedded_lm'), 'validation',
+                               {'targets': length})
+  assert len(chunks) == len(stream) // length
+  np.testing.assert_array_equal(np.stack([c['targets'] for c in chunks]),
+                                stream[:len(chunks) * length].reshape(-1, length))
+
+
 def test_prefix_lm_objective_cuts_each_chunk_once_at_a_uniform_point():
-  """T5's LM objective: an example's inputs then targets are the LM task's chunk of the same
+  """T5's LM objective: an example's inputs then targets are a chunk of the documents' joined
   stream (no token lost, added or moved), each with EOS, cut after n tokens, n uniform over
   [1, L - 1] for chunks of L = inputs_length - 1."""
   chunk_length, n_examples = 15, 600
   examples = tasks.task_examples(tasks.get_task_or_mixture('embedded_prefix_lm'), 'validation',
                                  {'inputs': chunk_length + 1, 'targets': chunk_length},
                                  max_examples=n_examples)
-  chunks = tasks.task_examples(tasks.get_task_or_mixture('embedded_lm'), 'validation',
-                               {'targets': chunk_length + 1}, max_examples=n_examples)
+  stream = np.concatenate(validation_documents('embedded_prefix_lm'))
   assert len(examples) == n_examples
   cuts = []
-  for example, chunk in zip(examples, chunks, strict=True):
+  for i, example in enumerate(examples):
     assert example['inputs'][-1] == 1 and example['targets'][-1] == 1
     np.testing.assert_array_equal(np.concatenate([example['inputs'][:-1], example['targets'][:-1]]),
-                                  chunk['targets'][:-1])
+                                  stream[i * chunk_length:(i + 1) * chunk_length])
     cuts.append(len(example['inputs']) - 1)
   counts = np.bincount(cuts, minlength=chunk_length)
   expected = n_examples / (chunk_length - 1)  # 42.9 a cut; the bounds are 4.5 standard deviations

@@ -66,6 +66,7 @@ def test_infer_and_eval_prompt_a_decoder_only_model_on_a_language_modelling_task
   """t5xv-infer writes the prompt, the reference continuation, the prediction and the
   reference's log-likelihood; t5xv-eval adds the continuation metrics to the teacher-forced ones."""
   from t5x_variants.cli import eval as eval_cli, infer  # pylint: disable=g-import-not-at-top
+  from t5x_variants.data import tasks  # pylint: disable=g-import-not-at-top
   config = tiny(architecture='decoder_only', vocab_size=4224)
   save_fresh_state(config, tmp_path / 'run', seed=0, step=2)
   lengths = {'targets': 24}
@@ -74,7 +75,9 @@ def test_infer_and_eval_prompt_a_decoder_only_model_on_a_language_modelling_task
                   mixture_or_task_name='embedded_lm', task_feature_lengths=lengths, batch_size=4,
                   max_examples=6, prompt_length=8)
   records = [json.loads(line) for line in out.read_text().splitlines()]
-  assert n == len(records) == 6
+  # of the first 6 rows, those whose document (the first in the row) goes on after the prompt
+  rows = tasks.task_examples(tasks.get_task_or_mixture('embedded_lm'), 'validation', lengths, 6)
+  assert n == len(records) == len(prompted(rows, 8)) >= 4
   assert all(set(r) == {'inputs', 'targets', 'prediction', 'score', 'target_log_likelihood'}
              and r['inputs'] and r['targets'] and r['target_log_likelihood'] < 0 for r in records)
   with pytest.raises(ValueError, match='PROMPT_LENGTH 24 leaves nothing to continue'):

@@ -61,11 +61,17 @@ def _source(name: str) -> seqio.DataSource:
   return _text_source(lambda: [corpus.embedded_corpus_file()])
 
 
-def lm(dataset, sequence_length):
-  """Causal LM: the document token stream cut into chunks of targets_length - 1 (room for EOS)."""
+def lm(dataset, sequence_length, output_features):
+  """Causal LM as T5's ``full_lm``: EOS after each document, the documents joined into one token
+  stream and cut into chunks of targets_length, so EOS marks where a document ends, never where
+  a chunk was cut."""
   if sequence_length['targets'] < 2:
-    raise ValueError(f"targets length {sequence_length['targets']} leaves no room for a token besides EOS")
-  return span_corruption.split_tokens(dataset, sequence_length['targets'] - 1)
+    raise ValueError(f"targets length {sequence_length['targets']} leaves no room for a token and "
+                     'the next')
+  eos = output_features['targets'].vocabulary.eos_id
+  with_eos = dataset.map(lambda ex: dict(ex, targets=tf.concat([ex['targets'], [eos]], 0)),
+                         num_parallel_calls=tf.data.AUTOTUNE)
+  return span_corruption.split_tokens(with_eos, sequence_length['targets'])
 
 
 def prefix_lm(dataset, sequence_length):
@@ -96,13 +102,14 @@ def prefix_lm(dataset, sequence_length):
 
 
 def _task(name: str, source: str, objective: str, vocabulary: seqio.Vocabulary) -> seqio.Task:
-  """text -> 'targets' tokens -> the objective -> EOS appended (after trimming to length)."""
+  """text -> 'targets' tokens -> the objective -> EOS appended (after trimming to length; the
+  causal LM's chunks have theirs where documents end)."""
   objective_fn = {'span_corruption': span_corruption.span_corruption, 'prefix_lm': prefix_lm,
                   'lm': lm, 'mlm': mlm.mlm}[objective]
   keys = ('targets',) if objective == 'lm' else ('inputs', 'targets')
   return seqio.Task(
       name, _source(source),
-      output_features={k: seqio.Feature(vocabulary, add_eos=True) for k in keys},
+      output_features={k: seqio.Feature(vocabulary, add_eos=objective != 'lm') for k in keys},
       preprocessors=[functools.partial(seqio.preprocessors.rekey, key_map={'targets': 'text'}),
                      seqio.preprocessors.tokenize, objective_fn,
                      seqio.preprocessors.append_eos_after_trim],
