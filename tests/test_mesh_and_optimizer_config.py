@@ -69,3 +69,12 @@ def test_a_data_shard_spanning_processes_is_refused():
     with pytest.raises(ValueError, match="each process must hold whole shards of mesh axis 'data'"):
       partitioning.check_processes(bad, process_count=2)
   partitioning.check_processes(mesh(1, 4, lambda d, m: 0))  # one process: anything goes
+
+
+@pytest.mark.parametrize('micro', [0, -1, 2.5, True])
+def test_a_number_of_microbatches_that_is_no_whole_number_of_at_least_1_is_one_error(micro):
+  """The trainer, bench and compile check the batch with it: 0 was a ZeroDivisionError, -1 an
+  error of the step's tracing, 2.5 the hint 'use a multiple of 2.5'."""
+  with pytest.raises(ValueError, match=f'train.num_microbatches must be a whole number of at least '
+                     f'1, not {micro!r}'):
+    partitioning.check_batch(8, partitioning.make_mesh(), micro)

@@ -195,6 +195,19 @@ def test_packed_prefix_lm_rows_equal_separate_rows():
   np.testing.assert_allclose(packed[:, 5:], apply({'params': params}, b, None, None, pb), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize('side', ['encoder', 'decoder'])
+def test_one_sides_segment_ids_alone_are_refused(side):
+  """Packed encoder-decoder rows need both sides' segment ids: with the encoder's alone the
+  decoder attended across the encoder's examples; with the decoder's alone it was a TypeError."""
+  c = tiny()
+  enc, dec = tokens(1, L), tokens(1, L, seed=1)
+  model, params = init_params(c, enc, dec)
+  segments = jnp.asarray([[1] * 5 + [2] * 3])
+  given = {f'{side}_segment_ids': segments}
+  with pytest.raises(ValueError, match=f'{side}_segment_ids without'):
+    model.apply({'params': params}, enc, dec, **given)
+
+
 def test_restarting_positions_without_segment_ids_do_not_open_the_future():
   """The causal mask follows token order, not position values."""
   c = tiny(architecture='decoder_only', decoder_max_length=L)

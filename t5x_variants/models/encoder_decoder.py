@@ -36,7 +36,14 @@ class EncoderDecoder(LanguageModel):
   def decode(self, encoded, encoder_input_tokens, decoder_input_tokens, encoder_segment_ids=None,
              decoder_segment_ids=None, decoder_positions=None, enable_dropout: bool = False,
              decode: bool = False):
-    """Logits (batch, target_length, vocab). With ``decode=True`` after cache init, one step."""
+    """Logits (batch, target_length, vocab). With ``decode=True`` after cache init, one step.
+    Packed rows give both sides' segment ids (one side's alone is a ValueError: the decoder would
+    attend across the encoder's examples)."""
+    if (encoder_segment_ids is None) != (decoder_segment_ids is None):
+      given, missing = (('encoder', 'decoder') if decoder_segment_ids is None
+                        else ('decoder', 'encoder'))
+      raise ValueError(f'{given}_segment_ids without {missing}_segment_ids: packed rows give both '
+                       '(a packed batch of the data pipeline has both), unpacked rows neither')
     positions = default_positions(self.config, decoder_input_tokens, decoder_positions,
                                   decoder_segment_ids)
     mask = causal_mask(token_index(decoder_input_tokens), token_index(decoder_input_tokens))
@@ -46,10 +53,10 @@ class EncoderDecoder(LanguageModel):
       cross = cross & segment_mask(decoder_segment_ids, encoder_segment_ids)
     n = prefix_lengths(encoder_input_tokens > 0, encoder_segment_ids)
     if decoder_segment_ids is None:
-      self_lengths, cross_lengths = (None, None), (None if encoder_segment_ids is not None else (None, n))
+      self_lengths, cross_lengths = (None, None), (None, n)
     else:
       self_lengths = Segments(decoder_segment_ids, decoder_segment_ids)
-      cross_lengths = None if encoder_segment_ids is None else cross_segments(decoder_segment_ids, n)
+      cross_lengths = cross_segments(decoder_segment_ids, n)
     x = self.decoder(self.token_embedder(decoder_input_tokens), positions, mask, encoded, cross,
                      deterministic=not enable_dropout, decode=decode,
                      self_lengths=self_lengths, cross_lengths=cross_lengths)

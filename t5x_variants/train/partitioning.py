@@ -10,6 +10,7 @@ synthesizer ``length`` ...) are replicated.
 """
 import dataclasses
 import math
+import numbers
 from typing import Dict, Optional, Sequence, Tuple
 
 import flax.linen as nn
@@ -131,6 +132,10 @@ def check_processes(mesh: Mesh, process_count: Optional[int] = None):
 def check_batch(batch_size: int, mesh: Mesh, num_microbatches: int = 1):
   """The global batch splits into ``num_microbatches`` equal microbatches, each split evenly over
   'data'; else one ValueError with the batch sizes that would (or ``check_processes``')."""
+  if not isinstance(num_microbatches, numbers.Integral) or isinstance(num_microbatches, bool) or (
+      num_microbatches < 1):
+    raise ValueError(f'train.num_microbatches must be a whole number of at least 1, not '
+                     f'{num_microbatches!r}')
   check_processes(mesh)
   data = mesh.shape['data']
   unit = data * num_microbatches
