@@ -506,9 +506,11 @@ def test_a_fingerprint_is_its_closed_form_and_any_flipped_bit_changes_it():
     words = {1: np.uint8, 2: np.uint16, 4: np.uint32}[x.dtype.itemsize]
     w = np.asarray(x).view(words).ravel().astype(np.uint64)
     return int(np.sum(w * (2 * np.arange(w.size, dtype=np.uint64) + 1)) % 2**32)
+  want = {k: [str(x.dtype), closed_form(x)] for k, x in arrays.items()}
   finite, prints = fingerprints.summarize({k: jnp.asarray(x) for k, x in arrays.items()})
-  assert all(finite.values())
-  assert prints == {k: [str(x.dtype), closed_form(x)] for k, x in arrays.items()}
+  assert all(finite.values()) and prints == want
+  # on the host (an import's numpy arrays), one at a time: the same, with the devices' mixed in
+  assert fingerprints.summarize({**arrays, 'f32': jnp.asarray(arrays['f32'])})[1] == want
   x = arrays['f32'][:2, :2]
   print_of = lambda a: fingerprints.summarize({'x': jnp.asarray(a)})[1]['x'][1]
   for i in range(x.size):

@@ -55,12 +55,18 @@ def _named(tree) -> List[Tuple[str, jax.Array]]:
 
 
 def summarize(tree) -> Tuple[Dict[str, bool], Dict[str, list]]:
-  """({name: finite}, {name: [dtype, F]}) of ``tree``'s arrays."""
+  """({name: finite}, {name: [dtype, F]}) of ``tree``'s arrays: those on devices in one call,
+  those on the host (numpy: an import's) one at a time, so at most one of them is put on a
+  device at once (a model imported on a GPU host may not fit its memory whole)."""
   named = _named(tree)
-  finite, prints = _summaries([x for _, x in named])
+  on_device = [i for i, (_, x) in enumerate(named) if isinstance(x, jax.Array)]
+  results = dict(zip(on_device, zip(*_summaries([named[i][1] for i in on_device]))))
+  for i in set(range(len(named))) - set(on_device):
+    finite, prints = _summaries([named[i][1]])
+    results[i] = finite[0], prints[0]
   value = lambda scalar: scalar.addressable_data(0).item()
-  return ({name: bool(value(f)) for (name, _), f in zip(named, finite)},
-          {name: [str(x.dtype), int(value(p))] for (name, x), p in zip(named, prints)})
+  return ({name: bool(value(results[i][0])) for i, (name, _) in enumerate(named)},
+          {name: [str(x.dtype), int(value(results[i][1]))] for i, (name, x) in enumerate(named)})
 
 
 def changed(saved: Dict[str, list], read: Dict[str, list]) -> List[str]:
