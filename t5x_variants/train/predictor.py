@@ -189,7 +189,8 @@ def _chunks(items: List, size: int) -> Iterator[List]:
 def prompted(examples: List[dict], prompt_length: Optional[int], task_name: str = 'the task'
              ) -> List[dict]:
   """Language-modelling examples (only 'targets') as prompt and continuation: 'inputs' the first
-  ``prompt_length`` target tokens, 'targets' the rest (with its EOS); examples with no token left
+  ``prompt_length`` target tokens, 'targets' the rest up to the first EOS, with it (the end of
+  the document the row starts in; a causal-LM row may hold none); examples with no token left
   to continue are dropped. Examples that have inputs are returned as they are."""
   if not prompt_length or prompt_length < 1:
     raise ValueError(f'{task_name} has no inputs length: a decoder-only model is prompted with '
