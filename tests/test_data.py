@@ -13,7 +13,7 @@ from conftest import NO_DATA_LAYER
 
 seqio = pytest.importorskip('seqio', reason=NO_DATA_LAYER)
 
-from t5x_variants.data import corpus, pipeline, span_corruption, tasks  # noqa: E402
+from t5x_variants.data import corpus, pipeline, span_corruption, tasks, vocab  # noqa: E402
 from t5x_variants.cli.data import default_lengths, main as data_main  # noqa: E402
 from t5x_variants.data.config import DatasetConfig  # noqa: E402
 
@@ -418,6 +418,28 @@ def test_a_sentencepiece_model_without_t5s_special_ids_is_refused(tmp_path, caps
     err = capsys.readouterr().err
     assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
     assert f'{name} is not a SentencePiece model (' in err and '--pad_id=0' in err, err
+
+
+def test_a_sentencepiece_model_with_its_own_sentinels_gets_no_more(tmp_path):
+  """mT5's model holds its 100 sentinels at the top (<extra_id_0> the last piece): 100 more were
+  added, so an imported mT5's vocabulary had 100 ids more than its embedding and every command
+  refused it."""
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  from sentencepiece import sentencepiece_model_pb2  # pylint: disable=g-import-not-at-top
+  (tmp_path / 'text.txt').write_text('\n'.join(f'line {i} of a tiny corpus about cats and dogs'
+                                                for i in range(200)))
+  spm.SentencePieceTrainer.train(input=str(tmp_path / 'text.txt'), model_prefix=str(tmp_path / 'd'),
+                                 vocab_size=40, pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
+                                 minloglevel=2)
+  proto = sentencepiece_model_pb2.ModelProto.FromString((tmp_path / 'd.model').read_bytes())
+  for i in reversed(range(vocab.EXTRA_IDS)):
+    piece = proto.pieces.add()
+    piece.piece, piece.type = f'<extra_id_{i}>', piece.USER_DEFINED
+  (tmp_path / 'mt5.model').write_bytes(proto.SerializeToString())
+  plain = vocab.vocabulary('file', str(tmp_path / 'd.model'))
+  own = vocab.vocabulary('file', str(tmp_path / 'mt5.model'))
+  assert plain.vocab_size == own.vocab_size == 40 + vocab.EXTRA_IDS
+  assert own.decode([own.vocab_size - 1]) == '<extra_id_0>'
 
 
 def test_local_corpus_from_txt_and_jsonl(tmp_path, capsys):

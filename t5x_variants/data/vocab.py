@@ -1,4 +1,5 @@
-"""Vocabularies, all with 100 extra ids (T5's sentinels, counting down from the top id).
+"""Vocabularies, all with 100 extra ids (T5's sentinels, counting down from the top id): added
+to the model's pieces, unless a SentencePiece file holds its own at the top (mT5's does).
 
 - ``embedded`` (default): a SentencePiece unigram model trained once on the embedded corpus and
   cached; T5's id layout (pad 0, eos 1, unk 2), 4000 pieces + 100 sentinels. No network.
@@ -73,6 +74,9 @@ def vocabulary(kind: str = 'embedded', path: str = None) -> seqio.Vocabulary:
                        f'{UNK_ID}) that the models, decoding and span corruption use: train it '
                        f'with spm_train --pad_id={PAD_ID} --eos_id={EOS_ID} --unk_id={UNK_ID} '
                        '--bos_id=-1')
+    # (seqio's model has its extra ids appended as pieces: the file's last piece is before them)
+    if model.id_to_piece(model.get_piece_size() - EXTRA_IDS - 1) == '<extra_id_0>':  # its own
+      return seqio.SentencePieceVocabulary(spm_path, extra_ids=0)
   return vocab
 
 
