@@ -440,6 +440,8 @@ def test_a_sentencepiece_model_with_its_own_sentinels_gets_no_more(tmp_path):
   own = vocab.vocabulary('file', str(tmp_path / 'mt5.model'))
   assert plain.vocab_size == own.vocab_size == 40 + vocab.EXTRA_IDS
   assert own.decode([own.vocab_size - 1]) == '<extra_id_0>'
+  # its own are sentinels as the added ones are (span corruption's count, MLM's random ids)
+  assert vocab.sentinels(plain) == vocab.sentinels(own) == vocab.EXTRA_IDS
 
 
 def test_local_corpus_from_txt_and_jsonl(tmp_path, capsys):

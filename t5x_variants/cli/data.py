@@ -17,10 +17,11 @@ from t5x_variants.features import EOS_ID, PAD_ID
 
 def _decode(vocabulary, ids) -> str:
   """Text of the ids up to padding; sentinels read <extra_id_i>, EOS reads </s>."""
+  from t5x_variants.data import vocab  # pylint: disable=g-import-not-at-top  (the data layer)
   ids = [int(i) for i in ids if i != PAD_ID]
   pieces, run = [], []
   for i in ids + [None]:
-    if i is None or i == EOS_ID or i >= vocabulary.vocab_size - vocabulary.extra_ids:
+    if i is None or i == EOS_ID or i >= vocabulary.vocab_size - vocab.sentinels(vocabulary):
       if run:
         pieces.append(vocabulary.decode(run))
         run = []

@@ -10,6 +10,7 @@ from typing import Dict, Sequence, Tuple
 import seqio
 import tensorflow as tf
 
+from t5x_variants.data import vocab
 from t5x_variants.data.span_corruption import split_tokens
 
 
@@ -66,7 +67,7 @@ def mlm(dataset: tf.data.Dataset, sequence_length: Dict[str, int],
   vocabulary = output_features['targets'].vocabulary
   vocab_size = vocabulary.vocab_size
   mask_id = vocab_size - 1 if mask_id is None else mask_id
-  random_ids = (first_normal_id, vocab_size - vocabulary.extra_ids)
+  random_ids = (first_normal_id, vocab_size - vocab.sentinels(vocabulary))
   special_ids = tuple(i for i in (vocabulary.pad_id, vocabulary.eos_id) if i is not None)
 
   @seqio.map_over_dataset(num_seeds=3)

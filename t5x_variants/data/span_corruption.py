@@ -12,6 +12,8 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
+from t5x_variants.data import vocab
+
 
 def _corrupted_lengths(raw_length: int, noise_density: float, mean_noise_span_length: float):
   """(inputs, targets, noise spans) for ``raw_length`` tokens, EOS included.
@@ -120,9 +122,10 @@ def span_corruption(dataset: tf.data.Dataset, sequence_length: Dict[str, int],
                      'TASK_FEATURE_LENGTHS)')
   vocabulary = output_features['targets'].vocabulary
   num_spans = _corrupted_lengths(raw_length, noise_density, mean_noise_span_length)[2]
-  if vocabulary.extra_ids and vocabulary.extra_ids < num_spans:
+  sentinels = vocab.sentinels(vocabulary)
+  if sentinels and sentinels < num_spans:
     raise ValueError(f'{num_spans} noise spans per example need as many sentinels, but the '
-                     f'vocabulary has {vocabulary.extra_ids} extra ids')
+                     f'vocabulary has {sentinels}')
   vocab_size = vocabulary.vocab_size
 
   @seqio.map_over_dataset(num_seeds=2)

@@ -80,6 +80,16 @@ def vocabulary(kind: str = 'embedded', path: str = None) -> seqio.Vocabulary:
   return vocab
 
 
+def sentinels(vocab: seqio.Vocabulary) -> int:
+  """How many ids at the top of ``vocab`` are sentinels: its extra ids, or the 100 of a
+  SentencePiece model that holds its own (mT5's, read with none added)."""
+  if vocab.extra_ids:
+    return vocab.extra_ids
+  model = getattr(vocab, 'tokenizer', None)
+  own = model is not None and model.id_to_piece(model.get_piece_size() - 1) == '<extra_id_0>'
+  return EXTRA_IDS if own else 0
+
+
 def size(vocab: seqio.Vocabulary) -> int:
   """``vocab.vocab_size``: a SentencePiece model that cannot be read (T5's, offline) is one
   ValueError naming it, not TensorFlow's file-system error at the first use."""
