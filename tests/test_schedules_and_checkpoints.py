@@ -497,15 +497,20 @@ def test_a_data_position_that_fails_to_read_says_why_and_moves_nothing(tmp_path,
 
 
 def test_a_fingerprint_is_its_closed_form_and_any_flipped_bit_changes_it():
-  """F(x) = sum_i w_i (2 i + 1) mod 2^32 over x's bits as 32-bit words, row-major, in numpy."""
+  """F(x) = sum_i fmix32(w_i XOR i * 0x9E3779B9) mod 2^32 over x's bits as 32-bit words,
+  row-major, in numpy; the two sign bits flipped (and x and -x swapped), which a sum of the words
+  with odd weights missed, change it too."""
   rng = np.random.RandomState(0)
   arrays = {'f32': rng.randn(3, 5).astype(np.float32), 'i32': rng.randint(-9, 9, (4,), np.int32),
             'bf16': rng.randn(2, 3).astype(jnp.bfloat16), 'flag': np.array([True, False, True]),
             'scalar': np.float32(2.5)}
   def closed_form(x):
     words = {1: np.uint8, 2: np.uint16, 4: np.uint32}[x.dtype.itemsize]
-    w = np.asarray(x).view(words).ravel().astype(np.uint64)
-    return int(np.sum(w * (2 * np.arange(w.size, dtype=np.uint64) + 1)) % 2**32)
+    h = np.asarray(x).view(words).ravel().astype(np.uint64)
+    h ^= np.arange(h.size, dtype=np.uint64) * 0x9E3779B9 % 2**32
+    for shift, factor in ((16, 0x85EBCA6B), (13, 0xC2B2AE35), (16, 1)):
+      h = (h ^ (h >> shift)) * factor % 2**32
+    return int(np.sum(h) % 2**32)
   want = {k: [str(x.dtype), closed_form(x)] for k, x in arrays.items()}
   finite, prints = fingerprints.summarize({k: jnp.asarray(x) for k, x in arrays.items()})
   assert all(finite.values()) and prints == want
@@ -519,6 +524,8 @@ def test_a_fingerprint_is_its_closed_form_and_any_flipped_bit_changes_it():
       flipped.flat[i] ^= np.uint32(1 << bit)
       assert print_of(flipped.view(np.float32)) != print_of(x), (i, bit)
   assert print_of(x[::-1]) != print_of(x)  # values in other places
+  assert print_of(-x) != print_of(x)  # every sign bit flipped
+  assert print_of(np.array([[-x[0, 1], -x[0, 0]], x[1]])) != print_of(x)  # x, -x swapped
 
 
 def test_parameters_whose_bytes_changed_are_refused_by_every_reader(tmp_path):
@@ -538,6 +545,36 @@ def test_parameters_whose_bytes_changed_are_refused_by_every_reader(tmp_path):
   resumed.close()
   assert step == 1 and (tmp_path / 'checkpoint_2.unreadable').exists()
   jax.tree_util.tree_map(np.testing.assert_array_equal, restored, state(1))
+
+
+@pytest.mark.parametrize('damage', ['not JSON', 'another structure'])
+def test_fingerprints_that_cannot_be_read_are_a_warning_and_the_arrays_are_used(
+    tmp_path, damage, caplog):
+  """As a damaged nonfinite/: the arrays may be whole (it made a good checkpoint unreadable)."""
+  ckpt = checkpoints.Checkpointer(str(tmp_path), period=1, async_save=False)
+  ckpt.save(1, state(1))
+  ckpt.close()
+  (tmp_path / 'checkpoint_1' / fingerprints.ITEM / 'metadata').write_text('{"params/w": ' if damage == 'not JSON' else '{"params/w": 5}')
+  resumed = checkpoints.Checkpointer(str(tmp_path), period=1)
+  restored, step = resumed.restore_latest(state(0))
+  resumed.close()
+  assert step == 1 and 'are not checked against it' in caplog.text
+  jax.tree_util.tree_map(np.testing.assert_array_equal, restored, state(1))
+
+
+def test_fingerprints_are_taken_at_saves_only(tmp_path, monkeypatch):
+  """The trainer offers every step to save(): fingerprinting each waited for it (the device
+  queue drained at every step)."""
+  calls = []
+  summarize = fingerprints.summarize
+  monkeypatch.setattr(fingerprints, 'summarize', lambda tree: calls.append(1) or summarize(tree))
+  ckpt = checkpoints.Checkpointer(str(tmp_path), period=5, async_save=False)
+  for step in range(1, 11):
+    ckpt.save(step, state(step))
+  ckpt.save(10, state(10), force=True)  # saved already
+  ckpt.save(11, state(11), force=True)
+  ckpt.close()
+  assert ckpt.steps() == [5, 10, 11] and len(calls) == 3
 
 
 def test_listing_skips_unreadable_unfinished_and_stray_entries(tmp_path):

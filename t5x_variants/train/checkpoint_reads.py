@@ -4,12 +4,15 @@ barrier; a read that failed is told apart as damage to the checkpoint or a cause
 bucket, the network, memory), which decides whether a checkpoint may be moved aside
 (``checkpoints.Checkpointer.restore_latest``) or only reported (``pretrained``).
 """
+import logging
 import re
 
 import orbax.checkpoint as ocp
 from etils import epath
 
 from t5x_variants.train import fingerprints, multihost
+
+log = logging.getLogger(__name__)
 
 # Status words of a read that failed outside the checkpoint (tensorstore's and XLA's errors):
 # the bucket or the network, its permissions, memory. A restore failing so moves nothing aside.
@@ -18,9 +21,9 @@ _NOT_DAMAGE = re.compile(r'\b(UNAVAILABLE|DEADLINE_EXCEEDED|RESOURCE_EXHAUSTED|P
 
 
 class ReadError(RuntimeError):
-  """A part of a checkpoint (``part``: 'metadata', 'state', 'data', 'nonfinite') that some
-  process could not read, raised on every process (``read_on_every_process``); ``outside`` when
-  a process's read failed for a cause outside the checkpoint."""
+  """A part of a checkpoint (``part``: 'metadata', 'state', 'data', 'nonfinite', 'fingerprints')
+  that some process could not read, raised on every process (``read_on_every_process``);
+  ``outside`` when a process's read failed for a cause outside the checkpoint."""
 
   def __init__(self, part: str, reason: str, outside: bool):
     super().__init__(reason)
@@ -51,8 +54,9 @@ def read_on_every_process(part: str, read):
 def intact(tree, path: epath.Path):
   """``tree``, the arrays read from checkpoint ``path``, if every floating one is finite and each
   has the fingerprint saved with it (``fingerprints``; a checkpoint saved before they were has
-  none); else a ReadError naming the first that does not: damaged bytes that decoded (a step
-  whose update is not finite is skipped, so no run saves one). The same answer on every process."""
+  none, and one whose fingerprints cannot be read is used unchecked, with a warning); else a
+  ReadError naming the first that does not: damaged bytes that decoded (a step whose update is
+  not finite is skipped, so no run saves one). The same answer on every process."""
   finite, read = fingerprints.summarize(tree)
   bad = next((name for name, ok in finite.items() if not ok), None)
   if bad:
@@ -60,8 +64,15 @@ def intact(tree, path: epath.Path):
                     outside=False)
   item = path / fingerprints.ITEM
   if multihost.process0_says(f'looking for {item}', item.exists):
-    saved = read_with(ocp.JsonCheckpointHandler(), fingerprints.ITEM,
-                      lambda handler: handler.restore(item))
+    try:
+      saved = read_with(ocp.JsonCheckpointHandler(), fingerprints.ITEM,
+                        lambda handler: fingerprints.parse(handler.restore(item)))
+    except ReadError as e:  # (as a damaged nonfinite/: the arrays themselves may be whole)
+      if e.outside:
+        raise
+      log.warning('%s cannot be read (%s): the arrays read from %s are not checked against it',
+                  item, e, path)
+      return tree
     bad = fingerprints.changed(saved, read)
     if bad:
       raise ReadError('state', f'{bad[0]} does not read as it was saved (its fingerprint differs '

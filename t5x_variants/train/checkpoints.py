@@ -96,6 +96,8 @@ class Checkpointer:
     ``guard``: the trainer's NonFiniteGuard, whose ``state()`` is kept with it."""
     if force and step in self.manager.all_steps():
       return False
+    if not (force or self.manager.should_save(step)):  # (the trainer asks at every step)
+      return False
     items = {'state': ocp.args.StandardSave(state),
              fingerprints.ITEM: ocp.args.JsonSave(fingerprints.summarize(state)[1])}
     if data_position.resumable(data_iterator):
@@ -126,8 +128,8 @@ class Checkpointer:
 
   def _delete_leftovers(self):
     """Deletes what a killed keep-N or save left, never a checkpoint: on a file system ``DELETED``
-    and orbax's temporary directories of unfinished saves (the run directory is locked by this
-    trainer: none is in flight); on gs:// the ``checkpoint_<step>`` directories without
+    and orbax's temporary directories of unfinished saves (none is in flight: t5xv-train holds the
+    run directory's lock, t5xv-import writes a new one); on gs:// the ``checkpoint_<step>`` directories without
     ``COMMITTED`` older than the newest committed one: an unfinished save's, which its error
     message names, is newer than that one until the run has passed its step again."""
     if not self._commit_file():

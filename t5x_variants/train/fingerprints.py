@@ -5,12 +5,12 @@ unless something compares them with what was saved.
 The fingerprint of an array x of n words w_i (its elements' bits as unsigned 32-bit words, i in
 row-major order) is
 
-    F(x) = sum_i w_i * (2 i + 1)  (mod 2^32),
+    F(x) = sum_i fmix32(w_i XOR (i * 0x9E3779B9))  (mod 2^32),
 
-an integer sum, so every mesh and every reduction order gives the same value; every odd weight
-makes any one flipped bit change it (by 2^k times an odd number), and the weights tell where
-a value is, so swapped values change it too. All arrays are reduced by one jitted call over the
-global arrays to scalars that every process holds whole: the same answer on all.
+fmix32 being MurmurHash3's 32-bit finalizer (xor-shifts and odd multiplications: a bijection of
+32-bit words). Any change to one word changes its term and so F; changes to several words, or
+values moved to other places (the position enters each term), leave F as it was with chance about
+2^-32. An integer sum: every mesh and every reduction order gives the same F.
 """
 from typing import Dict, List, Tuple
 
@@ -24,11 +24,18 @@ ITEM = 'fingerprints'  # the checkpoint item: {array name: [dtype, F]} (JSON)
 
 def _words(x):
   """``x``'s bits as uint32 words: one per element of 1, 2 or 4 bytes, two of 8 (a last axis)."""
-  size = np.dtype(x.dtype).itemsize
   if x.dtype == jnp.bool_:
     return x.astype(jnp.uint32)
-  unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}[size]
+  unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}[np.dtype(x.dtype).itemsize]
   return jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32)
+
+
+def _fmix32(h):
+  h = h ^ (h >> 16)
+  h = h * np.uint32(0x85EBCA6B)
+  h = h ^ (h >> 13)
+  h = h * np.uint32(0xC2B2AE35)
+  return h ^ (h >> 16)
 
 
 def _fingerprint(x):
@@ -37,15 +44,16 @@ def _fingerprint(x):
   for axis, stride in enumerate(np.cumprod((words.shape + (1,))[:0:-1])[::-1]):
     index = index + jax.lax.broadcasted_iota(jnp.uint32, words.shape, axis) * np.uint32(
         stride % 2**32)
-  return jnp.sum(words * (2 * index + 1), dtype=jnp.uint32)
+  return jnp.sum(_fmix32(words ^ (index * np.uint32(0x9E3779B9))), dtype=jnp.uint32)
 
 
 @jax.jit
 def _summaries(xs):
-  """(whether each floating array is finite (True for the others), each array's F)."""
+  """Whether each floating array is finite (1; 1 for the others) and each array's F, as one
+  uint32 array of 2 x len(xs): one transfer to the host."""
   finite = [jnp.isfinite(x).all() if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.bool_(True)
             for x in xs]
-  return finite, [_fingerprint(x) for x in xs]
+  return jnp.stack([f.astype(jnp.uint32) for f in finite] + [_fingerprint(x) for x in xs])
 
 
 def _named(tree) -> List[Tuple[str, jax.Array]]:
@@ -55,18 +63,18 @@ def _named(tree) -> List[Tuple[str, jax.Array]]:
 
 
 def summarize(tree) -> Tuple[Dict[str, bool], Dict[str, list]]:
-  """({name: finite}, {name: [dtype, F]}) of ``tree``'s arrays: those on devices in one call,
+  """({name: finite}, {name: [dtype, F]}) of ``tree``'s arrays: those on devices in one jitted
+  call over the global arrays (its scalars are whole on every process: the same answer on all),
   those on the host (numpy: an import's) one at a time, so at most one of them is put on a
   device at once (a model imported on a GPU host may not fit its memory whole)."""
   named = _named(tree)
   on_device = [i for i, (_, x) in enumerate(named) if isinstance(x, jax.Array)]
-  results = dict(zip(on_device, zip(*_summaries([named[i][1] for i in on_device]))))
+  host = lambda xs: np.asarray(_summaries(xs).addressable_data(0)).reshape(2, -1)
+  results = dict(zip(on_device, host([named[i][1] for i in on_device]).T)) if on_device else {}
   for i in set(range(len(named))) - set(on_device):
-    finite, prints = _summaries([named[i][1]])
-    results[i] = finite[0], prints[0]
-  value = lambda scalar: scalar.addressable_data(0).item()
-  return ({name: bool(value(results[i][0])) for i, (name, _) in enumerate(named)},
-          {name: [str(x.dtype), int(value(results[i][1]))] for i, (name, x) in enumerate(named)})
+    results[i] = host([named[i][1]])[:, 0]
+  return ({name: bool(results[i][0]) for i, (name, _) in enumerate(named)},
+          {name: [str(x.dtype), int(results[i][1])] for i, (name, x) in enumerate(named)})
 
 
 def changed(saved: Dict[str, list], read: Dict[str, list]) -> List[str]:
@@ -74,3 +82,13 @@ def changed(saved: Dict[str, list], read: Dict[str, list]) -> List[str]:
   than saved, or saved before fingerprints were, are not compared)."""
   return [name for name, (dtype, value) in read.items()
           if name in saved and saved[name][0] == dtype and saved[name][1] != value]
+
+
+def parse(saved) -> Dict[str, list]:
+  """A checkpoint's fingerprints as read (JSON), checked to be {name: [dtype, F]}; else
+  ValueError."""
+  if not (isinstance(saved, dict) and all(
+      isinstance(v, list) and len(v) == 2 and isinstance(v[0], str) and isinstance(v[1], int)
+      for v in saved.values())):
+    raise ValueError('not a mapping of array names to [dtype, fingerprint]')
+  return saved
