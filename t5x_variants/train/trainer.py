@@ -16,6 +16,7 @@ happens on the device, inside the step. A step's time is the wall time between r
 metrics and the previous step's, so it includes any input stall (tf.data prefetches batches in
 the background) but not checkpoints or evals.
 """
+import contextlib
 import dataclasses
 import logging
 from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence
@@ -373,13 +374,15 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
              sharded.rng, ckpt, logger, TrainMeter(logger, start, log_period, total_steps), guard)
   # One Preemption from the first step to the end: a signal while the last checkpoint commits (a
   # stop's, or the finished run's while its final eval runs, or after an error) is noted, not
-  # obeyed, so the commit finishes (the default action killed the run and its commit).
-  with preemption.Preemption(ckpt) as preempt:
+  # obeyed, so the commit finishes (the default action killed the run and its commit). Before the
+  # first step (the eval at start) a signal stops the run at once: nothing is saved then.
+  with contextlib.ExitStack() as signals:
     try:
       if eval_data and _eval_due_at_start(start, total_steps, eval_period, eval_at_start, logger,
                                           lambda: list(eval_data())):
         evaluator(start, state.params)
         run.meter.resume()
+      preempt = signals.enter_context(preemption.Preemption(ckpt))
       preempted = _train_steps(run, preempt, evaluator, diag, total_steps, eval_period,
                                num_microbatches)
       run.read()
