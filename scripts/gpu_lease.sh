@@ -21,7 +21,10 @@ rm -rf /tmp/gpu_lease  # (a warm machine may hold an earlier call's)
 out=/tmp/gpu_lease/all  # outside $OUT: only all.tgz comes back, however many logs there are
 mkdir -p "$out"
 # written beside and renamed: a call killed at its limit while packing keeps the previous pack
-pack() { tar czf "$OUT/all.tgz.part" -C "$(dirname "$out")" all && mv -f "$OUT/all.tgz.part" "$OUT/all.tgz"; }
+# (and brings back the cut all.tgz.part too)
+pack() {
+  tar czf "$OUT/all.tgz.part" -C "$(dirname "$out")" all && mv -f "$OUT/all.tgz.part" "$OUT/all.tgz"
+}
 if ! python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl >"$out/wheels.log" 2>&1; then
   echo "the wheels in .whl/ could not be installed (carry=['.whl'], fetched as above?)" |
@@ -32,13 +35,15 @@ fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 # the console scripts (t5xv-train, t5xv-export, ...) that the suite's end-to-end tests run
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir -e . \
-  >"$out/install.log" 2>&1 || echo "the project's console scripts could not be installed" | tee -a "$out/install.log"
+  >"$out/install.log" 2>&1 ||
+  echo "the project's console scripts could not be installed" | tee -a "$out/install.log"
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c 'import jax, flax, optax, orbax.checkpoint as ocp, torch, transformers
 print("jax", jax.__version__, "flax", flax.__version__, "optax", optax.__version__, "orbax",
       ocp.__version__, "torch", torch.__version__, "transformers", transformers.__version__, jax.devices())'
   git log -1 --format='code %H' 2>/dev/null
-  git status --short 2>/dev/null | sed 's/^/changed: /'; } >"$out/machine.txt" 2>&1  # (the tree sent)
+  git status --short 2>/dev/null | sed 's/^/changed: /'  # (the tree sent)
+} >"$out/machine.txt" 2>&1
 pack
 for job in "$@"; do
   left=$((budget - ($(date +%s) - start)))

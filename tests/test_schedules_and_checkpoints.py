@@ -604,8 +604,8 @@ def test_listing_skips_unreadable_unfinished_and_stray_entries(tmp_path):
   # a trainer opening the directory deletes the unfinished save (of a step never saved again, it
   # stayed for good), nothing else
   assert sorted(p.name for p in tmp_path.iterdir()) == [
-      'checkpoint_10_old', 'checkpoint_2', 'checkpoint_4', 'checkpoint_6', 'checkpoint_7.unreadable',
-      'checkpoint_9', 'checkpoint_x']
+      'checkpoint_10_old', 'checkpoint_2', 'checkpoint_4', 'checkpoint_6',
+      'checkpoint_7.unreadable', 'checkpoint_9', 'checkpoint_x']
   params = pretrained.restore_params(str(tmp_path), state(0).params)
   jax.tree_util.tree_map(np.testing.assert_array_equal, params, state(6).params)
 

@@ -66,8 +66,8 @@ def lm(dataset, sequence_length, output_features):
   stream and cut into chunks of targets_length, so EOS marks where a document ends, never where
   a chunk was cut."""
   if sequence_length['targets'] < 2:
-    raise ValueError(f"targets length {sequence_length['targets']} leaves no room for a token and "
-                     'the next')
+    raise ValueError(f"targets length {sequence_length['targets']} leaves no room for a row: one "
+                     'needs 2 tokens (a token and the next, to predict)')
   eos = output_features['targets'].vocabulary.eos_id
   with_eos = dataset.map(lambda ex: dict(ex, targets=tf.concat([ex['targets'], [eos]], 0)),
                          num_parallel_calls=tf.data.AUTOTUNE)

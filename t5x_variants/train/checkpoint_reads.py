@@ -123,7 +123,5 @@ def saved_tree(path: epath.Path):
 
 
 def array_shapes(tree):
-  """{'a/b/c': shape} of ``tree``'s arrays, named as orbax saves them (a list item by its index,
-  an optimizer state's fields by name, empty nodes left out)."""
-  flat = ocp.tree.to_flat_dict(ocp.tree.serialize_tree(tree, keep_empty_nodes=True))
-  return {'/'.join(map(str, k)): tuple(x.shape) for k, x in flat.items() if hasattr(x, 'shape')}
+  """{'a/b/c': shape} of ``tree``'s arrays, named as orbax saves them (``named_arrays``)."""
+  return {name: tuple(x.shape) for name, x in fingerprints.named_arrays(tree)}

@@ -129,9 +129,10 @@ class Checkpointer:
   def _delete_leftovers(self):
     """Deletes what a killed keep-N or save left, never a checkpoint: on a file system ``DELETED``
     and orbax's temporary directories of unfinished saves (none is in flight: t5xv-train holds the
-    run directory's lock, t5xv-import writes a new one); on gs:// the ``checkpoint_<step>`` directories without
-    ``COMMITTED`` older than the newest committed one: an unfinished save's, which its error
-    message names, is newer than that one until the run has passed its step again."""
+    run directory's lock, t5xv-import writes a new one); on gs:// the ``checkpoint_<step>``
+    directories without ``COMMITTED`` older than the newest committed one: an unfinished save's,
+    which its error message names, is newer than that one until the run has passed its step
+    again."""
     if not self._commit_file():
       (self.model_dir / DELETED).rmtree(missing_ok=True)
       for path in self.model_dir.iterdir():

@@ -56,10 +56,11 @@ def _summaries(xs):
   return jnp.stack([f.astype(jnp.uint32) for f in finite] + [_fingerprint(x) for x in xs])
 
 
-def _named(tree) -> List[Tuple[str, jax.Array]]:
-  """('a/b/c', array) of ``tree``'s arrays, named as orbax saves them."""
+def named_arrays(tree) -> List[Tuple[str, jax.Array]]:
+  """('a/b/c', array) of ``tree``'s arrays (or abstract arrays), named as orbax saves them (a
+  list item by its index, an optimizer state's fields by name, empty nodes left out)."""
   flat = ocp.tree.to_flat_dict(ocp.tree.serialize_tree(tree, keep_empty_nodes=True))
-  return [('/'.join(map(str, k)), x) for k, x in flat.items() if hasattr(x, 'dtype')]
+  return [('/'.join(map(str, k)), x) for k, x in flat.items() if hasattr(x, 'shape')]
 
 
 def summarize(tree) -> Tuple[Dict[str, bool], Dict[str, list]]:
@@ -67,7 +68,7 @@ def summarize(tree) -> Tuple[Dict[str, bool], Dict[str, list]]:
   call over the global arrays (its scalars are whole on every process: the same answer on all),
   those on the host (numpy: an import's) one at a time, so at most one of them is put on a
   device at once (a model imported on a GPU host may not fit its memory whole)."""
-  named = _named(tree)
+  named = named_arrays(tree)
   on_device = [i for i, (_, x) in enumerate(named) if isinstance(x, jax.Array)]
   host = lambda xs: np.asarray(_summaries(xs).addressable_data(0)).reshape(2, -1)
   results = dict(zip(on_device, host([named[i][1] for i in on_device]).T)) if on_device else {}

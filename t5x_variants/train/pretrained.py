@@ -153,8 +153,7 @@ def restore_state(path: str, abstract_state, fresh: Sequence[str] = ()):
         'gin/runs/finetune_classification.gin does)')
   saved = array_shapes(tree)
   target = ocp.tree.serialize_tree(abstract_state, keep_empty_nodes=True)
-  wanted = {'/'.join(map(str, k)): tuple(x.shape)
-            for k, x in ocp.tree.to_flat_dict(target).items() if hasattr(x, 'shape')}
+  wanted = array_shapes(abstract_state)
   for name, shape in wanted.items():
     if saved.get(name) != shape:
       raise CheckpointError(
