@@ -4,7 +4,6 @@ checkpoint or metric record is lost. Each test is one row of the README's reliab
 
 Every run sees the same batches (``StepBatches``: batch i at step i) and logs every step, so each
 is compared with one straight 6-step reference run (checkpoints at steps 2, 4 and 6)."""
-import errno
 import gc
 import json
 import os
@@ -22,7 +21,7 @@ from conftest import needs_data_layer, tiny
 from t5x_variants.cli import eval as eval_cli
 from t5x_variants.sweeps.runs import read_run
 from t5x_variants.train import checkpoints, pretrained
-from train_helpers import StepBatches, eval_batches, run_train, saved_state, train_losses
+from train_helpers import FullDisk, StepBatches, eval_batches, run_train, saved_state, train_losses
 from test_trainer import finish, subprocess_train, wait_for_steps  # noqa: F401 (a fixture)
 
 STEPS = 6
@@ -152,15 +151,6 @@ def test_a_damaged_file_in_the_newest_checkpoint_falls_back_and_keeps_it(
   assert [r['step'] for r in read_run(str(model_dir)).train] == list(range(1, STEPS + 1))
   assert train_losses(model_dir) == ref
   assert committed(model_dir) == ['checkpoint_2', 'checkpoint_4', 'checkpoint_6']
-
-
-class FullDisk(StepBatches):
-  """Batches whose position cannot be written at step 4's checkpoint: the disk is full."""
-
-  def save(self, prefix):
-    if self.position == 4:
-      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), prefix)
-    super().save(prefix)
 
 
 @pytest.mark.parametrize('where', ['a file written at save', 'the asynchronous commit'])

@@ -501,6 +501,21 @@ def test_a_data_position_one_process_cannot_read_stops_every_process(tmp_path, s
   assert sorted(p.name for p in tmp_path.glob('checkpoint_*')) == [f'checkpoint_{k}']
 
 
+@pytest.mark.slow
+def test_a_data_position_one_process_cannot_write_stops_every_process_at_once(tmp_path,
+                                                                             subprocess_train):
+  """Process 1's disk full as it writes its data position at step 4: both processes stop within
+  seconds with the save's error, checkpoint_2 the one listed (before, process 0 went on into
+  orbax's barriers and both were aborted 300 s later by jax's shutdown barrier, rc -6)."""
+  port = _free_port()
+  procs = [subprocess_train('fulldisk', tmp_path, 6, port, i) for i in range(2)]
+  outs = [p.communicate(timeout=200)[0] for p in procs]  # (the hang lasted 300 s)
+  assert all(p.returncode == 1 for p in procs), outs[0][-3000:] + outs[1][-3000:]
+  assert 'No space left on device' in outs[1] and 'failed on process 1' in outs[0], outs[0][-3000:]
+  assert all('checkpoint_2 (and those before it) is intact' in out for out in outs)
+  assert [p.name for p in checkpoints.list_checkpoints(str(tmp_path))] == ['checkpoint_2']
+
+
 @needs_data_layer
 @pytest.mark.slow
 def test_a_state_one_process_cannot_read_moves_it_aside_on_every_process(reference, tmp_path,

@@ -1,4 +1,5 @@
 """Synthetic batches and a tiny training setup shared by the trainer tests (no TensorFlow)."""
+import errno
 import json
 import os
 import time
@@ -67,6 +68,15 @@ class StepBatches:
   def restore(self, prefix):
     with open(prefix) as f:
       self.position = int(f.read())
+
+
+class FullDisk(StepBatches):
+  """Batches whose position cannot be written at step 4's checkpoint: the disk is full."""
+
+  def save(self, prefix):
+    if self.position == 4:
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), prefix)
+    super().save(prefix)
 
 
 def step_batch(step, rows=4):

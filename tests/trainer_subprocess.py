@@ -8,6 +8,9 @@
       one of 2 processes joined by jax.distributed (2 CPU devices each, data=2 x model=2, fsdp),
       each feeding its half of every global batch, 0.1 s per batch, no periodic checkpoints; with
       UNREADABLE, this process cannot read the state of checkpoint_UNREADABLE (the others can)
+  python trainer_subprocess.py fulldisk MODEL_DIR STEPS PORT INDEX
+      as ``process`` with checkpoints every 2 steps, process 1's disk full when it writes its data
+      position at step 4
   python trainer_subprocess.py diverge MODEL_DIR STEPS PORT INDEX
       as ``process``, with an eval of the fault tests' two batches every 2 steps, of which
       process 1's copy has only the first
@@ -34,7 +37,7 @@ import os
 import sys
 
 mode, model_dir, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
-devices = {'mesh': 8, 'slow': 1, 'process': 2, 'diverge': 2, 'kill': 1, 'plain': 1,
+devices = {'mesh': 8, 'slow': 1, 'process': 2, 'fulldisk': 2, 'diverge': 2, 'kill': 1, 'plain': 1,
            'evalfail': 1, 'churn': 1}[mode]
 os.environ['XLA_FLAGS'] = (f'{os.environ.get("XLA_FLAGS", "")} '  # the suite's, then the devices
                            f'--xla_force_host_platform_device_count={devices}').strip()
@@ -47,8 +50,8 @@ import jax  # noqa: E402
 
 from t5x_variants.cli import common  # noqa: E402
 from t5x_variants.train.partitioning import MeshConfig  # noqa: E402
-from train_helpers import (StepBatches, eval_batches, failing_eval_batches, kill_at,  # noqa: E402
-                           run_train, slow_commits, unreadable_state)
+from train_helpers import (FullDisk, StepBatches, eval_batches, failing_eval_batches,  # noqa: E402
+                           kill_at, run_train, slow_commits, unreadable_state)
 
 if mode == 'mesh':
   gin.bind_parameter('MeshConfig.data', 4)  # as --gin.MeshConfig.data=4 ... on a command line
@@ -85,11 +88,12 @@ else:
   if len(sys.argv) > 6:
     unreadable_state([int(sys.argv[6])])
   assert jax.process_count() == 2 and len(jax.devices()) == 4
-  evals = {}
+  evals, batches, period = {}, StepBatches, 1000
   if mode == 'diverge':
     evals = dict(eval_period=2, eval_data=lambda: {
         name: batches[:2 - index] for name, batches in eval_batches().items()})
-  result = run_train(model_dir, steps, period=1000, mesh=MeshConfig(2, 2, fsdp=True),
-                     batches=functools.partial(StepBatches, host=index, hosts=2, delay=0.1),
-                     **evals)
+  if mode == 'fulldisk':
+    batches, period = (FullDisk if index == 1 else StepBatches), 2
+  result = run_train(model_dir, steps, period=period, mesh=MeshConfig(2, 2, fsdp=True),
+                     batches=functools.partial(batches, host=index, hosts=2, delay=0.1), **evals)
 print(json.dumps(result))

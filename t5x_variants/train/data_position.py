@@ -8,7 +8,7 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
-from t5x_variants.train import storage
+from t5x_variants.train import multihost, storage
 
 
 def _host_file(directory) -> str:
@@ -20,9 +20,15 @@ class DataIteratorHandler(ocp.CheckpointHandler):
   write and read local files: on an object store they are staged through a local directory."""
 
   def save(self, directory: epath.Path, args: 'DataIteratorSave'):
-    directory.mkdir(parents=True, exist_ok=True)
-    with storage.staged_write(_host_file(directory)) as prefix:
-      args.iterator.save(prefix)
+    """Writes this host's file; every process agrees on the outcome (``multihost.agree``), so a
+    write that fails on one (its disk full) fails the save on all, in this call: the others went
+    on into orbax's barriers and waited there for it until jax's shutdown timeout (300 s) aborted
+    both."""
+    def write():
+      directory.mkdir(parents=True, exist_ok=True)
+      with storage.staged_write(_host_file(directory)) as prefix:
+        args.iterator.save(prefix)
+    multihost.agree(f'writing the data position into {directory}', write)
 
   def restore(self, directory: epath.Path, args: 'DataIteratorRestore'):
     """Reads this host's data position into ``args.iterator``."""

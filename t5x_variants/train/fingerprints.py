@@ -49,11 +49,18 @@ def _fingerprint(x):
 
 @jax.jit
 def _summaries(xs):
-  """Whether each floating array is finite (1; 1 for the others) and each array's F, as one
-  uint32 array of 2 x len(xs): one transfer to the host."""
+  """Whether each floating array is finite (True for the others) and each array's F: scalars,
+  which every device holds whole (an array of them might come out split over devices)."""
   finite = [jnp.isfinite(x).all() if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.bool_(True)
             for x in xs]
-  return jnp.stack([f.astype(jnp.uint32) for f in finite] + [_fingerprint(x) for x in xs])
+  return finite, [_fingerprint(x) for x in xs]
+
+
+def _host(xs) -> np.ndarray:
+  """(2, len(xs)): ``_summaries`` of ``xs`` on this host, fetched together."""
+  finite, prints = _summaries(xs)
+  return np.asarray(jax.device_get([s.addressable_data(0) for s in finite + prints]),
+                    np.uint64).reshape(2, -1)
 
 
 def named_arrays(tree) -> List[Tuple[str, jax.Array]]:
@@ -70,10 +77,9 @@ def summarize(tree) -> Tuple[Dict[str, bool], Dict[str, list]]:
   device at once (a model imported on a GPU host may not fit its memory whole)."""
   named = named_arrays(tree)
   on_device = [i for i, (_, x) in enumerate(named) if isinstance(x, jax.Array)]
-  host = lambda xs: np.asarray(_summaries(xs).addressable_data(0)).reshape(2, -1)
-  results = dict(zip(on_device, host([named[i][1] for i in on_device]).T)) if on_device else {}
+  results = dict(zip(on_device, _host([named[i][1] for i in on_device]).T)) if on_device else {}
   for i in set(range(len(named))) - set(on_device):
-    results[i] = host([named[i][1]])[:, 0]
+    results[i] = _host([named[i][1]])[:, 0]
   return ({name: bool(results[i][0]) for i, (name, _) in enumerate(named)},
           {name: [str(x.dtype), int(results[i][1])] for i, (name, x) in enumerate(named)})
 
