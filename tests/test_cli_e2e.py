@@ -610,6 +610,25 @@ def test_a_model_or_task_that_cannot_score_targets_says_why():
   assert 'no inputs' in eval_cli._unscored(task('targets'), model('decoder_only'))  # pylint: disable=protected-access
 
 
+def test_metrics_t5xv_eval_does_not_compute_are_named():
+  """A seqio task's predict_with_aux_metric_fns and its own metric objects were skipped without a
+  word; its plain metric functions are computed (none named)."""
+  import seqio  # pylint: disable=g-import-not-at-top
+  def accuracy(targets, predictions):
+    return {'accuracy': 0.0}
+  def with_aux(targets, predictions, aux_values):
+    return {'aux': 0.0}
+  source = seqio.FunctionDataSource(lambda split, shuffle_files, seed=None: None, splits=['v'])
+  features = {'targets': seqio.Feature(seqio.PassThroughVocabulary(10))}
+  task = lambda **metrics: seqio.Task('t5xv_metric_kinds', source, features, **metrics)
+  assert eval_cli.uncomputed_metrics(task(metric_fns=[accuracy])) is None
+  assert eval_cli.uncomputed_metrics(task(metric_fns=[accuracy, with_aux])) == (
+      'predict_with_aux_metric_fns with_aux')
+  passthrough = seqio.metrics.PassthroughLegacyMetric.empty()
+  assert eval_cli.uncomputed_metrics(task(metric_objs=[passthrough])) == (
+      '1 metric object(s) (metric_objs)')
+
+
 def test_max_examples_keeps_a_rank_classification_question_whole():
   """Rank classification's rows of one question (its choices) share idx[0]: a limit that falls
   inside one leaves it out (was: scored from some of its choices, or t5's metric's assertion);

@@ -126,6 +126,18 @@ def _unscored(task, config) -> Optional[str]:
   return None
 
 
+def uncomputed_metrics(task) -> Optional[str]:
+  """The task's metrics that t5xv-eval does not compute, named, or None: it computes seqio's
+  ``predict_metric_fns`` and ``score_metric_fns``, not ``predict_with_aux_metric_fns`` nor metric
+  objects given as such (seqio's ``metric_objs``, beyond those it makes of metric functions)."""
+  aux = [getattr(f, '__name__', repr(f)) for f in task.predict_with_aux_metric_fns]
+  fns = len(task.predict_metric_fns) + len(task.score_metric_fns) + len(aux)
+  objects = len(task.metric_objs) - fns
+  named = ([f'predict_with_aux_metric_fns {", ".join(aux)}'] if aux else []) + (
+      [f'{objects} metric object(s) (metric_objs)'] if objects > 0 else [])
+  return '; '.join(named) or None
+
+
 def inference_passes(task, config, inference: bool, prompt_length: Optional[int]) -> tuple:
   """The passes beside the teacher-forced one that evaluate ``task``: 'predict' (decoded text and
   the task's metrics of it), else 'continuation' (a decoder-only model prompted with the first
@@ -235,6 +247,9 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
       left_out = ', '.join(getattr(f, '__name__', repr(f)) for f in task.score_metric_fns)
       print(f'{task.name}: its metrics of scores ({left_out}) are not computed: '
             f'{_unscored(task, config)}')
+    if inference and uncomputed_metrics(task):
+      print(f'{task.name}: its {uncomputed_metrics(task)} are not computed: t5xv-eval computes '
+            "seqio's predict_metric_fns and score_metric_fns")
   results_file = run_dir / RESULTS
   all_results = read_results(results_file)
   results = all_results.setdefault(split, {})
