@@ -247,8 +247,9 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
       left_out = ', '.join(getattr(f, '__name__', repr(f)) for f in task.score_metric_fns)
       print(f'{task.name}: its metrics of scores ({left_out}) are not computed: '
             f'{_unscored(task, config)}')
-    if inference and uncomputed_metrics(task):
-      print(f'{task.name}: its {uncomputed_metrics(task)} are not computed: t5xv-eval computes '
+    uncomputed = inference and uncomputed_metrics(task)
+    if uncomputed:
+      print(f'{task.name}: its {uncomputed} are not computed: t5xv-eval computes '
             "seqio's predict_metric_fns and score_metric_fns")
   results_file = run_dir / RESULTS
   all_results = read_results(results_file)

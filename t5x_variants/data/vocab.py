@@ -61,8 +61,9 @@ def vocabulary(kind: str = 'embedded', path: str = None) -> seqio.Vocabulary:
   spm_path = {'embedded': embedded_spm_file, 't5': lambda: T5_SPM_PATH, 'file': lambda: path}[kind]()
   vocab = seqio.SentencePieceVocabulary(spm_path, extra_ids=EXTRA_IDS)
   if kind == 'file':
+    plain = seqio.SentencePieceVocabulary(spm_path)  # the file's pieces alone
     try:
-      model = vocab.tokenizer
+      model = plain.tokenizer
     except Exception as e:  # pylint: disable=broad-except  (protobuf's or sentencepiece's)
       raise ValueError(f'vocabulary.path {path} is not a SentencePiece model '
                        f'({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}); give the '
@@ -74,9 +75,8 @@ def vocabulary(kind: str = 'embedded', path: str = None) -> seqio.Vocabulary:
                        f'{UNK_ID}) that the models, decoding and span corruption use: train it '
                        f'with spm_train --pad_id={PAD_ID} --eos_id={EOS_ID} --unk_id={UNK_ID} '
                        '--bos_id=-1')
-    # (seqio's model has its extra ids appended as pieces: the file's last piece is before them)
-    if model.id_to_piece(model.get_piece_size() - EXTRA_IDS - 1) == '<extra_id_0>':  # its own
-      return seqio.SentencePieceVocabulary(spm_path, extra_ids=0)
+    if sentinels(plain):  # its own
+      return plain
   return vocab
 
 

@@ -62,23 +62,33 @@ def intact(tree, path: epath.Path):
   if bad:
     raise ReadError('state', f'{bad} holds a NaN or an infinity, which training never saves',
                     outside=False)
-  item = path / fingerprints.ITEM
-  if multihost.process0_says(f'looking for {item}', item.exists):
-    try:
-      saved = read_with(ocp.JsonCheckpointHandler(), fingerprints.ITEM,
-                        lambda handler: fingerprints.parse(handler.restore(item)))
-    except ReadError as e:  # (as a damaged nonfinite/: the arrays themselves may be whole)
-      if e.outside:
-        raise
-      log.warning('%s cannot be read (%s): the arrays read from %s are not checked against it',
-                  item, e, path)
-      return tree
+  saved = json_item(path, fingerprints.ITEM, fingerprints.parse,
+                    f'the arrays read from {path} are not checked against it')
+  if saved is not None:
     bad = fingerprints.changed(saved, read)
     if bad:
       raise ReadError('state', f'{bad[0]} does not read as it was saved (its fingerprint differs '
                       f'from the one saved with it; {len(bad)} array(s) differ): damaged bytes',
                       outside=False)
   return tree
+
+
+def json_item(path: epath.Path, item: str, parse, unread: str):
+  """``parse`` of the JSON item ``item`` of checkpoint ``path``, read (and parsed) by every
+  process; None where the checkpoint has none, or where it cannot be read for a cause inside
+  it: then a warning saying so and ``unread`` (what follows; the rest of the checkpoint may be
+  whole, so it is used)."""
+  where = path / item
+  if not multihost.process0_says(f'looking for {where}', where.exists):
+    return None
+  try:
+    return read_with(ocp.JsonCheckpointHandler(), item,
+                     lambda handler: parse(handler.restore(where)))
+  except ReadError as e:
+    if e.outside:
+      raise
+    log.warning('%s cannot be read (%s): %s', where, e, unread)
+    return None
 
 
 def read_with(handler, part: str, read):

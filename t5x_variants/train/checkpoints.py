@@ -25,7 +25,8 @@ from etils import epath
 
 from t5x_variants.train import data_position, fingerprints, multihost, optimizer, storage
 from t5x_variants.train.checkpoint_reads import (ReadError, array_shapes, error_reason, intact,
-                                                 read_on_every_process, read_with, saved_tree)
+                                                 json_item, read_on_every_process, read_with,
+                                                 saved_tree)
 
 PREFIX = 'checkpoint'
 # Where keep-N moves a checkpoint on a file system before deleting it (Checkpointer._delete_old).
@@ -306,16 +307,11 @@ class Checkpointer:
     if data_position.resumable(data_iterator):
       read_on_every_process('data', lambda: data_position.DataIteratorHandler().restore(
           path / 'data', args=data_position.DataIteratorRestore(data_iterator)))
-    if guard is not None and multihost.process0_says(f'looking for {path / NONFINITE}',
-                                                     (path / NONFINITE).exists):
-      try:  # (parsed in the read: an unreadable one fails on every process)
-        guard.load(read_with(ocp.JsonCheckpointHandler(), NONFINITE, lambda handler: guard.parse(
-            handler.restore(path / NONFINITE))))
-      except ReadError as e:
-        if e.outside:
-          raise
-        log.warning('%s cannot be read (%s): the non-finite steps are counted from this resume '
-                    'on; the checkpoint is used', path / NONFINITE, e)
+    counts = None if guard is None else json_item(
+        path, NONFINITE, guard.parse,
+        'the non-finite steps are counted from this resume on; the checkpoint is used')
+    if counts is not None:
+      guard.load(counts)
     return state
 
 
