@@ -564,7 +564,8 @@ def test_a_second_signal_while_the_trainers_stop_records_them_interrupted(tmp_pa
                            env=dict(os.environ, PYTHONPATH=REPO), stderr=subprocess.PIPE)
   pid_file = tmp_path / 's' / 'a-seed0' / 'pid'
   deadline = time.time() + 60
-  while not pid_file.exists() and time.time() < deadline:
+  # (the file exists, empty, before the trainer has written its pid: wait for the pid)
+  while not (pid_file.exists() and pid_file.read_text()) and time.time() < deadline:
     time.sleep(0.1)
   trainer_pid = int(pid_file.read_text())
   try:
