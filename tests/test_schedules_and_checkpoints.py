@@ -242,17 +242,18 @@ def test_checkpointer_keeps_the_last_two_and_restores_the_newest(tmp_path):
 
 
 KILLED_WHILE_DELETING = '''
-import os, signal, sys
+import os, signal, sys, threading
 import jax.numpy as jnp
 from t5x_variants.train import checkpoints
 ckpt = checkpoints.Checkpointer(sys.argv[1], period=1, keep=1, async_save=False)
-for step in (1, 2):
-  ckpt.save(step, {'params': {'w': jnp.full((2, 3), float(step))}})
 unlink = os.unlink
 def unlink_then_die(*args, **kwargs):  # keep-N's deletion of checkpoint_1 killed after one file
   unlink(*args, **kwargs)
-  os.kill(os.getpid(), signal.SIGKILL)
+  if threading.current_thread().name == 'checkpoint-keep-n':  # (its thread, which save(2) starts)
+    os.kill(os.getpid(), signal.SIGKILL)
 os.unlink = unlink_then_die
+for step in (1, 2):
+  ckpt.save(step, {'params': {'w': jnp.full((2, 3), float(step))}})
 ckpt.close()
 '''
 

@@ -516,6 +516,24 @@ def test_a_data_position_one_process_cannot_write_stops_every_process_at_once(tm
   assert [p.name for p in checkpoints.list_checkpoints(str(tmp_path))] == ['checkpoint_2']
 
 
+@pytest.mark.slow
+def test_a_shard_write_failing_on_one_process_stops_both_at_the_next_save(tmp_path,
+                                                                          subprocess_train):
+  """Process 1's writes of its array shards of checkpoint_4 fail in orbax's background thread:
+  both processes stop at the next save, within seconds, with that error (process 0 naming
+  process 1), and checkpoint_2 is the one listed (before, process 0 waited for process 1's writes
+  and process 1 for process 0 at its save's finalisation, each in orbax's barriers, for 20
+  minutes)."""
+  port = _free_port()
+  procs = [subprocess_train('shardfail', tmp_path, 8, port, i) for i in range(2)]
+  outs = [p.communicate(timeout=200)[0] for p in procs]
+  assert all(p.returncode == 1 for p in procs), outs[0][-3000:] + outs[1][-3000:]
+  assert 'No space left on device (injected)). checkpoint_2' in outs[1], outs[1][-3000:]
+  assert 'failed on process 1 (its log says why)). checkpoint_2' in outs[0], outs[0][-3000:]
+  assert 'step 6/8' in outs[0] and 'step 7/8' not in outs[0]
+  assert [p.name for p in checkpoints.list_checkpoints(str(tmp_path))] == ['checkpoint_2']
+
+
 @needs_data_layer
 @pytest.mark.slow
 def test_a_state_one_process_cannot_read_moves_it_aside_on_every_process(reference, tmp_path,

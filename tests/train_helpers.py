@@ -191,6 +191,25 @@ def unreadable_state(steps, patch=setattr):
   patch(ocp.StandardCheckpointHandler, 'restore', fail_at_step)
 
 
+def failing_shard_writes(step):
+  """Makes this process's writes of its array shards of checkpoint_``step`` fail in orbax's
+  background save thread, as a full disk does (the other processes' writes succeed)."""
+  from orbax.checkpoint._src.serialization import jax_array_handlers  # (the class orbax uses)
+  serialize = jax_array_handlers.ArrayHandler.serialize
+
+  class FullDiskWrite:
+    def result(self, timeout=None):
+      del timeout
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC) + ' (injected)')
+
+  async def failing(self, values, infos, *args, **kwargs):
+    futures = list(await serialize(self, values, infos, *args, **kwargs))
+    at_step = any(part.startswith(f'checkpoint_{step}.') or part == f'checkpoint_{step}'
+                  for part in infos[0].parent_dir.parts)
+    return futures + [FullDiskWrite()] if at_step else futures
+  jax_array_handlers.ArrayHandler.serialize = failing
+
+
 def save_fresh_state(config, model_dir, seed, step=1):
   """A step-``step`` checkpoint of ``config`` freshly initialised with ``seed``; its parameters as
   numpy."""

@@ -75,9 +75,11 @@ class Checkpointer:
     if pattern:
       raise ValueError(pattern)
     self.model_dir = storage.path(model_dir)
+    self._writes = multihost.WriteBarrier(str(self.model_dir))
     options = ocp.CheckpointManagerOptions(
         save_decision_policy=ocp.checkpoint_managers.FixedIntervalPolicy(period),
-        step_name_format=_NAME_FORMAT, create=True, enable_async_checkpointing=async_save)
+        step_name_format=_NAME_FORMAT, create=True, enable_async_checkpointing=async_save,
+        async_options=ocp.AsyncOptions(barrier_sync_fn=self._writes))
     self.manager = ocp.CheckpointManager(self.model_dir, options=options)
     self._deleted = set()  # the steps keep-N deleted (the manager's steps in memory keep them)
     self._deleting = None  # the thread deleting them
@@ -195,7 +197,8 @@ class Checkpointer:
     ValueError from tensorstore's; on a bucket an error its client no longer retries), as one line
     saying what is intact. The unfinished save stays in its temporary directory (on a bucket: its
     directory, without the commit_success.txt orbax writes last), which no listing or restore
-    reads."""
+    reads. The failure is marked for the other processes, whose background saves wait for this
+    one's writes (``multihost.WriteBarrier``): they stop too."""
     steps = self.steps()
     store = storage.scheme(self.model_dir)
     cause = 'the bucket, its permissions' if store else 'free space, the mount'
@@ -205,6 +208,11 @@ class Checkpointer:
     unfinished = (f'the unfinished save is the {PREFIX}_<step> without a commit_success.txt' if store
                   else f'the unfinished save, in {PREFIX}_*.orbax-checkpoint-tmp*, is deleted '
                   'when the run resumes')
+    if not isinstance(e, multihost.ProcessError):  # (another's failure, which stopped this one)
+      try:
+        self._writes.fail()
+      except Exception as mark:  # pylint: disable=broad-except  (the coordination service gone)
+        log.warning('could not tell the other processes that this save failed: %s', mark)
     reason = error_reason(e)
     return CheckpointError(f'saving a checkpoint in {self.model_dir} failed ({reason}). {intact}; '
                            f'{unfinished}')
@@ -323,6 +331,10 @@ def optimizer_hint(entry: str, reshaped: bool) -> str:
   if reshaped and projection:  # Adafactor's layout of an attention projection's statistics
     return (' (an Adafactor state of the other attention layout: '
             '--gin.adafactor.combine_heads=False reads those saved before 49e9cc9, True those after)')
+  if reshaped and '_w1/kernel' in entry:  # a dense synthesizer's W_1, factored since then
+    return (" (Adafactor's statistics of a dense synthesizer's W_1, kept whole before they were "
+            'factored as a query\'s: start from its parameters, with --gin.train.init_checkpoint '
+            'and --gin.train.init_optimizer=False)')
   if entry.startswith('opt_state/1/'):  # optax.chain(clip, ...): the statistics one level down
     return (' (make_optimizer.global_norm_clip is set in one of the two runs only: set it as the '
             'checkpoint\'s run had)')

@@ -11,12 +11,17 @@ a ProcessError naming it. With one process they exchange nothing.
 The callables given here run between two collectives of one process and must hold none
 themselves: a process that raised before reaching one would leave the others in it.
 """
+import collections
 import json
+import sys
+import threading
+import time
 import zlib
 from typing import Any, Callable, Iterable, Iterator, List, Optional
 
 import jax
 import numpy as np
+from jax._src import distributed  # the coordination service's key-value store (as orbax reads it)
 from jax.experimental import multihost_utils
 
 _FAILED, _NONE = -2, -1  # the codes of a process whose call raised, or that had nothing
@@ -152,3 +157,55 @@ def process0_json(what: str, make: Callable[[], Any]) -> Any:
   data = np.zeros(size, np.uint8)
   data[:len(text)] = np.frombuffer(text, np.uint8)[:size]
   return json.loads(bytes(np.asarray(multihost_utils.broadcast_one_to_all(data), np.uint8)))
+
+
+class WriteBarrier:
+  """The barrier at which orbax's background save threads wait for every process's writes
+  (``AsyncOptions.barrier_sync_fn``), opened by a save that failed. With orbax's own, a process
+  whose shard writes failed never arrives, the others wait there, and it waits at the next one of
+  its save's finalisation for them: every process stays in its save until orbax's timeout (20
+  minutes). Here each arrival is a key in the coordination service's store, and the waiting
+  processes poll it together with the failures marked there: one stops them with a ProcessError
+  naming its process. A process marks its failure (``fail``) when one of orbax's threads reaches
+  the barrier with an error on its way out (its save's finalisation does, in a ``finally``), and
+  when its save raises in the trainer. ``name`` (the run directory) keeps the keys of different
+  checkpoint directories apart."""
+
+  POLL_S = 0.2
+
+  def __init__(self, name: str):
+    self._base = f't5xv_writes/{zlib.crc32(name.encode()):08x}'
+    self._calls = collections.Counter()  # orbax may reuse a key: each process counts its calls
+    self._lock = threading.Lock()
+    self._owner = threading.get_ident()  # the trainer's thread, which may call it in an except
+
+  def __call__(self, *, key: str, timeout_ms: int):
+    if jax.process_count() == 1:
+      return
+    leaving = sys.exc_info()[1]
+    if (threading.get_ident() != self._owner and leaving is not None
+        and not isinstance(leaving, ProcessError)):
+      self.fail()  # (its error goes on: the trainer's save raises it)
+      return
+    client = distributed.global_state.client
+    with self._lock:
+      self._calls[key] += 1
+      arrived = f'{self._base}/{key}/{self._calls[key]}/'
+    client.key_value_set(arrived + str(jax.process_index()), '')
+    deadline = time.monotonic() + timeout_ms / 1000
+    while len(client.key_value_dir_get(arrived)) < jax.process_count():
+      failed = sorted(int(k.rsplit('/', 1)[1]) for k, _ in client.key_value_dir_get(
+          f'{self._base}/failed/'))
+      if failed:
+        raise ProcessError(f'saving the checkpoint failed on process '
+                           f'{", ".join(map(str, failed))} (its log says why)')
+      if time.monotonic() > deadline:
+        raise TimeoutError(f'the processes did not all finish writing a checkpoint within '
+                           f'{timeout_ms / 1000:.0f} s (barrier {key})')
+      time.sleep(self.POLL_S)
+
+  def fail(self):
+    """Marks this process's save failed: every process waiting for its writes stops."""
+    if jax.process_count() > 1:
+      distributed.global_state.client.key_value_set(
+          f'{self._base}/failed/{jax.process_index()}', '', allow_overwrite=True)
