@@ -1,5 +1,6 @@
 """The optimizers as gin objects: Adam and AdamW against their update formulas (per layer of a
 scanned stack too), global-norm clipping, frozen paths, and exact resume for every optimizer."""
+import flax.linen as nn
 import gin
 import jax
 import jax.numpy as jnp
@@ -7,8 +8,9 @@ import numpy as np
 import optax
 import pytest
 
+from t5x_variants.models import build_model
 from t5x_variants.train import optimizer, partitioning
-from conftest import tiny
+from conftest import tiny, tokens
 from train_helpers import records_of, run_train, saved_state, setup, synthetic_batch, train_losses
 
 PARAMS = {'decoder': {'layers': {'w': jnp.array([[1.0, -2.0], [0.5, 3.0]])}},  # 2 scanned layers
@@ -44,6 +46,29 @@ def test_adam_and_adamw_follow_their_formulas(name):
                                + (wd * p if name == 'adamw' else 0)), m, v, theta)
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), u, want)
     theta = jax.tree_util.tree_map(lambda p, d: p + d, theta, want)
+
+
+def test_adamw_without_bias_correction_is_berts_optimizer():
+  """bias_correction=False: BERT's AdamWeightDecayOptimizer, step -lr (m_t / (sqrt(v_t) + eps) +
+  wd theta) with the moments as Adam's but never divided by 1 - b^t (0.1 / sqrt(0.001) = 3.2x
+  Adam's first step for b1 0.9, b2 0.999); its state the same tree as optax.adamw's, so a
+  checkpoint of either reads as the other."""
+  lr, b1, b2, eps, wd = 0.1, 0.9, 0.999, 1e-6, 0.05
+  bert = lambda r: optimizer.adamw(r, b1=b1, b2=b2, eps=eps, weight_decay=wd, bias_correction=False)
+  tx = optimizer.make_optimizer(PARAMS, lr, optimizer=bert)
+  got = two_steps(tx)
+  theta = jax.tree_util.tree_map(np.asarray, PARAMS)
+  m = v = jax.tree_util.tree_map(np.zeros_like, theta)
+  for u in got:
+    g = jax.tree_util.tree_map(np.asarray, GRADS)
+    m = jax.tree_util.tree_map(lambda m, g: b1 * m + (1 - b1) * g, m, g)
+    v = jax.tree_util.tree_map(lambda v, g: b2 * v + (1 - b2) * g * g, v, g)
+    want = jax.tree_util.tree_map(lambda m, v, p: -lr * (m / (np.sqrt(v) + eps) + wd * p), m, v, theta)
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), u, want)
+    theta = jax.tree_util.tree_map(lambda p, d: p + d, theta, want)
+  corrected = optimizer.make_optimizer(PARAMS, lr, optimizer=lambda r: optimizer.adamw(r))
+  assert (jax.tree_util.tree_structure(tx.init(PARAMS))
+          == jax.tree_util.tree_structure(corrected.init(PARAMS)))
 
 
 def test_global_norm_clip_and_frozen_paths():
@@ -121,6 +146,27 @@ def test_adafactor_factors_attention_projections_as_t5_stored_them():
   assert (2, 384, 4, 64) in {x.shape for x in jax.tree_util.tree_leaves(tx.init(params))}
 
 
+def test_adafactor_factors_a_dense_synthesizers_w1_as_a_query_projection():
+  """The paper's reading of the dense synthesizers (``synthesizer_hidden='w1'``) has a W_1 per
+  synthesizer, (layers, d_model, heads, head_dim) like the query: its second moment factors over
+  d_model and heads x head_dim (it was kept whole, (layers, 1, heads, head_dim) beside a
+  (layers, d_model, heads) row: the axes of head_dim 64 left as they were)."""
+  config = tiny(d_model=128, num_heads=2, head_dim=64, d_ff=128, encoder_max_length=8,
+                decoder_max_length=8, self_attention=('dense', 'factorized_dense'),
+                synthesizer_hidden='w1')
+  model = build_model(config)
+  params = nn.unbox(jax.eval_shape(model.init, jax.random.PRNGKey(0), tokens(1, 8),
+                                   tokens(1, 8))['params'])
+  found = {'/'.join(map(str, optimizer.path_keys(path))): x.shape
+           for path, x in jax.tree_util.tree_leaves_with_path(params)
+           if str(optimizer.path_keys(path)[-2]).endswith('_w1')}
+  assert len(found) == 4 and all(s[-3:] == (128, 2, 64) for s in found.values()), found
+  state = jax.eval_shape(optimizer.make_optimizer(params, 0.01).init, params)
+  moments = {x.shape for x in jax.tree_util.tree_leaves(state)}
+  layers = next(iter(found.values()))[:-3]
+  assert layers + (128,) in moments and not any(len(s) >= 3 and s[-2:] == (2, 64) for s in moments)
+
+
 def test_adafactor_clips_decays_and_scales_each_layer_of_a_scanned_stack_alone():
   """Three steps of a scanned (layers, d_model, d_ff) kernel whose second layer's gradient spikes
   100x at step 2: each layer's update is optax's Adafactor with T5's settings (decay 0.8, update
@@ -169,6 +215,9 @@ def test_the_attention_layout_hint_only_for_a_statistic_saved_with_another_shape
   kernel = 'opt_state/0/v_row/encoder/layers/attention/query/kernel'
   assert 'combine_heads' in checkpoints.optimizer_hint(kernel, reshaped=True)
   assert checkpoints.optimizer_hint(kernel, reshaped=False) == ''
+  w1 = 'opt_state/0/v/encoder/layers/self_attention/dense_w1/kernel'
+  assert 'init_optimizer=False' in checkpoints.optimizer_hint(w1, reshaped=True)
+  assert checkpoints.optimizer_hint(w1, reshaped=False) == ''
 
 
 def test_adamw_leaves_norms_and_biases_undecayed_as_bert_when_asked():
