@@ -6,6 +6,7 @@ GLUE task (its own process: GLUE_DIR is read when tasks are registered) -> ``t5x
 the task's accuracy from decoded text. Plus the one-line errors of bad input (an unknown gin
 binding, numbers out of range, a MODEL_DIR that cannot hold the run), and ``EVAL_ALL`` beside a
 training run whose keep-N cleanup removes a checkpoint it listed."""
+import functools
 import json
 import os
 import shutil
@@ -635,11 +636,25 @@ def test_max_examples_keeps_a_rank_classification_question_whole():
   rows without such an idx are cut at the limit."""
   rows = [{'idx': np.array([q, c])} for q in range(3) for c in range(2)]
   questions = lambda kept: [int(ex['idx'][0]) for ex in kept]
-  assert questions(eval_cli.whole_questions(rows, 3)) == [0, 0]
-  assert questions(eval_cli.whole_questions(rows, 4)) == [0, 0, 1, 1]
-  assert questions(eval_cli.whole_questions(rows, None)) == [0, 0, 1, 1, 2, 2]
-  assert eval_cli.whole_questions(rows[:1], 1) == rows[:1]
-  assert len(eval_cli.whole_questions([{'idx': 7}] * 5, 3)) == 3
+  whole = functools.partial(eval_cli.whole_questions, question=eval_cli._choices_question)
+  assert questions(whole(rows, 3)) == [0, 0]
+  assert questions(whole(rows, 4)) == [0, 0, 1, 1]
+  assert questions(whole(rows, None)) == [0, 0, 1, 1, 2, 2]
+  assert whole(rows[:1], 1) == rows[:1]
+  assert len(whole([{'idx': 7}] * 5, 3)) == 3
+
+
+def test_max_examples_keeps_a_multirc_question_whole_in_the_predictions():
+  """MultiRC's exact match judges a question's answer options together (its postprocessed
+  targets' group): a limit inside one leaves that question out of the decoded predictions too
+  (was: scored from its first options, EM 100 where the whole question scored 0)."""
+  from t5x_variants.data import super_glue  # pylint: disable=g-import-not-at-top
+  task = types.SimpleNamespace(postprocess_fn=super_glue.multirc_postprocess)
+  rows = [{'idx': {'paragraph': 0, 'question': q, 'answer': a}, 'targets_pretokenized': b'True'}
+          for q, n in ((0, 2), (1, 3)) for a in range(n)]
+  kept = eval_cli.whole_questions(rows, 4, functools.partial(eval_cli._group, task))
+  assert [(r['idx']['question'], r['idx']['answer']) for r in kept] == [(0, 0), (0, 1)]
+  assert eval_cli.whole_questions(rows, 5, functools.partial(eval_cli._group, task)) == rows
 
 
 def test_benchmark_averages_are_t5s_best_step_and_each_tasks_best_step():

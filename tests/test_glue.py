@@ -350,3 +350,35 @@ def test_local_task_batches_resume_exactly(register, super_glue_dir, tmp_path):
   for a, b in zip([next(resumed), next(resumed)], straight[1:]):
     for k in a:
       assert (a[k] == b[k]).all(), k
+
+
+def test_eval_keeps_multirc_questions_whole_and_refuses_a_split_without_labels(register, glue_dir,
+                                                                             tmp_path, monkeypatch):
+  """t5xv-eval's predictions pass (its decoder faked: wrong on question 0's first answer option
+  and question 1's last, right on the others): with max_examples inside question 1 that question
+  is left out, as the scores pass leaves out a cut rank-classification question (was: question 1
+  judged right from its first two options, EM 50 where neither whole question is right); a test
+  split, whose targets are all NO_LABEL, is one error (was: accuracy 100 for a model answering
+  'maybe', which matched it as -1)."""
+  from t5x_variants.cli import eval as eval_cli  # pylint: disable=g-import-not-at-top
+  option = lambda q, labels, first: {'question': f'Q{q}?', 'idx': q, 'answers': [
+      {'text': f'A{first + k}', 'idx': first + k, 'label': y} for k, y in enumerate(labels)]}
+  _jsonl(tmp_path / 'sg/MultiRC/val.jsonl', [{'idx': 0, 'version': 1.1, 'passage': {
+      'text': 'P.', 'questions': [option(0, [1, 0], 0), option(1, [0, 1, 1], 2)]}}])
+  register(glue_dir=str(glue_dir), super_glue_dir=str(tmp_path / 'sg'))
+  flip = {b'True': 'False', b'False': 'True'}
+  answer = lambda ex: (flip[ex['targets_pretokenized']] if ex['idx']['answer'] in (0, 4)
+                       else ex['targets_pretokenized'].decode())
+  monkeypatch.setattr(eval_cli, 'decode_examples', lambda predictor, vocab, examples, *args: [
+      dict(ex, prediction=answer(ex)) for ex in examples])
+  multirc, lengths = seqio.get_mixture_or_task('super_glue_multirc_local'), {'inputs': 256, 'targets': 8}
+  metric = lambda limit: eval_cli.inference_metrics(None, multirc, 'validation', lengths, 8, limit)
+  assert metric(None)['exact_match'] == 0.0
+  assert metric(4) == metric(3) == metric(2) and metric(4)['exact_match'] == 0.0  # question 0
+  assert metric(5) == metric(None)
+  with pytest.raises(ValueError, match='max_examples 1 holds no whole question'):
+    metric(1)
+  cola = seqio.get_mixture_or_task('glue_cola_local')
+  with pytest.raises(ValueError, match='glue_cola_local: its test examples have no labels'):
+    eval_cli._check_labelled(cola, 'test', lengths)
+  eval_cli._check_labelled(cola, 'train', lengths)

@@ -27,7 +27,7 @@ import functools
 import json
 import sys
 import time
-from typing import Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import gin
 from etils import epath
@@ -71,8 +71,12 @@ def inference_metrics(predictor, task, split: str, lengths, batch_size: int,
                       max_examples: Optional[int]):
   """The task's own metrics of greedy (or DecodeOptions) predictions, after its postprocessor."""
   from t5x_variants.data import tasks  # pylint: disable=g-import-not-at-top
-  examples = multihost.same(f'the {split} examples of {task.name}',
-                            lambda: tasks.task_examples(task, split, lengths, max_examples))
+  examples = multihost.same(f'the {split} examples of {task.name}', lambda: whole_questions(
+      tasks.task_examples(task, split, lengths, max_examples and max_examples + 1), max_examples,
+      functools.partial(_group, task)))
+  if not examples:
+    raise ValueError(f'{task.name}: max_examples {max_examples} holds no whole question (its '
+                     'answer options, rows of one group); raise it')
   vocab = task.output_features['targets'].vocabulary
   decoded = decode_examples(predictor, vocab, examples, lengths['inputs'], lengths['targets'],
                             batch_size)
@@ -92,7 +96,8 @@ def scores_metrics(predictor, task, split: str, lengths, batch_size: int,
   seqio's score), beside its postprocessed target, in the split's order."""
   from t5x_variants.data import tasks  # pylint: disable=g-import-not-at-top
   examples = multihost.same(f'the {split} examples of {task.name}', lambda: whole_questions(
-      tasks.task_examples(task, split, lengths, max_examples and max_examples + 1), max_examples))
+      tasks.task_examples(task, split, lengths, max_examples and max_examples + 1), max_examples,
+      _choices_question))
   if not examples:
     raise ValueError(f'{task.name}: max_examples {max_examples} holds no whole question (its '
                      'choices, rows of one idx); raise it')
@@ -106,15 +111,44 @@ def scores_metrics(predictor, task, split: str, lengths, batch_size: int,
   return {k: float(v) for k, v in metrics.items()}
 
 
-def whole_questions(examples, limit: Optional[int]):
-  """The first ``limit`` examples (None: all), less a question cut short: rank classification's
-  rows of one question (its choices, in a row) share the first entry of their ``idx``, and a
-  metric of their scores needs them all (read one row past the limit to see)."""
+def whole_questions(examples, limit: Optional[int], question: Callable[[dict], Any]):
+  """The first ``limit`` examples (None: all), less a question cut short: its rows, of one
+  ``question(example)`` (None: a row of its own), scored or judged together by the task's metric
+  (read one row past the limit to see)."""
   if limit is None or len(examples) <= limit:
     return examples
-  question = lambda ex: np.ravel(ex['idx'])[0] if np.size(ex.get('idx', ())) > 1 else None
   cut = question(examples[limit])
   return [ex for ex in examples[:limit] if cut is None or question(ex) != cut]
+
+
+def _choices_question(example):
+  """Rank classification's question: the first entry of its rows' ``idx`` (one per choice)."""
+  return np.ravel(example['idx'])[0] if np.size(example.get('idx', ())) > 1 else None
+
+
+def _group(task, example):
+  """The group of the predictions a task's metric judges together (MultiRC's answer options of
+  one question, ReCoRD's entities of one query): its postprocessed target's ``group``."""
+  target = task.postprocess_fn(_target_text(task, example), example=example, is_target=True)
+  return target.get('group') if isinstance(target, dict) else None
+
+
+def _check_labelled(task, split: str, lengths):
+  """One ValueError if ``split`` of ``task`` holds no labels (GLUE's and SuperGLUE's test splits:
+  their targets NO_LABEL, their class ids -1): its metrics would compare the predictions with
+  that placeholder (an unparseable prediction matched it: accuracy 100)."""
+  from t5x_variants.data import super_glue, tasks  # pylint: disable=g-import-not-at-top
+  first = tasks.task_examples(task, split, lengths, 1)
+  if not first:
+    return
+  if 'targets' in task.output_features:
+    unlabelled = _target_text(task, first[0]) == super_glue.NO_LABEL
+  else:  # a classification head's task: its label -1
+    unlabelled = 'label' in first[0] and float(np.ravel(first[0]['label'])[0]) < 0
+  if unlabelled:
+    raise ValueError(f'{task.name}: its {split} examples have no labels (as GLUE\'s and '
+                     "SuperGLUE's test splits), so no metric of them means anything: evaluate a "
+                     'split with labels (validation), or write predictions with t5xv-infer')
 
 
 def _unscored(task, config) -> Optional[str]:
@@ -262,6 +296,9 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
              multihost.same(f'the longest {split} examples of {task.name}',
                             functools.partial(tasks.whole_lengths, task, split, read[task.name]))
              for task in subtasks}
+  for task in subtasks:
+    multihost.same(f'the {split} labels of {task.name}',
+                   functools.partial(_check_labelled, task, split, lengths[task.name]), key=None)
   if whole:
     for name, longest in sorted(lengths.items()):
       of = f' of its first {read[name]}' if read[name] else ''

@@ -1,7 +1,8 @@
 """GLUE/SuperGLUE metrics on postprocessed (targets, predictions); every value is in percent.
 
 Class ids come from the postprocessors, which map an unrecognised prediction to -1: it never
-matches a target, so it always counts as an error.
+matches a labelled target, so it always counts as an error. (An unlabelled one, of a test split,
+is -1 too: ``t5xv-eval`` refuses such a split.)
 """
 import collections
 import re
