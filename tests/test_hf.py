@@ -407,14 +407,56 @@ def test_export_reads_a_checkpoint_written_by_eight_devices(tmp_path):
   assert_logits_close(ours, hf_logits(exported, inputs, decoder))
 
 
+def byt5_model(tmp_path):
+  """A tiny random ByT5 (transformers' T5 with tokenizer_class ByT5Tokenizer and 384 ids, as
+  google/byt5-*), saved to ``tmp_path``/hf with no tokenizer file, as the hub's."""
+  torch.manual_seed(0)
+  config = transformers.T5Config(**{**HF_TINY, 'vocab_size': 384}, feed_forward_proj='gated-gelu',
+                                 tie_word_embeddings=False, tokenizer_class='ByT5Tokenizer')
+  model = transformers.T5ForConditionalGeneration(config).eval()
+  model.save_pretrained(tmp_path / 'hf')
+  return model, tmp_path / 'hf'
+
+
+@needs_data_layer
+def test_a_byt5_imports_with_its_byte_vocabulary_and_exports_as_a_byt5(tmp_path, capsys):
+  """A ByT5 has no spiece.model: its import binds ByT5's vocabulary (UTF-8 bytes + 3, 259 ids,
+  the final 100 byte ids span corruption's sentinels) where it warned and left the run with the
+  gin files' vocabulary (the embedded one's 4100 ids, which every command then refused for a
+  model of 384); its export names ByT5Tokenizer again, whose ids are ours."""
+  from t5x_variants.cli import common, recipe  # pylint: disable=g-import-not-at-top
+  from t5x_variants.data import vocab  # pylint: disable=g-import-not-at-top
+  model, hf_dir = byt5_model(tmp_path)
+  hf_cli.import_checkpoint(str(hf_dir), str(tmp_path / 'run'))
+  assert 'warning' not in capsys.readouterr().err
+  gin.clear_config()
+  recipe.parse_gin([str(tmp_path / 'run' / 'config.gin')], [])
+  byt5, config = vocab.vocabulary(), recipe.build_config()
+  gin.clear_config()
+  assert isinstance(byt5, vocab.ByT5Vocabulary) and (byt5.vocab_size, vocab.sentinels(byt5)) == (259, 100)
+  common.check_vocabulary_size(config, byt5, 'the run')  # (384 rows)
+  assert_logits_close(our_logits(tmp_path / 'run')[0], hf_logits(model))
+  assert 'ByT5Tokenizer' in hf_cli.export_checkpoint(str(tmp_path / 'run'), str(tmp_path / 'out'))
+  assert json.loads((tmp_path / 'out' / 'config.json').read_text())['tokenizer_class'] == 'ByT5Tokenizer'
+  text = 'Größe 5 €'
+  tokenizer = transformers.ByT5Tokenizer()
+  assert tokenizer(text).input_ids == list(byt5.encode(text)) + [1]
+
+
 @needs_data_layer
 @pytest.mark.slow
-def test_an_import_fine_tunes_and_decodes_through_the_commands(tmp_path):
-  """t5xv-import -> t5xv-train with gin/runs/finetune.gin from its checkpoint -> t5xv-infer."""
+@pytest.mark.parametrize('tokenizer', ['spiece', 'byt5'])
+def test_an_import_fine_tunes_and_decodes_through_the_commands(tokenizer, tmp_path):
+  """t5xv-import -> t5xv-train with gin/runs/finetune.gin from its checkpoint -> t5xv-infer, of a
+  T5 with its spiece.model and of a ByT5 (which every command refused: the run's vocabulary was
+  the embedded one, larger than its 384 ids)."""
   from t5x_variants.cli import infer, train  # pylint: disable=g-import-not-at-top
   from t5x_variants.data import vocab  # pylint: disable=g-import-not-at-top
-  _, hf_dir = hf_model(tmp_path, 'geglu', tied=False, vocab_size=4224)
-  (hf_dir / 'spiece.model').write_bytes(open(vocab.embedded_spm_file(), 'rb').read())
+  if tokenizer == 'byt5':
+    _, hf_dir = byt5_model(tmp_path)
+  else:
+    _, hf_dir = hf_model(tmp_path, 'geglu', tied=False, vocab_size=4224)
+    (hf_dir / 'spiece.model').write_bytes(open(vocab.embedded_spm_file(), 'rb').read())
   assert hf_cli.import_main([f'--hf_dir={hf_dir}', f'--model_dir={tmp_path / "run"}']) == 0
   run, ft = tmp_path / 'run', tmp_path / 'ft'
   gin.clear_config()
@@ -423,7 +465,7 @@ def test_an_import_fine_tunes_and_decodes_through_the_commands(tmp_path):
                      "--gin.MIXTURE_OR_TASK_NAME='embedded_span_corruption'", '--gin.TRAIN_STEPS=2',
                      "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}", '--gin.BATCH_SIZE=4',
                      '--gin.train.eval_period=0', '--gin.Checkpointer.period=2']) == 0
-  assert (ft / 'checkpoint_2').exists() and (ft / 'vocab.model').exists()
+  assert (ft / 'checkpoint_2').exists() and (ft / 'vocab.model').exists() == (tokenizer == 'spiece')
   texts = tmp_path / 'texts.txt'
   texts.write_text('Return the number of items.\n')
   gin.clear_config()

@@ -199,6 +199,24 @@ def test_sentinels_beyond_the_extra_ids_are_refused(make_task):
     span_corruption(task.source.get_dataset('train'), LENGTHS, features)
 
 
+def test_byt5s_sentinels_are_its_final_byte_ids(make_task):
+  """ByT5's vocabulary has no extra ids: span corruption's sentinels are its final byte ids,
+  258 down (Xue et al. 2022, Sec. 3.1), and it holds 100 of them: T5's 28 spans of 512 inputs
+  fit (its extra ids were 0, and the count went unchecked), 102 spans do not."""
+  from t5x_variants.data import vocab  # pylint: disable=g-import-not-at-top
+  byt5 = vocab.ByT5Vocabulary()
+  tokens = tf.data.Dataset.from_tensor_slices({'targets': _documents(20, seed=3)}).map(
+      lambda ex: {'targets': byt5.encode_tf(ex['targets'])})  # letters: ids 35 to 125
+  features = {'targets': seqio.Feature(byt5)}
+  example = next(span_corruption(tokens, LENGTHS, features).as_numpy_iterator())
+  assert [int(t) for t in example['targets'] if t > 125] == list(range(258, 258 - 28, -1))
+  assert [int(t) for t in example['inputs'] if t > 125] == list(range(258, 258 - 28, -1))
+  with pytest.raises(ValueError, match='102 noise spans per example need as many sentinels, but '
+                     'the vocabulary has 100'):
+    span_corruption(tokens, {'inputs': 512, 'targets': 1024}, features, noise_density=0.5,
+                    mean_noise_span_length=4.0)
+
+
 def test_mlm_masking(make_task):
   documents = _documents(250, seed=5)
   lengths = {'inputs': 129, 'targets': 129}

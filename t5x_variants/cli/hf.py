@@ -8,7 +8,9 @@ t5xv-import reads a local transformers T5 directory (config.json and model.safet
 sharded index, or pytorch_model.bin; T5 v1.0, v1.1, Flan-T5 and mT5 layouts) and writes a run
 directory: ``checkpoint_0`` (orbax, the parameters only, scanned unless ``--unrolled``),
 ``config.gin`` (the matching TransformerConfig and pretraining's data macros), ``model-info.txt``
-and ``vocab.model`` (the checkpoint's ``spiece.model``, the run's vocabulary). Fine-tune it with
+and ``vocab.model`` (the checkpoint's ``spiece.model``, the run's vocabulary; a ByT5, whose
+``config.json`` names ``ByT5Tokenizer`` and which has none, gets ``vocabulary.kind = 'byt5'`` in
+its ``config.gin`` instead, and exports with that tokenizer class again). Fine-tune it with
 ``gin/runs/finetune.gin`` and ``INITIAL_CHECKPOINT_PATH``; t5xv-eval and t5xv-infer read it.
 
 t5xv-export reads a run directory (its newest checkpoint) or one ``checkpoint_<step>``, written
@@ -20,6 +22,7 @@ model, when given).
 """
 import dataclasses
 import json
+import re
 import sys
 
 import flax
@@ -37,6 +40,8 @@ from t5x_variants.train import checkpoint_reads, checkpoints, pretrained, storag
 
 VOCAB = 'vocab.model'  # the run's vocabulary (recipe.use_run_vocabulary)
 SPIECE = 'spiece.model'  # transformers' T5 tokenizer file
+BYT5 = 'ByT5Tokenizer'  # a ByT5's tokenizer_class in transformers' config.json
+BYT5_BINDING = "vocabulary.kind = 'byt5'"  # its config.gin's vocabulary
 # T5WithLMHeadModel: the first's old name; mT5 is T5 v1.1 with another vocabulary.
 LM_ARCHITECTURES = ('T5ForConditionalGeneration', 'T5WithLMHeadModel', 'MT5ForConditionalGeneration')
 
@@ -164,12 +169,15 @@ def import_checkpoint(hf_dir: str, model_dir: str, scan_layers: bool = True):
            "MIXTURE_OR_TASK_NAME = 'c4_span_corruption'",
            "TASK_FEATURE_LENGTHS = {'inputs': 512, 'targets': 114}", 'Z_LOSS = 1e-4', '']
   lines += [f'TransformerConfig.{k} = {_gin_value(v)}' for k, v in bindings.items()]
+  spiece = storage.path(hf_dir) / SPIECE
+  byt5 = not spiece.exists() and hf.get('tokenizer_class') == BYT5
+  if byt5:
+    lines += ['# ByT5: UTF-8 bytes, sentinels the final 100 byte ids (data/vocab.py).', BYT5_BINDING]
   storage.write_text(run / 'config.gin', '\n'.join(lines) + '\n')
   storage.write_text(run / 'model-info.txt', model_info(config) + '\n')
-  spiece = storage.path(hf_dir) / SPIECE
   if spiece.exists():
     storage.copy(spiece, run / VOCAB)
-  else:
+  elif not byt5:
     print(f't5xv-import: warning: {hf_dir} has no {SPIECE}; the run uses the vocabulary its gin '
           'files name', file=sys.stderr)
   return config
@@ -210,10 +218,17 @@ def export_checkpoint(checkpoint_path: str, output_dir: str, params_only: bool =
     params = hf_t5.unstack_layers(params)
   storage.write_bytes(out / 'model.safetensors',  # whole or not at all, as every file here
                       st_numpy.save(hf_t5.params_to_hf(params, config), metadata={'format': 'pt'}))
-  storage.write_text(out / 'config.json', json.dumps(hf_t5.hf_config(config), indent=2) + '\n')
+  hf = hf_t5.hf_config(config)
+  byt5 = bool(re.search(r"^vocabulary\.kind\s*=\s*['\"]byt5['\"]\s*$",
+                        (run / 'config.gin').read_text(), re.MULTILINE))
+  if byt5:
+    hf['tokenizer_class'] = BYT5  # (transformers' ByT5 tokenizer needs no file)
+  storage.write_text(out / 'config.json', json.dumps(hf, indent=2) + '\n')
   if (run / VOCAB).exists():
     storage.copy(run / VOCAB, out / SPIECE)
     return 'config.json, model.safetensors, spiece.model'
+  if byt5:
+    return f'config.json ({BYT5}), model.safetensors'
   print(f't5xv-export: warning: {run} has no {VOCAB}; {output_dir} has no {SPIECE}: give transformers '
         'the tokenizer the run was trained with', file=sys.stderr)
   return 'config.json, model.safetensors'

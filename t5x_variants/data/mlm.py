@@ -2,8 +2,10 @@
 
 A fraction of a chunk's tokens is selected; of those, most become a mask token, some a random
 token and the rest stay, and the model predicts the original tokens at the selected positions.
-This is the BERT baseline objective that T5 compares with span corruption (Raffel et al. 2020,
-Sec. 3.3). The seqio vocabularies have no [MASK] token, so the first sentinel stands in for it.
+This is Devlin et al.'s encoder-only objective, not the "BERT-style" one T5 compares with span
+corruption (Raffel et al. 2020, Sec. 3.3.1: an encoder-decoder denoising objective whose targets
+are the whole original text, 90% of the corrupted tokens a mask and 10% a random token, none
+kept). The seqio vocabularies have no [MASK] token, so the first sentinel stands in for it.
 """
 from typing import Dict, Sequence, Tuple
 

@@ -18,7 +18,11 @@ from t5x_variants.data import vocab
 def _corrupted_lengths(raw_length: int, noise_density: float, mean_noise_span_length: float):
   """(inputs, targets, noise spans) for ``raw_length`` tokens, EOS included.
 
-  Rounds and clips exactly as ``random_spans_noise_mask`` so that the lengths are exact.
+  Rounds and clips exactly as ``random_spans_noise_mask`` below so that the lengths are exact.
+  Both round in float64, as T5's ``random_spans_helper``; T5's own mask rounds in float32, and
+  at some lengths (190, 350, 390, ... raw tokens: inputs_length 172, 316, 352, ..., never 64, 128
+  or 512) has one noise token and span more than its helper counted, its targets then trimmed
+  by seqio and left without their EOS.
   """
   num_noise = min(max(int(round(raw_length * noise_density)), 1), raw_length - 1)
   num_spans = min(max(int(round(num_noise / mean_noise_span_length)), 1), raw_length - num_noise)
@@ -34,7 +38,9 @@ def input_and_target_lengths(inputs_length: int, noise_density: float = 0.15,
   it hits ``inputs_length`` exactly. 512 gives (568, 114) as in T5. At noise_density 0.5, where
   the targets can come out one longer than the inputs, one raw token less, as T5's
   ``random_spans_helper`` does (512 at mean span 3: (766, 512), not (767, 513)); the inputs may
-  then be one short.
+  then be one short. The targets length is then counted again for the shorter chunk, where T5's
+  helper takes one off its own (512 at mean span 1: (510, 511) here, (510, 512) there, a slot
+  that stays padding).
   """
   if not 0 < noise_density < 1 or mean_noise_span_length < 1:
     raise ValueError(f'need 0 < noise_density < 1 and mean_noise_span_length >= 1, got '

@@ -5,7 +5,9 @@ to the model's pieces, unless a SentencePiece file holds its own at the top (mT5
   cached; T5's id layout (pad 0, eos 1, unk 2), 4000 pieces + 100 sentinels. No network.
 - ``t5``: T5's standard 32k SentencePiece model, for users who can reach its GCS path.
 - ``file``: a SentencePiece model file of your own (``path``).
-- ``bytes``: UTF-8 bytes (seqio.ByteVocabulary).
+- ``bytes``: UTF-8 bytes (seqio.ByteVocabulary), with the 100 extra ids.
+- ``byt5``: ByT5's (Xue et al. 2022): UTF-8 bytes and no extra ids, its span corruption's
+  sentinels the final 100 byte ids (Sec. 3.1), as its released checkpoints were trained.
 """
 import hashlib
 import os
@@ -17,7 +19,7 @@ import tensorflow as tf
 from t5x_variants.data import cache, corpus
 from t5x_variants.features import EOS_ID, PAD_ID, UNK_ID
 
-KINDS = ('embedded', 't5', 'file', 'bytes')
+KINDS = ('embedded', 't5', 'file', 'bytes', 'byt5')
 T5_SPM_PATH = 'gs://t5-data/vocabs/cc_all.32000/sentencepiece.model'
 EXTRA_IDS = 100
 EMBEDDED_PIECES = 4000
@@ -55,6 +57,8 @@ def vocabulary(kind: str = 'embedded', path: str = None) -> seqio.Vocabulary:
                      f'{kind!r}): set both, or neither')
   if kind == 'bytes':
     return seqio.ByteVocabulary(extra_ids=EXTRA_IDS)
+  if kind == 'byt5':
+    return ByT5Vocabulary()
   if kind == 'file' and not (path and tf.io.gfile.exists(path)):
     raise ValueError(f"vocabulary(kind='file') needs path= an existing SentencePiece .model file, "
                      f'got {path!r}')
@@ -80,11 +84,22 @@ def vocabulary(kind: str = 'embedded', path: str = None) -> seqio.Vocabulary:
   return vocab
 
 
+class ByT5Vocabulary(seqio.ByteVocabulary):
+  """ByT5's vocabulary: seqio's bytes with no extra ids (259 ids), whose final ``SENTINELS`` byte
+  ids its span corruption reuses as sentinels."""
+  SENTINELS = 100
+
+  def __init__(self):
+    super().__init__(extra_ids=0)
+
+
 def sentinels(vocab: seqio.Vocabulary) -> int:
-  """How many ids at the top of ``vocab`` are sentinels: its extra ids, or the 100 of a
-  SentencePiece model that holds its own (mT5's, read with none added)."""
+  """How many ids at the top of ``vocab`` are sentinels: its extra ids, the 100 of a
+  SentencePiece model that holds its own (mT5's, read with none added), or ByT5's final bytes."""
   if vocab.extra_ids:
     return vocab.extra_ids
+  if isinstance(vocab, ByT5Vocabulary):
+    return vocab.SENTINELS
   model = getattr(vocab, 'tokenizer', None)
   own = model is not None and model.id_to_piece(model.get_piece_size() - 1) == '<extra_id_0>'
   return EXTRA_IDS if own else 0

@@ -314,7 +314,7 @@ def stability_figure(curves, title: str) -> Figure:
         ax.plot([p.rate], [y], marker=marker, ms=9, mfc='white', mec=colour, mew=1.5)
     if curve.initial is not None and any(p.diverged for p in curve.points):
       ax.axhline(curve.initial, color=colour, lw=0.8, ls=':')
-  ax.set(xscale='log', xlabel='learning_rate_schedule.base (peak learning rate)',
+  ax.set(xscale='log', xlabel='learning_rate_schedule.base',
          ylabel='final held-out loss')
   ax.set_title(title, fontsize=9)
   _legend_right(fig, [ax], 'curve (LR sensitivity)', extra=[

@@ -1,7 +1,8 @@
 """Learning-rate stability curves (Wortsman et al. 2023, "Small-scale proxies for large-scale
 Transformer training instabilities"): the final held-out loss of each configuration
-against the peak learning rate of a ``t5xv-sweep --grid=learning_rate_schedule.base=...`` sweep,
-and its LR sensitivity,
+against ``learning_rate_schedule.base`` of a ``t5xv-sweep --grid=learning_rate_schedule.base=...``
+sweep (the peak rate of the linear, cosine and plain noam schedules; of rsqrt it is
+base / sqrt(warmup_steps)), and its LR sensitivity,
 
     S = mean over the swept rates eta of min(l(eta), l_0) - min over eta of l(eta),
 

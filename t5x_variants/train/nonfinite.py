@@ -1,7 +1,7 @@
 """Non-finite training steps (``train.on_nonfinite``): a step whose loss or gradients are not
 finite applies no update (decided on the device, inside the step); ``NonFiniteGuard`` judges each
-step read on the host: skipped and let pass, up to ``max_skipped_in_a_row`` in a row, or the run
-stopped (``NonFiniteStop``, which the trainer turns into ``NonFiniteLossError`` after closing the
+step read on the host: skipped and let pass until ``max_skipped_in_a_row`` of them in a row (that
+one stops the run), or the run stopped (``NonFiniteStop``, which the trainer turns into ``NonFiniteLossError`` after closing the
 run's files).
 """
 import logging
@@ -42,8 +42,8 @@ def diverged_step(line: str) -> Optional[int]:
 
 class NonFiniteGuard:
   """``on_nonfinite`` applied to each step read: a step whose update was skipped (its loss or
-  gradients were not finite) stops the run ('stop') or is let pass ('skip'), up to
-  ``max_skipped_in_a_row`` in a row; a run that applied no update at all stops at its end. What
+  gradients were not finite) stops the run ('stop') or is let pass ('skip'), until the
+  ``max_skipped_in_a_row``-th in a row, which stops it; a run that applied no update at all stops at its end. What
   it has counted is kept with each checkpoint (``state``, ``load``): a resumed run is judged as
   the uninterrupted one (a row of skipped steps goes on counting across the resume, and a run
   that applied updates before it is not one that applied none)."""
@@ -83,7 +83,7 @@ class NonFiniteGuard:
       raise NonFiniteStop(step, self.first[0], f'{self.skipped} steps in a row had a non-finite '
                           f"loss or gradients (the first's loss {self.first[1]})",
                           'or check the data against the model (e.g. its vocab_size); '
-                          'train.max_skipped_in_a_row sets how many are tolerated')
+                          'train.max_skipped_in_a_row sets how many in a row stop the run')
     log.warning('step %d: non-finite loss or gradients, update skipped', step)
 
   def check_run(self, start: int, step: int):
