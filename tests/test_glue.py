@@ -358,13 +358,16 @@ def test_eval_keeps_multirc_questions_whole_and_refuses_a_split_without_labels(r
   and question 1's last, right on the others): with max_examples inside question 1 that question
   is left out, as the scores pass leaves out a cut rank-classification question (was: question 1
   judged right from its first two options, EM 50 where neither whole question is right); a test
-  split, whose targets are all NO_LABEL, is one error (was: accuracy 100 for a model answering
-  'maybe', which matched it as -1)."""
+  split (targets NO_LABEL, or WSC's span text with label -1) is one error (was: accuracy 100 for a
+  model answering 'maybe', which matched NO_LABEL as -1)."""
   from t5x_variants.cli import eval as eval_cli  # pylint: disable=g-import-not-at-top
   option = lambda q, labels, first: {'question': f'Q{q}?', 'idx': q, 'answers': [
       {'text': f'A{first + k}', 'idx': first + k, 'label': y} for k, y in enumerate(labels)]}
   _jsonl(tmp_path / 'sg/MultiRC/val.jsonl', [{'idx': 0, 'version': 1.1, 'passage': {
       'text': 'P.', 'questions': [option(0, [1, 0], 0), option(1, [0, 1, 1], 2)]}}])
+  _jsonl(tmp_path / 'sg/WSC/test.jsonl', [{  # unlabelled: its target the span's text
+      'text': 'Sam thanked Kim because he was kind.', 'idx': 0, 'target': {
+          'span1_text': 'Kim', 'span1_index': 2, 'span2_text': 'he', 'span2_index': 4}}])
   register(glue_dir=str(glue_dir), super_glue_dir=str(tmp_path / 'sg'))
   flip = {b'True': 'False', b'False': 'True'}
   answer = lambda ex: (flip[ex['targets_pretokenized']] if ex['idx']['answer'] in (0, 4)
@@ -382,3 +385,5 @@ def test_eval_keeps_multirc_questions_whole_and_refuses_a_split_without_labels(r
   with pytest.raises(ValueError, match='glue_cola_local: its test examples have no labels'):
     eval_cli._check_labelled(cola, 'test', lengths)
   eval_cli._check_labelled(cola, 'train', lengths)
+  with pytest.raises(ValueError, match='super_glue_wsc_local: its test examples have no labels'):
+    eval_cli._check_labelled(seqio.get_mixture_or_task('super_glue_wsc_local'), 'test', lengths)

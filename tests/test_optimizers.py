@@ -149,8 +149,8 @@ def test_adafactor_factors_attention_projections_as_t5_stored_them():
 def test_adafactor_factors_a_dense_synthesizers_w1_as_a_query_projection():
   """The paper's reading of the dense synthesizers (``synthesizer_hidden='w1'``) has a W_1 per
   synthesizer, (layers, d_model, heads, head_dim) like the query: its second moment factors over
-  d_model and heads x head_dim (it was kept whole, (layers, 1, heads, head_dim) beside a
-  (layers, d_model, heads) row: the axes of head_dim 64 left as they were)."""
+  d_model and heads x head_dim (it was kept whole: optax factors the two largest axes, d_model
+  and head_dim, and head_dim 64 is below 128)."""
   config = tiny(d_model=128, num_heads=2, head_dim=64, d_ff=128, encoder_max_length=8,
                 decoder_max_length=8, self_attention=('dense', 'factorized_dense'),
                 synthesizer_hidden='w1')

@@ -203,9 +203,9 @@ def failing_shard_writes(step):
       raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC) + ' (injected)')
 
   async def failing(self, values, infos, *args, **kwargs):
-    futures = list(await serialize(self, values, infos, *args, **kwargs))
     at_step = any(part.startswith(f'checkpoint_{step}.') or part == f'checkpoint_{step}'
                   for part in infos[0].parent_dir.parts)
+    futures = list(await serialize(self, values, infos, *args, **kwargs))
     return futures + [FullDiskWrite()] if at_step else futures
   jax_array_handlers.ArrayHandler.serialize = failing
 

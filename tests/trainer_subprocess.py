@@ -89,7 +89,7 @@ else:
   common.initialize_processes(argparse.Namespace(
       multiprocess_gpu=True, multiprocess_tpu=False, coordinator_address=f'127.0.0.1:{port}',
       process_count=2, process_index=index))
-  if len(sys.argv) > 6:
+  if mode == 'process' and len(sys.argv) > 6:
     unreadable_state([int(sys.argv[6])])
   assert jax.process_count() == 2 and len(jax.devices()) == 4
   evals, batches, period = {}, StepBatches, 1000

@@ -70,13 +70,7 @@ def _target_text(task, example) -> str:
 def inference_metrics(predictor, task, split: str, lengths, batch_size: int,
                       max_examples: Optional[int]):
   """The task's own metrics of greedy (or DecodeOptions) predictions, after its postprocessor."""
-  from t5x_variants.data import tasks  # pylint: disable=g-import-not-at-top
-  examples = multihost.same(f'the {split} examples of {task.name}', lambda: whole_questions(
-      tasks.task_examples(task, split, lengths, max_examples and max_examples + 1), max_examples,
-      functools.partial(_group, task)))
-  if not examples:
-    raise ValueError(f'{task.name}: max_examples {max_examples} holds no whole question (its '
-                     'answer options, rows of one group); raise it')
+  examples = _examples(task, split, lengths, max_examples, functools.partial(_group, task))
   vocab = task.output_features['targets'].vocabulary
   decoded = decode_examples(predictor, vocab, examples, lengths['inputs'], lengths['targets'],
                             batch_size)
@@ -94,13 +88,7 @@ def scores_metrics(predictor, task, split: str, lengths, batch_size: int,
   """The task's metrics of scores (seqio's ``score_metric_fns``, e.g. rank classification's): each
   example's log p(targets | inputs) summed over its target tokens with EOS (``Predictor.score``,
   seqio's score), beside its postprocessed target, in the split's order."""
-  from t5x_variants.data import tasks  # pylint: disable=g-import-not-at-top
-  examples = multihost.same(f'the {split} examples of {task.name}', lambda: whole_questions(
-      tasks.task_examples(task, split, lengths, max_examples and max_examples + 1), max_examples,
-      _choices_question))
-  if not examples:
-    raise ValueError(f'{task.name}: max_examples {max_examples} holds no whole question (its '
-                     'choices, rows of one idx); raise it')
+  examples = _examples(task, split, lengths, max_examples, _choices_question)
   scored = score_examples(predictor, examples, lengths['inputs'], lengths['targets'], batch_size)
   targets = [task.postprocess_fn(_target_text(task, ex), example=ex, is_target=True)
              for ex in scored]
@@ -109,6 +97,20 @@ def scores_metrics(predictor, task, split: str, lengths, batch_size: int,
   for fn in task.score_metric_fns:
     metrics.update(fn(targets, scores))
   return {k: float(v) for k, v in metrics.items()}
+
+
+def _examples(task, split: str, lengths, max_examples: Optional[int],
+              question: Callable[[dict], Any]):
+  """The examples of ``split`` the same on every process, the first ``max_examples`` less a
+  question cut short (``whole_questions``); one ValueError if that leaves none."""
+  from t5x_variants.data import tasks  # pylint: disable=g-import-not-at-top
+  examples = multihost.same(f'the {split} examples of {task.name}', lambda: whole_questions(
+      tasks.task_examples(task, split, lengths, max_examples and max_examples + 1), max_examples,
+      question))
+  if max_examples and not examples:
+    raise ValueError(f'{task.name}: max_examples {max_examples} holds no whole question (the rows '
+                     'its metric judges together); raise it')
+  return examples
 
 
 def whole_questions(examples, limit: Optional[int], question: Callable[[dict], Any]):
@@ -128,24 +130,23 @@ def _choices_question(example):
 
 def _group(task, example):
   """The group of the predictions a task's metric judges together (MultiRC's answer options of
-  one question, ReCoRD's entities of one query): its postprocessed target's ``group``."""
+  one question, ReCoRD's rows of one query, one per gold answer): its postprocessed target's
+  ``group``."""
   target = task.postprocess_fn(_target_text(task, example), example=example, is_target=True)
   return target.get('group') if isinstance(target, dict) else None
 
 
 def _check_labelled(task, split: str, lengths):
   """One ValueError if ``split`` of ``task`` holds no labels (GLUE's and SuperGLUE's test splits:
-  their targets NO_LABEL, their class ids -1): its metrics would compare the predictions with
-  that placeholder (an unparseable prediction matched it: accuracy 100)."""
+  their class ids -1, their targets NO_LABEL or WSC's span text): its metrics would compare the
+  predictions with a placeholder (an unparseable prediction matched NO_LABEL: accuracy 100)."""
   from t5x_variants.data import super_glue, tasks  # pylint: disable=g-import-not-at-top
   first = tasks.task_examples(task, split, lengths, 1)
   if not first:
     return
-  if 'targets' in task.output_features:
-    unlabelled = _target_text(task, first[0]) == super_glue.NO_LABEL
-  else:  # a classification head's task: its label -1
-    unlabelled = 'label' in first[0] and float(np.ravel(first[0]['label'])[0]) < 0
-  if unlabelled:
+  label = first[0].get('label')  # (WSC's test targets are its span's text, its label -1)
+  if ((label is not None and float(np.ravel(label)[0]) < 0) or
+      ('targets' in task.output_features and _target_text(task, first[0]) == super_glue.NO_LABEL)):
     raise ValueError(f'{task.name}: its {split} examples have no labels (as GLUE\'s and '
                      "SuperGLUE's test splits), so no metric of them means anything: evaluate a "
                      'split with labels (validation), or write predictions with t5xv-infer')

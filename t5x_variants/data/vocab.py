@@ -1,5 +1,6 @@
-"""Vocabularies, all with 100 extra ids (T5's sentinels, counting down from the top id): added
-to the model's pieces, unless a SentencePiece file holds its own at the top (mT5's does).
+"""Vocabularies, with 100 sentinels (T5's, counting down from the top id): extra ids added to the
+model's pieces, unless a SentencePiece file holds its own at the top (mT5's does), or ByT5's
+final byte ids.
 
 - ``embedded`` (default): a SentencePiece unigram model trained once on the embedded corpus and
   cached; T5's id layout (pad 0, eos 1, unk 2), 4000 pieces + 100 sentinels. No network.
@@ -86,7 +87,9 @@ def vocabulary(kind: str = 'embedded', path: str = None) -> seqio.Vocabulary:
 
 class ByT5Vocabulary(seqio.ByteVocabulary):
   """ByT5's vocabulary: seqio's bytes with no extra ids (259 ids), whose final ``SENTINELS`` byte
-  ids its span corruption reuses as sentinels."""
+  ids its span corruption reuses as sentinels (ByT5's code counts down from the top id without a
+  limit; 100, as the paper says, is this project's cap). Those ids are bytes of text as well
+  (0x9C to 0xFF: UTF-8's multi-byte characters): ``t5xv-data`` shows each as a sentinel."""
   SENTINELS = 100
 
   def __init__(self):

@@ -75,7 +75,7 @@ class Checkpointer:
     if pattern:
       raise ValueError(pattern)
     self.model_dir = storage.path(model_dir)
-    self._writes = multihost.WriteBarrier(str(self.model_dir))
+    self._writes = multihost.WriteBarrier()
     options = ocp.CheckpointManagerOptions(
         save_decision_policy=ocp.checkpoint_managers.FixedIntervalPolicy(period),
         step_name_format=_NAME_FORMAT, create=True, enable_async_checkpointing=async_save,
@@ -108,7 +108,8 @@ class Checkpointer:
     if guard is not None:
       items[NONFINITE] = ocp.args.JsonSave(guard.state())
     try:
-      started = self.manager.save(step, args=ocp.args.Composite(**items), force=force)
+      started = self._marked(
+          lambda: self.manager.save(step, args=ocp.args.Composite(**items), force=force))
     except Exception as e:  # pylint: disable=broad-except  (this save's, or the previous one's)
       raise self._failed(e) from e
     if started:  # (the saves before it committed, or it raised; once per checkpoint)
@@ -117,12 +118,25 @@ class Checkpointer:
 
   def close(self):
     try:
-      self.manager.wait_until_finished()
+      self._marked(self.manager.wait_until_finished)
     except Exception as e:  # pylint: disable=broad-except  (the last asynchronous save's)
       raise self._failed(e) from e
     self.manager.close()
     self._delete_old()
     self._wait_for_deletions()
+
+  def _marked(self, act: Callable):
+    """``act()``; if it raised, first marked as this process's failed save for the others, whose
+    background saves wait for its writes (``multihost.WriteBarrier``): they stop too."""
+    try:
+      return act()
+    except Exception as e:
+      if not isinstance(e, multihost.ProcessError):  # (another's failure, which stopped this one)
+        try:
+          self._writes.fail()
+        except Exception as mark:  # pylint: disable=broad-except  (the coordination service gone)
+          log.warning('could not tell the other processes that this save failed: %s', mark)
+      raise
 
   def _commit_file(self) -> bool:
     """Whether orbax marks this directory's saves committed by ``COMMITTED`` (on gs://), rather
@@ -197,8 +211,7 @@ class Checkpointer:
     ValueError from tensorstore's; on a bucket an error its client no longer retries), as one line
     saying what is intact. The unfinished save stays in its temporary directory (on a bucket: its
     directory, without the commit_success.txt orbax writes last), which no listing or restore
-    reads. The failure is marked for the other processes, whose background saves wait for this
-    one's writes (``multihost.WriteBarrier``): they stop too."""
+    reads."""
     steps = self.steps()
     store = storage.scheme(self.model_dir)
     cause = 'the bucket, its permissions' if store else 'free space, the mount'
@@ -208,11 +221,6 @@ class Checkpointer:
     unfinished = (f'the unfinished save is the {PREFIX}_<step> without a commit_success.txt' if store
                   else f'the unfinished save, in {PREFIX}_*.orbax-checkpoint-tmp*, is deleted '
                   'when the run resumes')
-    if not isinstance(e, multihost.ProcessError):  # (another's failure, which stopped this one)
-      try:
-        self._writes.fail()
-      except Exception as mark:  # pylint: disable=broad-except  (the coordination service gone)
-        log.warning('could not tell the other processes that this save failed: %s', mark)
     reason = error_reason(e)
     return CheckpointError(f'saving a checkpoint in {self.model_dir} failed ({reason}). {intact}; '
                            f'{unfinished}')

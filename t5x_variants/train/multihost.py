@@ -164,17 +164,20 @@ class WriteBarrier:
   (``AsyncOptions.barrier_sync_fn``), opened by a save that failed. With orbax's own, a process
   whose shard writes failed never arrives, the others wait there, and it waits at the next one of
   its save's finalisation for them: every process stays in its save until orbax's timeout (20
-  minutes). Here each arrival is a key in the coordination service's store, and the waiting
-  processes poll it together with the failures marked there: one stops them with a ProcessError
-  naming its process. A process marks its failure (``fail``) when one of orbax's threads reaches
-  the barrier with an error on its way out (its save's finalisation does, in a ``finally``), and
-  when its save raises in the trainer. ``name`` (the run directory) keeps the keys of different
-  checkpoint directories apart."""
+  minutes). Here each barrier is a counter in the coordination service's key-value store, which
+  each process increments on arrival and then polls, with the failures marked there: one stops
+  the waiting with a ProcessError naming its process. A process marks its failure (``fail``)
+  when one of orbax's threads reaches a barrier with an error on its way out (orbax's save
+  finalisation calls one in a ``finally``), and when a save raises in the trainer
+  (``Checkpointer.save``, ``close``). Its keys are one counter per barrier passed, under the
+  barrier's number: every process builds its Checkpointers in the same order."""
 
-  POLL_S = 0.2
+  POLL_S = 0.2  # the longest wait between two looks (the first after 5 ms, then doubling)
+  _built = 0  # the WriteBarriers of this process so far
 
-  def __init__(self, name: str):
-    self._base = f't5xv_writes/{zlib.crc32(name.encode()):08x}'
+  def __init__(self):
+    WriteBarrier._built += 1
+    self._base = f't5xv_writes/{WriteBarrier._built}'
     self._calls = collections.Counter()  # orbax may reuse a key: each process counts its calls
     self._lock = threading.Lock()
     self._owner = threading.get_ident()  # the trainer's thread, which may call it in an except
@@ -190,19 +193,20 @@ class WriteBarrier:
     client = distributed.global_state.client
     with self._lock:
       self._calls[key] += 1
-      arrived = f'{self._base}/{key}/{self._calls[key]}/'
-    client.key_value_set(arrived + str(jax.process_index()), '')
-    deadline = time.monotonic() + timeout_ms / 1000
-    while len(client.key_value_dir_get(arrived)) < jax.process_count():
+      counter = f'{self._base}/{key}/{self._calls[key]}'
+    client.key_value_increment(counter, 1)
+    deadline, wait = time.monotonic() + timeout_ms / 1000, 0.005
+    while int(client.key_value_try_get(counter)) < jax.process_count():
       failed = sorted(int(k.rsplit('/', 1)[1]) for k, _ in client.key_value_dir_get(
           f'{self._base}/failed/'))
       if failed:
         raise ProcessError(f'saving the checkpoint failed on process '
                            f'{", ".join(map(str, failed))} (its log says why)')
-      if time.monotonic() > deadline:
-        raise TimeoutError(f'the processes did not all finish writing a checkpoint within '
+      if time.monotonic() > deadline:  # (a ProcessError: no process is marked failed for it)
+        raise ProcessError(f'the processes did not all finish writing a checkpoint within '
                            f'{timeout_ms / 1000:.0f} s (barrier {key})')
-      time.sleep(self.POLL_S)
+      time.sleep(wait)
+      wait = min(2 * wait, self.POLL_S)
 
   def fail(self):
     """Marks this process's save failed: every process waiting for its writes stops."""
