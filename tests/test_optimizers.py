@@ -211,13 +211,12 @@ def test_an_adafactor_checkpoint_of_the_earlier_layout_resumes_with_combine_head
 def test_the_attention_layout_hint_only_for_a_statistic_saved_with_another_shape():
   """Another optimizer (Adam's moments where Adafactor's are wanted) is not the attention layout:
   no combine_heads hint there (it was given for any projection kernel's entry)."""
-  from t5x_variants.train import checkpoints  # pylint: disable=g-import-not-at-top
   kernel = 'opt_state/0/v_row/encoder/layers/attention/query/kernel'
-  assert 'combine_heads' in checkpoints.optimizer_hint(kernel, reshaped=True)
-  assert checkpoints.optimizer_hint(kernel, reshaped=False) == ''
+  assert 'combine_heads' in optimizer.optimizer_hint(kernel, reshaped=True)
+  assert optimizer.optimizer_hint(kernel, reshaped=False) == ''
   w1 = 'opt_state/0/v/encoder/layers/self_attention/dense_w1/kernel'
-  assert 'init_optimizer=False' in checkpoints.optimizer_hint(w1, reshaped=True)
-  assert checkpoints.optimizer_hint(w1, reshaped=False) == ''
+  assert 'init_optimizer=False' in optimizer.optimizer_hint(w1, reshaped=True)
+  assert optimizer.optimizer_hint(w1, reshaped=False) == ''
 
 
 def test_adamw_leaves_norms_and_biases_undecayed_as_bert_when_asked():

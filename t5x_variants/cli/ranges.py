@@ -17,7 +17,7 @@ RANGES = {
               'diagnostics_period': (0, False, 'the steps between diagnostics (0: none)'),
               'num_microbatches': (1, False, 'the microbatches per step'),
               'seed': (0, True, 'the random seed'),
-              'max_skipped_in_a_row': (1, False, 'the non-finite steps in a row that stop the run')},
+              'max_skipped_in_a_row': (1, False, 'the non-finite steps in a row that stop it')},
     'MeshConfig': {'data': (-1, False, 'the data axis (-1: the devices model leaves)'),
                    'model': (1, False, 'the model axis')},
     'Checkpointer': {'period': (1, False, 'the steps between checkpoints'),

@@ -90,7 +90,7 @@ class ByT5Vocabulary(seqio.ByteVocabulary):
   ids its span corruption reuses as sentinels (ByT5's code counts down from the top id without a
   limit; 100, as the paper says, is this project's cap). Those ids are bytes of text as well
   (0x9C to 0xFF: UTF-8's multi-byte characters): ``t5xv-data`` shows each as a sentinel."""
-  SENTINELS = 100
+  SENTINELS = EXTRA_IDS
 
   def __init__(self):
     super().__init__(extra_ids=0)

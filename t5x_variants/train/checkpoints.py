@@ -268,9 +268,9 @@ class Checkpointer:
               f'{path.name}.unreadable to resume from the checkpoint before it.)') from e
         mismatch = saved is not None and _saved_mismatch(saved, abstract_state, 'opt_state')
         if mismatch:
+          hint = optimizer.optimizer_hint(mismatch.entry, mismatch.saved is not None)
           raise CheckpointError(f'{path} holds the optimizer state of other optimizer settings '
-                                f'({mismatch}). {retry}'
-                                f'{optimizer_hint(mismatch.entry, mismatch.saved is not None)}') from e
+                                f'({mismatch}). {retry}{hint}') from e
         logging.error('checkpoint %s cannot be read (%s); falling back to the previous one', path,
                       e)
         damaged.append((path, e))
@@ -329,24 +329,6 @@ class Checkpointer:
     if counts is not None:
       guard.load(counts)
     return state
-
-
-def optimizer_hint(entry: str, reshaped: bool) -> str:
-  """The setting that may make a saved optimizer state of other settings read, for the name of
-  its first entry that differs ('opt_state/...'), ``reshaped`` if the checkpoint holds it with
-  another shape (not another optimizer's statistic); '' if none is known."""
-  projection = any(f'/{name}/kernel' in entry for name in optimizer.PROJECTIONS)
-  if reshaped and projection:  # Adafactor's layout of an attention projection's statistics
-    return (' (an Adafactor state of the other attention layout: '
-            '--gin.adafactor.combine_heads=False reads those saved before 49e9cc9, True those after)')
-  if reshaped and '_w1/kernel' in entry:  # a dense synthesizer's W_1, factored since then
-    return (" (Adafactor's statistics of a dense synthesizer's W_1, kept whole before they were "
-            'factored as a query\'s: start from its parameters, with --gin.train.init_checkpoint '
-            'and --gin.train.init_optimizer=False)')
-  if entry.startswith('opt_state/1/'):  # optax.chain(clip, ...): the statistics one level down
-    return (' (make_optimizer.global_norm_clip is set in one of the two runs only: set it as the '
-            'checkpoint\'s run had)')
-  return ''
 
 
 def _outside_error(path, reason: str) -> CheckpointError:

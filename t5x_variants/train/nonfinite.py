@@ -1,8 +1,8 @@
 """Non-finite training steps (``train.on_nonfinite``): a step whose loss or gradients are not
 finite applies no update (decided on the device, inside the step); ``NonFiniteGuard`` judges each
 step read on the host: skipped and let pass until ``max_skipped_in_a_row`` of them in a row (that
-one stops the run), or the run stopped (``NonFiniteStop``, which the trainer turns into ``NonFiniteLossError`` after closing the
-run's files).
+one stops the run), or the run stopped (``NonFiniteStop``, which the trainer turns into
+``NonFiniteLossError`` after closing the run's files).
 """
 import logging
 import re
@@ -43,10 +43,10 @@ def diverged_step(line: str) -> Optional[int]:
 class NonFiniteGuard:
   """``on_nonfinite`` applied to each step read: a step whose update was skipped (its loss or
   gradients were not finite) stops the run ('stop') or is let pass ('skip'), until the
-  ``max_skipped_in_a_row``-th in a row, which stops it; a run that applied no update at all stops at its end. What
-  it has counted is kept with each checkpoint (``state``, ``load``): a resumed run is judged as
-  the uninterrupted one (a row of skipped steps goes on counting across the resume, and a run
-  that applied updates before it is not one that applied none)."""
+  ``max_skipped_in_a_row``-th in a row, which stops it; a run that applied no update at all
+  stops at its end. What it has counted is kept with each checkpoint (``state``, ``load``): a
+  resumed run is judged as the uninterrupted one (a row of skipped steps goes on counting across
+  the resume, and a run that applied updates before it is not one that applied none)."""
 
   def __init__(self, on_nonfinite: str, max_skipped_in_a_row: int):
     if on_nonfinite not in NONFINITE:

@@ -181,6 +181,24 @@ def as_matrix(path, shape: Tuple[int, ...]) -> Tuple[int, ...]:
   return (shape[0] * shape[1], shape[2]) if keys[-2] == 'out' else (shape[0], shape[1] * shape[2])
 
 
+def optimizer_hint(entry: str, reshaped: bool) -> str:
+  """The setting that may make a saved optimizer state of other settings read, for the name of
+  its first entry that differs ('opt_state/...'), ``reshaped`` if the checkpoint holds it with
+  another shape (not another optimizer's statistic); '' if none is known."""
+  projection = any(f'/{name}/kernel' in entry for name in PROJECTIONS)
+  if reshaped and projection:  # Adafactor's layout of an attention projection's statistics
+    return (' (an Adafactor state of the other attention layout: '
+            '--gin.adafactor.combine_heads=False reads those saved before 49e9cc9, True those after)')
+  if reshaped and '_w1/kernel' in entry:  # a dense synthesizer's W_1, factored since then
+    return (" (Adafactor's statistics of a dense synthesizer's W_1, kept whole before they were "
+            'factored as a query\'s: start from its parameters, with --gin.train.init_checkpoint '
+            'and --gin.train.init_optimizer=False)')
+  if entry.startswith('opt_state/1/'):  # optax.chain(clip, ...): the statistics one level down
+    return (' (make_optimizer.global_norm_clip is set in one of the two runs only: set it as the '
+            'checkpoint\'s run had)')
+  return ''
+
+
 def _on_matrices(tx: optax.GradientTransformation) -> optax.GradientTransformation:
   """``tx`` seeing each parameter of a layer in its ``as_matrix`` shape (its state kept so)."""
   def matrices(tree):

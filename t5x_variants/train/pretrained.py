@@ -14,8 +14,8 @@ import orbax.checkpoint as ocp
 from t5x_variants import path_keys
 from t5x_variants.train.checkpoint_reads import (array_shapes, error_reason, intact, outside_cause,
                                                  read_with, saved_tree)
-from t5x_variants.train.checkpoints import (CheckpointError, abstract_arrays, checkpoint_path,
-                                            optimizer_hint)
+from t5x_variants.train.checkpoints import CheckpointError, abstract_arrays, checkpoint_path
+from t5x_variants.train.optimizer import optimizer_hint
 
 log = logging.getLogger(__name__)
 
