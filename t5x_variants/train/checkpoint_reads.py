@@ -52,24 +52,24 @@ def read_on_every_process(part: str, read):
 
 
 def intact(tree, path: epath.Path):
-  """``tree``, the arrays read from checkpoint ``path``, if every floating one is finite and each
-  has the fingerprint saved with it (``fingerprints``; a checkpoint saved before they were has
-  none, and one whose fingerprints cannot be read is used unchecked, with a warning); else a
+  """``tree``, the arrays read from checkpoint ``path``, if each has the fingerprint saved with it
+  (``fingerprints``; a checkpoint saved before they were has none, and one whose fingerprints
+  cannot be read is used unchecked, with a warning) and every floating one is finite; else a
   ReadError naming the first that does not: damaged bytes that decoded (a step whose update is
-  not finite is skipped, so no run saves one). The same answer on every process."""
+  not finite is skipped, so no run saves one). Changed bytes are named as such first, whether or
+  not they decoded to a NaN. The same answer on every process."""
   finite, read = fingerprints.summarize(tree)
+  saved = json_item(path, fingerprints.ITEM, fingerprints.parse,
+                    f'the arrays read from {path} are not checked against it')
+  changed = fingerprints.changed(saved, read) if saved is not None else []
+  if changed:
+    raise ReadError('state', f'{changed[0]} does not read as it was saved (its fingerprint '
+                    f'differs from the one saved with it; {len(changed)} array(s) differ): '
+                    'damaged bytes', outside=False)
   bad = next((name for name, ok in finite.items() if not ok), None)
   if bad:
     raise ReadError('state', f'{bad} holds a NaN or an infinity, which training never saves',
                     outside=False)
-  saved = json_item(path, fingerprints.ITEM, fingerprints.parse,
-                    f'the arrays read from {path} are not checked against it')
-  if saved is not None:
-    bad = fingerprints.changed(saved, read)
-    if bad:
-      raise ReadError('state', f'{bad[0]} does not read as it was saved (its fingerprint differs '
-                      f'from the one saved with it; {len(bad)} array(s) differ): damaged bytes',
-                      outside=False)
   return tree
 
 
