@@ -311,6 +311,19 @@ def test_t5xv_data_prints_examples_and_statistics(capsys):
   assert abs(float(stats['mean_span_length']) - 3) < 0.5
 
 
+def test_span_corruptions_noise_is_a_gin_binding(capsys):
+  """``span_corruption.mean_noise_span_length`` (T5's Table 7; ByT5's 20) sets the spans and, with
+  them, the targets length t5xv-data and the run's check expect: 512 inputs at mean span 10 are
+  591 raw tokens, 99 targets (T5's helper's count), where mean span 3 gives 114."""
+  assert data_main(['--task=embedded_span_corruption', '--n=8',
+                    '--gin.span_corruption.mean_noise_span_length=10.0']) == 0
+  out = capsys.readouterr().out
+  stats = dict(line.split(': ') for line in out.split('--- statistics\n')[1].strip().splitlines())
+  assert stats['mean_inputs_length'] == '512' and stats['mean_targets_length'] == '99'
+  assert abs(float(stats['noise_fraction']) - 0.15) < 0.01
+  assert stats['num_spans'] == str(8 * 9) and abs(float(stats['mean_span_length']) - 10) < 0.5
+
+
 @pytest.mark.parametrize('argv,message', [
     (['--task=nope'], "unknown task or mixture 'nope'; registered: "),
     (['--task=glue_nosuch_local'], 'a task of local files is registered when the directory of its '
@@ -390,8 +403,8 @@ def test_a_run_file_given_to_t5xv_data_says_which_files_it_takes():
   err = out.stderr
   assert out.returncode == 2 and err.count('\n') == 1, err
   assert "No configurable matching 'train'" in err and err.rstrip().endswith(
-      "t5xv-data takes the data layer's gin files and bindings (vocabulary, local_corpus_files), not "
-      "a run or experiment file or a run's config.gin: give its task and lengths as --task, "
+      "t5xv-data takes the data layer's gin files and bindings (vocabulary, local_corpus_files, "
+      "span_corruption), not a run or experiment file or a run's config.gin: give its task and lengths as --task, "
       "--inputs_length and --targets_length"), err
 
 

@@ -423,15 +423,19 @@ def test_a_byt5_imports_with_its_byte_vocabulary_and_exports_as_a_byt5(tmp_path,
   """A ByT5 has no spiece.model: its import binds ByT5's vocabulary (UTF-8 bytes + 3, 259 ids,
   the final 100 byte ids span corruption's sentinels) where it warned and left the run with the
   gin files' vocabulary (the embedded one's 4100 ids, which every command then refused for a
-  model of 384); its export names ByT5Tokenizer again, whose ids are ours."""
+  model of 384), and ByT5's pretraining macros (1024 inputs, mean span 20, where they were T5's
+  512 and 3); its export names ByT5Tokenizer again, whose ids are ours."""
   from t5x_variants.cli import common, recipe  # pylint: disable=g-import-not-at-top
-  from t5x_variants.data import vocab  # pylint: disable=g-import-not-at-top
+  from t5x_variants.data import span_corruption, vocab  # pylint: disable=g-import-not-at-top
   model, hf_dir = byt5_model(tmp_path)
   hf_cli.import_checkpoint(str(hf_dir), str(tmp_path / 'run'))
   assert 'warning' not in capsys.readouterr().err
   gin.clear_config()
   recipe.parse_gin([str(tmp_path / 'run' / 'config.gin')], [])
   byt5, config = vocab.vocabulary(), recipe.build_config()
+  lengths = gin.query_parameter('%TASK_FEATURE_LENGTHS')  # ByT5's pretraining, not T5's 512/114
+  assert lengths == {'inputs': 1024, 'targets': span_corruption.bound_targets_length(1024)}
+  assert gin.get_bindings(span_corruption.span_corruption) == {'mean_noise_span_length': 20.0}
   gin.clear_config()
   assert isinstance(byt5, vocab.ByT5Vocabulary) and (byt5.vocab_size, vocab.sentinels(byt5)) == (259, 100)
   common.check_vocabulary_size(config, byt5, 'the run')  # (384 rows)

@@ -3,7 +3,8 @@
   t5xv-data --task=embedded_span_corruption [--split=validation] [--n=5] [--inputs_length=512]
             [--targets_length=114] [--gin_file=...]
 
-Its gin files and bindings set the data layer (``vocabulary``, ``local_corpus_files``); a run's
+Its gin files and bindings set the data layer (``vocabulary``, ``local_corpus_files``,
+``span_corruption``); a run's
 task and lengths are its flags. A run or experiment file, or a run's config.gin, also binds the
 trainer's settings, which it refuses.
 """
@@ -35,12 +36,12 @@ def _decode(vocabulary, ids) -> str:
 
 
 def default_lengths(name: str, inputs_length: int):
-  """Span corruption's targets follow from its inputs (T5: 512 -> 114), the prefix LM
-  objective's are one shorter (512 -> 511); else equal lengths."""
+  """Span corruption's targets follow from its inputs and its gin-bound noise (T5: 512 -> 114),
+  the prefix LM objective's are one shorter (512 -> 511); else equal lengths."""
   from t5x_variants.data import span_corruption  # pylint: disable=g-import-not-at-top
   if name.endswith('span_corruption'):
     return {'inputs': inputs_length,
-            'targets': span_corruption.input_and_target_lengths(inputs_length)[1]}
+            'targets': span_corruption.bound_targets_length(inputs_length)}
   if name.endswith('prefix_lm'):
     return {'inputs': inputs_length, 'targets': inputs_length - 1}
   return {'inputs': inputs_length, 'targets': inputs_length}
@@ -91,17 +92,18 @@ def main(argv=None):
     args = common.parse_args(parser, argv)
     ranges.check_flags(args, {'n': 1, 'inputs_length': 1, 'targets_length': 1})
     common.import_data_layer()
-    from t5x_variants.data import corpus, vocab  # pylint: disable=g-import-not-at-top
+    from t5x_variants.data import corpus, span_corruption, vocab  # pylint: disable=g-import-not-at-top
     try:
       recipe.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_paths.split(','),
                        configurables={'vocabulary': vocab.vocabulary,
-                                      'local_corpus_files': corpus.local_corpus_files})
+                                      'local_corpus_files': corpus.local_corpus_files,
+                                      'span_corruption': span_corruption.span_corruption})
     except recipe.GinConfigError as e:
       if 'No configurable matching' not in str(e):
         raise
       raise recipe.GinConfigError(
           f'{e}. t5xv-data takes the data layer\'s gin files and bindings (vocabulary, '
-          'local_corpus_files), not a run or experiment file or a run\'s config.gin: give its task '
+          'local_corpus_files, span_corruption), not a run or experiment file or a run\'s config.gin: give its task '
           'and lengths as --task, --inputs_length and --targets_length', detail=e.detail) from None
     lengths = default_lengths(args.task, args.inputs_length or 512)
     if args.targets_length:

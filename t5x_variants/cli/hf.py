@@ -41,6 +41,8 @@ VOCAB = 'vocab.model'  # the run's vocabulary (recipe.use_run_vocabulary)
 SPIECE = 'spiece.model'  # transformers' T5 tokenizer file
 BYT5 = 'ByT5Tokenizer'  # a ByT5's tokenizer_class in transformers' config.json
 BYT5_BINDING = "vocabulary.kind = 'byt5'"  # its config.gin's vocabulary
+T5_LENGTHS = {'inputs': 512, 'targets': 114}  # T5's pretraining (gin/runs/pretrain.gin)
+BYT5_LENGTHS, BYT5_MEAN_SPAN = {'inputs': 1024, 'targets': 189}, 20.0  # ByT5's
 # T5WithLMHeadModel: the first's old name; mT5 is T5 v1.1 with another vocabulary.
 LM_ARCHITECTURES = ('T5ForConditionalGeneration', 'T5WithLMHeadModel', 'MT5ForConditionalGeneration')
 
@@ -161,17 +163,19 @@ def import_checkpoint(hf_dir: str, model_dir: str, scan_layers: bool = True):
   ckpt = checkpoints.Checkpointer(str(run), async_save=False)
   ckpt.save(0, {'params': params}, force=True)
   ckpt.close()
+  spiece = storage.path(hf_dir) / SPIECE
+  byt5 = not spiece.exists() and hf.get('tokenizer_class') == BYT5
   lines = [f'# Imported from {hf_dir} by t5xv-import: transformers T5, feed_forward_proj '
            f'{hf.get("feed_forward_proj", "relu")!r}, tied embeddings {config.tie_embeddings}.',
            '# The data macros of gin/runs/pretrain.gin, which t5xv-eval and t5xv-infer read; '
            'override them there.',
            "MIXTURE_OR_TASK_NAME = 'c4_span_corruption'",
-           "TASK_FEATURE_LENGTHS = {'inputs': 512, 'targets': 114}", 'Z_LOSS = 1e-4', '']
-  lines += [f'TransformerConfig.{k} = {_gin_value(v)}' for k, v in bindings.items()]
-  spiece = storage.path(hf_dir) / SPIECE
-  byt5 = not spiece.exists() and hf.get('tokenizer_class') == BYT5
+           f'TASK_FEATURE_LENGTHS = {BYT5_LENGTHS if byt5 else T5_LENGTHS}', 'Z_LOSS = 1e-4']
   if byt5:
-    lines += ['# ByT5: UTF-8 bytes, sentinels the final 100 byte ids (data/vocab.py).', BYT5_BINDING]
+    lines += ["# ByT5's pretraining: UTF-8 bytes, sentinels the final 100 byte ids (data/vocab.py), "
+              'mean noise span 20 (Xue et al. 2022, Sec. 3.1).', BYT5_BINDING,
+              f'span_corruption.mean_noise_span_length = {BYT5_MEAN_SPAN}']
+  lines += [''] + [f'TransformerConfig.{k} = {_gin_value(v)}' for k, v in bindings.items()]
   storage.write_text(run / 'config.gin', '\n'.join(lines) + '\n')
   storage.write_text(run / 'model-info.txt', model_info(config) + '\n')
   if spiece.exists():

@@ -144,7 +144,7 @@ def gin_macro(name: str):
 
 # The data layer's configurables: without it (no TensorFlow) their bindings are skipped
 # (``DatasetConfig`` needs no TensorFlow and is always read).
-DATA_CONFIGURABLES = ('vocabulary', 'local_corpus_files', 'register_tasks')
+DATA_CONFIGURABLES = ('vocabulary', 'local_corpus_files', 'register_tasks', 'span_corruption')
 # Run-file macros that only the trainer reads: bound to a placeholder by the tools that need only
 # the model and its step, so that run files and recipes parse without them.
 RUN_MACROS = ('MODEL_DIR', 'INITIAL_CHECKPOINT_PATH')
@@ -162,9 +162,9 @@ def library_configurables(with_data: bool = True) -> Mapping[str, Callable]:
            'DecodeOptions': predictor.DecodeOptions}
   if with_data:
     common.import_data_layer()
-    from t5x_variants.data import corpus, tasks, vocab  # pylint: disable=g-import-not-at-top
+    from t5x_variants.data import corpus, span_corruption, tasks, vocab  # pylint: disable=g-import-not-at-top
     known.update(zip(DATA_CONFIGURABLES, (vocab.vocabulary, corpus.local_corpus_files,
-                                          tasks.register_tasks)))
+                                          tasks.register_tasks, span_corruption.span_corruption)))
   return known
 
 

@@ -5,9 +5,14 @@ non-noise tokens with every noise span replaced by one sentinel, the targets lis
 span after its sentinel. Sentinels count down from the top of the vocabulary (span i uses
 ``vocab_size - 1 - i``, i.e. ``<extra_id_i>`` of a seqio vocabulary with extra ids). EOS is left to
 ``seqio.preprocessors.append_eos_after_trim``, which runs after ``span_corruption``.
+
+The noise density and mean span length are T5's (0.15, 3) unless gin binds
+``span_corruption.noise_density`` / ``span_corruption.mean_noise_span_length`` (T5's Table 7
+ablation; ByT5's 20).
 """
 from typing import Dict, Sequence, Tuple
 
+import gin
 import numpy as np
 import seqio
 import tensorflow as tf
@@ -29,8 +34,12 @@ def _corrupted_lengths(raw_length: int, noise_density: float, mean_noise_span_le
   return raw_length - num_noise + num_spans + 1, num_noise + num_spans + 1, num_spans
 
 
-def input_and_target_lengths(inputs_length: int, noise_density: float = 0.15,
-                             mean_noise_span_length: float = 3.0) -> Tuple[int, int]:
+NOISE_DENSITY, MEAN_NOISE_SPAN_LENGTH = 0.15, 3.0  # T5's (Sec. 3.3)
+
+
+def input_and_target_lengths(inputs_length: int, noise_density: float = NOISE_DENSITY,
+                             mean_noise_span_length: float = MEAN_NOISE_SPAN_LENGTH
+                             ) -> Tuple[int, int]:
   """(raw_tokens_length, targets_length) so that corrupted inputs plus EOS fill ``inputs_length``.
 
   raw_tokens_length is the largest raw chunk whose inputs (non-noise tokens, one sentinel per
@@ -108,9 +117,11 @@ def _replace_spans(tokens, span_mask, vocab_size):
   return tf.boolean_mask(tf.where(starts, sentinels, tokens), ~span_mask | starts)
 
 
+@gin.configurable(denylist=['dataset', 'sequence_length', 'output_features'])
 def span_corruption(dataset: tf.data.Dataset, sequence_length: Dict[str, int],
-                    output_features: Dict[str, seqio.Feature], noise_density: float = 0.15,
-                    mean_noise_span_length: float = 3.0) -> tf.data.Dataset:
+                    output_features: Dict[str, seqio.Feature],
+                    noise_density: float = NOISE_DENSITY,
+                    mean_noise_span_length: float = MEAN_NOISE_SPAN_LENGTH) -> tf.data.Dataset:
   """Tokenized 'targets' documents -> span-corrupted {'inputs', 'targets'} (both without EOS).
 
   Chunking: documents are concatenated and split into chunks of
@@ -122,7 +133,8 @@ def span_corruption(dataset: tf.data.Dataset, sequence_length: Dict[str, int],
   raw_length, targets_length = input_and_target_lengths(sequence_length['inputs'], noise_density,
                                                         mean_noise_span_length)
   if sequence_length.get('targets', targets_length) < targets_length:
-    raise ValueError(f"span corruption of {sequence_length['inputs']} inputs makes targets of "
+    raise ValueError(f"span corruption of {sequence_length['inputs']} inputs (noise density "
+                     f'{noise_density}, mean span {mean_noise_span_length}) makes targets of '
                      f"{targets_length} tokens, but the targets length is {sequence_length['targets']}; "
                      f'set it to {targets_length} or more (--targets_length, or the run\'s '
                      'TASK_FEATURE_LENGTHS)')
@@ -143,6 +155,14 @@ def span_corruption(dataset: tf.data.Dataset, sequence_length: Dict[str, int],
             'targets': _replace_spans(tokens, ~noise, vocab_size)}
 
   return corrupt(split_tokens(dataset, raw_length))
+
+
+def bound_targets_length(inputs_length: int) -> int:
+  """The targets length of ``inputs_length`` inputs under ``span_corruption``'s gin bindings."""
+  bound = gin.get_bindings(span_corruption)
+  return input_and_target_lengths(
+      inputs_length, bound.get('noise_density', NOISE_DENSITY),
+      bound.get('mean_noise_span_length', MEAN_NOISE_SPAN_LENGTH))[1]
 
 
 def _strip(ids) -> np.ndarray:

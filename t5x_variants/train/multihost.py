@@ -168,9 +168,9 @@ class WriteBarrier:
   each process increments on arrival and then polls, with the failures marked there: one stops
   the waiting with a ProcessError naming its process. A process marks its failure (``fail``)
   when one of orbax's threads reaches a barrier with an error on its way out (orbax's save
-  finalisation calls one in a ``finally``), and when a save raises in the trainer
-  (``Checkpointer.save``, ``close``). Its keys are one counter per barrier passed, under the
-  barrier's number: every process builds its Checkpointers in the same order."""
+  finalisation calls one in a ``finally`` since orbax 0.11.21, the pin's floor), and when a save
+  raises in the trainer (``Checkpointer.save``, ``close``). Its keys are one counter per barrier
+  passed, under the barrier's number: every process builds its Checkpointers in the same order."""
 
   POLL_S = 0.2  # the longest wait between two looks (the first after 5 ms, then doubling)
   _built = 0  # the WriteBarriers of this process so far
