@@ -236,6 +236,35 @@ def test_local_super_glue_tasks(register, super_glue_dir):
       ('wsc: the man  said hello. *He* smiled.', 'the man')]
 
 
+def test_the_diagnostic_sets_are_test_splits_cast_as_mnli_and_rte(register, glue_dir, super_glue_dir):
+  """GLUE's AX as MNLI, SuperGLUE's AX-b and AX-g as RTE, as T5's glue_ax_v002 and
+  super_glue_ax{b,g}_v102 (AX-b's sentence1 the premise): a test split alone, from TFDS or the
+  original files, in no mixture. They were not registered."""
+  _write(glue_dir / 'diagnostic/diagnostic.tsv', ['index\tsentence1\tsentence2', '0\tA man runs.\tA person runs.'])
+  _jsonl(super_glue_dir / 'AX-b/AX-b.jsonl', [{'sentence1': 'The cat sat.', 'sentence2': 'A cat sat.',
+                                               'label': 'entailment', 'idx': 0}])
+  _jsonl(super_glue_dir / 'AX-g/AX-g.jsonl', [{'premise': 'The nurse left.', 'hypothesis': 'She left.',
+                                               'label': 'not_entailment', 'idx': 4, 'pair_id': 1}])
+  register(glue_dir=str(glue_dir), super_glue_dir=str(super_glue_dir))
+  found = {name: [(_text(e, 'inputs'), _text(e, 'targets'), e['idx']) for e in _examples(name, 'test')]
+           for name in ('glue_ax_local', 'super_glue_axb_local', 'super_glue_axg_local')}
+  assert found == {
+      'glue_ax_local': [('mnli hypothesis: A person runs. premise: A man runs.', glue.NO_LABEL, 0)],
+      'super_glue_axb_local': [('rte hypothesis: A cat sat. premise: The cat sat.', 'entailment', 0)],
+      'super_glue_axg_local': [('rte hypothesis: She left. premise: The nurse left.', 'not_entailment', 4)]}
+  for name, mnli_like in (('glue_ax', True), ('super_glue_axb', False), ('super_glue_axg', False)):
+    assert seqio.get_mixture_or_task(f'{name}_local').splits == ('test',)
+    with tfds.testing.mock_data(num_examples=3):
+      examples = _examples(name, 'test')
+    assert len(examples) == 3 and all(_text(e, 'inputs').startswith(
+        'mnli hypothesis: ' if mnli_like else 'rte hypothesis: ') for e in examples)
+  mixed = {t.name for m in ('glue_proportional', 'super_glue_proportional', 'glue_proportional_local',
+                            'super_glue_proportional_local') for t in seqio.get_mixture_or_task(m).tasks}
+  assert not any('_ax' in name for name in mixed)
+  axb = seqio.get_mixture_or_task('super_glue_axb')
+  assert axb.postprocess_fn('not_entailment') == 1 and axb.metric_fns[0].__name__ == 'matthews_corrcoef'
+
+
 def test_missing_local_file_names_it(register, glue_dir):
   register(glue_dir=str(glue_dir))
   with pytest.raises(FileNotFoundError, match=re.escape(str(glue_dir / 'QQP' / 'train.tsv'))):
@@ -250,15 +279,16 @@ def test_mixtures_and_idempotence(register, glue_dir, super_glue_dir):
   glue_tasks = {f'glue_{t}' for t in ('cola', 'sst2', 'mrpc', 'qqp', 'stsb', 'mnli', 'mnli_mismatched', 'qnli',
                                       'rte', 'wnli')}
   super_tasks = {f'super_glue_{t}' for t in ('boolq', 'cb', 'copa', 'multirc', 'record', 'rte', 'wic', 'wsc')}
+  diagnostics = {'glue_ax', 'super_glue_axb', 'super_glue_axg'}  # test splits: tasks of their own
   assert {t.name for t in seqio.get_mixture_or_task('glue_proportional').tasks} == glue_tasks - {'glue_wnli'}
-  assert 'glue_wnli' in seqio.TaskRegistry.names()  # T5's mixture leaves it out; a task of its own
+  assert {'glue_wnli', *diagnostics} <= set(seqio.TaskRegistry.names())  # T5's mixture leaves it out
   mixture = seqio.get_mixture_or_task('glue_proportional')  # MNLI mismatched: evaluated, never trained
   assert mixture.get_rate(seqio.get_mixture_or_task('glue_mnli_mismatched')) == 0.0
   assert seqio.get_mixture_or_task('glue_mnli_mismatched').splits == ('validation', 'test')
   assert {t.name for t in seqio.get_mixture_or_task('super_glue_proportional').tasks} == super_tasks
   assert register() == []
   local = register(glue_dir=str(glue_dir), super_glue_dir=str(super_glue_dir), mixing_maximum=2)
-  assert set(local) == {f'{t}_local' for t in glue_tasks | super_tasks} | {
+  assert set(local) == {f'{t}_local' for t in glue_tasks | super_tasks | diagnostics} | {
       'glue_proportional_local', 'super_glue_proportional_local'}
   mixture = seqio.get_mixture_or_task('glue_proportional_local')
   rates = {t.name: mixture.get_rate(t) for t in mixture.tasks if t.name in ('glue_cola_local', 'glue_sst2_local')}

@@ -5,7 +5,8 @@
 - ``glue_<t>_local`` / ``super_glue_<t>_local``: the original distribution files under
   ``glue_dir`` / ``super_glue_dir`` (default: env GLUE_DIR / SUPER_GLUE_DIR), only when given;
 - mixtures ``glue_proportional``, ``super_glue_proportional`` (and ``*_local``): examples-proportional
-  with T5's cap K = 2**19.
+  with T5's cap K = 2**19, without WNLI and the diagnostic sets (``UNMIXED``).
+The diagnostic sets (GLUE's ``ax``, SuperGLUE's ``axb`` and ``axg``) have a test split only.
 Both sources yield TFDS's raw features, so one preprocessor serves both. Inputs are
 '<task> <field>: <text> ...', targets the label's name (STS-B: the score rounded to 0.2).
 """
@@ -121,10 +122,11 @@ _F1_ACC = (metrics.f1, metrics.accuracy)
 
 
 def _glue(name, fields, label_names, metric_fns, folder, columns=None, label_column='label', *,
-          fixed_header=None, files=_GLUE_FILES, tfds_splits=None) -> TaskSpec:
-  """A GLUE task; ``columns`` maps raw feature -> TSV column where the names differ."""
+          fixed_header=None, files=_GLUE_FILES, tfds_splits=None, tfds=None) -> TaskSpec:
+  """A GLUE task (TFDS ``glue/<tfds or name>``, its inputs prefixed ``name``); ``columns`` maps
+  raw feature -> TSV column where the names differ."""
   return TaskSpec(
-      tfds_name=f'glue/{name}:2.*.*',
+      tfds_name=f'glue/{tfds or name}:2.*.*',
       preprocessors=(functools.partial(text_to_text, prefix=name, fields=fields, label_names=label_names),),
       postprocess_fn=(functools.partial(label_postprocess, label_names=label_names) if label_names
                       else float_postprocess),
@@ -155,6 +157,11 @@ GLUE_TASKS = {
     'qnli': _glue('qnli', ('question', 'sentence'), ('entailment', 'not_entailment'), _ACC, 'QNLI'),
     'rte': _glue('rte', ('sentence1', 'sentence2'), ('entailment', 'not_entailment'), _ACC, 'RTE'),
     'wnli': _glue('wnli', ('sentence1', 'sentence2'), ('not_entailment', 'entailment'), _ACC, 'WNLI'),
+    # The diagnostic set (a test split, unlabelled), cast as MNLI as T5's glue_ax_v002: for the
+    # leaderboard's predictions of an MNLI model; the file is the one GLUE's download script writes.
+    'ax': _glue('mnli', ('hypothesis', 'premise'), ('entailment', 'neutral', 'contradiction'), (),
+                'diagnostic', {'hypothesis': 'sentence2', 'premise': 'sentence1'},
+                files={'test': 'diagnostic.tsv'}, tfds='ax'),
 }
 
 
@@ -168,6 +175,22 @@ def _super_glue(name, fields, label_names, metric_fns, folder, ints=(), *, read=
       postprocess_fn=postprocess_fn or functools.partial(label_postprocess, label_names=label_names),
       metric_fns=metric_fns, signature=_signature(fields, ints=ints, idx=idx), folder=folder,
       read=read or sg.flat_reader(fields + ints, label_names), files=_SUPER_GLUE_FILES)
+
+
+def _rte_diagnostic(name: str, folder: str, premise: str, hypothesis: str, metric_fns) -> TaskSpec:
+  """A SuperGLUE diagnostic set (a test split) cast as RTE, as T5's super_glue_<name>_v102: its
+  ``premise`` and ``hypothesis`` fields read 'rte hypothesis: ... premise: ...'. T5 gives it no
+  metric; its metrics here score it where its labels are present (the original files have them)."""
+  rte = ('entailment', 'not_entailment')
+  rekey = {'premise': premise, 'hypothesis': hypothesis, 'label': 'label', 'idx': 'idx'}
+  return TaskSpec(
+      tfds_name=f'super_glue/{name}:1.0.*',
+      preprocessors=(functools.partial(seqio.preprocessors.rekey, key_map=rekey),
+                     functools.partial(text_to_text, prefix='rte', fields=('hypothesis', 'premise'),
+                                       label_names=rte)),
+      postprocess_fn=functools.partial(label_postprocess, label_names=rte), metric_fns=metric_fns,
+      signature=_signature((premise, hypothesis)), folder=folder,
+      read=sg.flat_reader((premise, hypothesis), rte), files={'test': f'{folder}.jsonl'})
 
 
 _BOOL = ('False', 'True')
@@ -195,11 +218,16 @@ SUPER_GLUE_TASKS = {
         metric_fns=_ACC, folder='WSC', files=_SUPER_GLUE_FILES, train_examples=sg.wsc_correct_referent,
         signature=_signature(('text', 'span1_text', 'span2_text'), ints=('span1_index', 'span2_index')),
         read=sg.flat_reader(('text', 'span1_index', 'span2_index', 'span1_text', 'span2_text'))),
+    # The broad-coverage (AX-b: Matthews correlation, the leaderboard's) and Winogender (AX-g:
+    # accuracy; the leaderboard's gender parity needs its pairs, not read here) diagnostics.
+    'axb': _rte_diagnostic('axb', 'AX-b', 'sentence1', 'sentence2', (metrics.matthews_corrcoef,)),
+    'axg': _rte_diagnostic('axg', 'AX-g', 'premise', 'hypothesis', _ACC),
 }
 
 # T5's GLUE mixture leaves WNLI out (T5 trained on WSC instead; Raffel et al. 2020, 2.3); glue_wnli
-# stays a task of its own.
-UNMIXED = ('glue_wnli',)
+# stays a task of its own, as do the diagnostic sets, which have a test split only (T5's mixtures
+# hold them at rate 0, for decoding the leaderboard's test splits).
+UNMIXED = ('glue_wnli', 'glue_ax', 'super_glue_axb', 'super_glue_axg')
 # In the mixtures at rate 0: evaluated with them, never trained on (as T5's GLUE mixture).
 EVAL_ONLY = ('glue_mnli_mismatched',)
 

@@ -23,10 +23,11 @@ from t5x_variants.data import super_glue as sg
 SQUAD_HINT = ('get SQuAD v1.1 (train-v1.1.json, dev-v1.1.json) from https://rajpurkar.github.io/SQuAD-explorer/ '
               'and pass squad_dir (--gin.register_tasks.squad_dir, or set SQUAD_DIR)')
 MIXTURE = 'squad_glue_super_glue_proportional'
-# The tasks of T5's GLUE and SuperGLUE mixtures: no WNLI (glue.UNMIXED); the test-only
-# diagnostics (ax, axb, axg) have rate 0 there and are left out; T5's extra WSC data (DPR) is not here.
+# The tasks of T5's GLUE and SuperGLUE mixtures: no WNLI, and not the test-only diagnostics (ax,
+# axb, axg: rate 0 there) (glue.UNMIXED); T5's extra WSC data (DPR) is not here.
 MIXTURE_GLUE_TASKS = tuple(f'glue_{t}' for t in glue.GLUE_TASKS if f'glue_{t}' not in glue.UNMIXED)
-MIXTURE_SUPER_GLUE_TASKS = tuple(f'super_glue_{t}' for t in glue.SUPER_GLUE_TASKS)
+MIXTURE_SUPER_GLUE_TASKS = tuple(f'super_glue_{t}' for t in glue.SUPER_GLUE_TASKS
+                                 if f'super_glue_{t}' not in glue.UNMIXED)
 
 
 def _pad_punctuation(text):
