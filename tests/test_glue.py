@@ -263,6 +263,13 @@ def test_the_diagnostic_sets_are_test_splits_cast_as_mnli_and_rte(register, glue
   assert not any('_ax' in name for name in mixed)
   axb = seqio.get_mixture_or_task('super_glue_axb')
   assert axb.postprocess_fn('not_entailment') == 1 and axb.metric_fns[0].__name__ == 'matthews_corrcoef'
+  from t5x_variants.data import pipeline, tasks  # pylint: disable=g-import-not-at-top
+  lengths = {'inputs': 64, 'targets': 8}  # a split it lacks: one line (was a bare KeyError: 'train')
+  with pytest.raises(ValueError, match=r"^glue_ax_local has no 'train' split \(its splits: test\): "
+                     'read one of those'):
+    pipeline.get_dataset('glue_ax_local', lengths, 'encoder_decoder', split='train')
+  with pytest.raises(ValueError, match="super_glue_axg_local has no 'validation' split"):
+    tasks.task_examples(seqio.get_mixture_or_task('super_glue_axg_local'), 'validation', lengths)
 
 
 def test_missing_local_file_names_it(register, glue_dir):

@@ -167,6 +167,7 @@ def get_dataset(name: str, task_feature_lengths: Mapping[str, int], architecture
       task_feature_lengths = dict(task_feature_lengths, mlm_weights=task_feature_lengths['inputs'])
     converter = feature_converter(architecture, pack, loss_on_targets_only)
   with tasks.explain_missing_data(task), tasks.without_autograph():
+    tasks.check_split(task, split)
     return seqio.get_dataset(task, task_feature_lengths, converter,
                              dataset_split=split, shuffle=shuffle, num_epochs=num_epochs,
                              shard_info=seqio.ShardInfo(shard_index, num_shards), seed=seed,

@@ -204,6 +204,19 @@ def explain_missing_data(task_or_mixture):
         'tasks from the original distribution files (GLUE_DIR / SUPER_GLUE_DIR / SQUAD_DIR).') from e
 
 
+def check_split(task_or_mixture, split: str):
+  """One ValueError when no task of ``task_or_mixture`` has ``split`` (a local task's read failed
+  with a bare KeyError; a mixture skips the tasks without it)."""
+  try:
+    splits = {s for t in getattr(task_or_mixture, 'tasks', [task_or_mixture]) for s in t.splits}
+  except ValueError:  # a TFDS dataset whose splits are not known here: its read says what is missing
+    return
+  if split not in splits:
+    raise ValueError(f"{task_or_mixture.name} has no '{split}' split (its splits: "
+                     f"{', '.join(sorted(splits))}): read one of those (train/DatasetConfig.split, "
+                     'train_eval/DatasetConfig.split, EVAL_SPLIT, INFER_SPLIT), or another task')
+
+
 @contextlib.contextmanager
 def without_autograph():
   """Traces the tf.data map functions built inside as written, without autograph's source
@@ -228,6 +241,7 @@ def task_examples(task, split: str, lengths: Optional[Mapping[str, int]],
   as numpy; a random preprocessor (span corruption) seeded with ``seed``, so every call (and
   process) gets the same examples."""
   with explain_missing_data(task), without_autograph():
+    check_split(task, split)
     ds = task.get_dataset(lengths, split=split, shuffle=False, seed=seed, num_epochs=1)
     if max_examples:
       ds = ds.take(max_examples)
