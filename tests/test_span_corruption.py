@@ -1,4 +1,5 @@
 """Span corruption (Raffel et al. 2020, Sec. 3.1.4) and BERT masking (Devlin et al. 2019) in seqio."""
+import re
 import uuid
 
 import numpy as np
@@ -215,6 +216,32 @@ def test_byt5s_sentinels_are_its_final_byte_ids(make_task):
                      'the vocabulary has 100'):
     span_corruption(tokens, {'inputs': 512, 'targets': 1024}, features, noise_density=0.5,
                     mean_noise_span_length=4.0)
+
+
+def test_byt5s_statistics_and_display_on_multibyte_text():
+  """ByT5's sentinels are bytes of text too (0x9C-0xFF): every span is counted from the inputs'
+  last token, so the statistics are exact on text of multi-byte characters (a byte after the last
+  span's sentinel equal to the next one, Japanese's 0xE3 after 28 spans, was counted as a span);
+  t5xv-data reads only the
+  next sentinel as one (every byte from 0x9C read as a sentinel: 'é' as <extra_id_60>)."""
+  from t5x_variants.cli.data import _decode  # pylint: disable=g-import-not-at-top
+  from t5x_variants.data import vocab  # pylint: disable=g-import-not-at-top
+  byt5 = vocab.ByT5Vocabulary()
+  rng = np.random.RandomState(4)
+  words = ['数据', 'です', 'ありがとう', '注意', '变换器', '한국어', 'été', 'naïve', 'the']
+  texts = [' '.join(rng.choice(words, 400)) for _ in range(4)]
+  tokens = tf.data.Dataset.from_tensor_slices({'targets': texts}).map(
+      lambda ex: {'targets': byt5.encode_tf(ex['targets'])})
+  examples = list(span_corruption(tokens, LENGTHS, {'targets': seqio.Feature(byt5)}).as_numpy_iterator())
+  assert len(examples) >= 5
+  stats = noise_statistics([e['inputs'] for e in examples], [e['targets'] for e in examples], 259)
+  assert stats == dict(noise_fraction=85 / 568, mean_span_length=85 / 28, num_spans=28 * len(examples))
+  accented = tf.data.Dataset.from_tensor_slices({'targets': ['naïve été über ' * 60]}).map(
+      lambda ex: {'targets': byt5.encode_tf(ex['targets'])})
+  example = next(span_corruption(accented, LENGTHS, {'targets': seqio.Feature(byt5)}).as_numpy_iterator())
+  shown = _decode(byt5, example['inputs'])
+  assert re.findall(r'<extra_id_(\d+)>', shown) == [str(i) for i in range(28)]
+  assert 'ï' in shown and 'é' in shown and 'ü' in shown
 
 
 def test_mlm_masking(make_task):

@@ -17,19 +17,22 @@ from t5x_variants.features import EOS_ID, PAD_ID
 
 
 def _decode(vocabulary, ids) -> str:
-  """Text of the ids up to padding; sentinels read <extra_id_i>, EOS reads </s>."""
+  """Text of the ids up to padding; sentinels, which come in order, read <extra_id_i>, EOS reads
+  </s> (an id is the next sentinel or a piece: ByT5's sentinels are bytes of text too)."""
   from t5x_variants.data import vocab  # pylint: disable=g-import-not-at-top  (the data layer)
   ids = [int(i) for i in ids if i != PAD_ID]
-  pieces, run = [], []
+  pieces, run, shown = [], [], 0
   for i in ids + [None]:
-    if i is None or i == EOS_ID or i >= vocabulary.vocab_size - vocab.sentinels(vocabulary):
+    sentinel = shown < vocab.sentinels(vocabulary) and i == vocabulary.vocab_size - 1 - shown
+    if i is None or i == EOS_ID or sentinel:
       if run:
         pieces.append(vocabulary.decode(run))
         run = []
       if i == EOS_ID:
         pieces.append('</s>')
-      elif i is not None:
-        pieces.append(f'<extra_id_{vocabulary.vocab_size - 1 - i}>')
+      elif sentinel:
+        pieces.append(f'<extra_id_{shown}>')
+        shown += 1
     else:
       run.append(i)
   return ' '.join(pieces)

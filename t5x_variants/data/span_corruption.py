@@ -186,12 +186,14 @@ def _noise_spans(targets, vocab_size: int):
 
 
 def merge_span_corruption(inputs, targets, vocab_size: int) -> np.ndarray:
-  """Original chunk of one example: each sentinel in ``inputs`` replaced by its targets span."""
-  spans, merged = _noise_spans(targets, vocab_size), []
+  """Original chunk of one example: each sentinel in ``inputs``, in order, replaced by its targets
+  span (a token is the next sentinel or itself, as the targets are read: of ByT5's, whose
+  sentinels are bytes too, a byte equal to the next sentinel is taken for it)."""
+  spans, merged, used = _noise_spans(targets, vocab_size), [], 0
   for token in _strip(inputs):
-    index = vocab_size - 1 - int(token)
-    if 0 <= index < len(spans):
-      merged.extend(spans[index])
+    if used < len(spans) and token == vocab_size - 1 - used:
+      merged.extend(spans[used])
+      used += 1
     else:
       merged.append(int(token))
   return np.asarray(merged, np.int32)
@@ -202,12 +204,18 @@ def _rows(x) -> Sequence:
 
 
 def noise_statistics(inputs, targets, vocab_size: int) -> Dict[str, float]:
-  """Noise fraction, mean span length and span count over one example or a batch of rows."""
+  """Noise fraction, mean span length and span count over one example or a batch of rows. A row's
+  spans are counted from its inputs' last token, the last span's sentinel (the mask ends in noise):
+  no sentinel is looked for among the tokens, where ByT5's are bytes of text as well."""
   num_kept = num_noise = num_spans = 0
   for row_inputs, row_targets in zip(_rows(inputs), _rows(targets)):
-    spans = _noise_spans(row_targets, vocab_size)
-    num_spans += len(spans)
-    num_noise += sum(len(span) for span in spans)
-    num_kept += len(_strip(row_inputs)) - len(spans)
+    row_inputs = _strip(row_inputs)
+    spans = vocab_size - int(row_inputs[-1]) if row_inputs.size else 0
+    if not 0 < spans <= row_inputs.size // 2:
+      raise ValueError('span-corrupted inputs end with the last span\'s sentinel (a row of the '
+                       f'span corruption task\'s), not with {row_inputs[-1:]}')
+    num_spans += spans
+    num_noise += len(_strip(row_targets)) - spans
+    num_kept += len(row_inputs) - spans
   return dict(noise_fraction=num_noise / max(num_noise + num_kept, 1),
               mean_span_length=num_noise / max(num_spans, 1), num_spans=num_spans)

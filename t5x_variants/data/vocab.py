@@ -89,7 +89,8 @@ class ByT5Vocabulary(seqio.ByteVocabulary):
   """ByT5's vocabulary: seqio's bytes with no extra ids (259 ids), whose final ``SENTINELS`` byte
   ids its span corruption reuses as sentinels (ByT5's code counts down from the top id without a
   limit; 100, as the paper says, is this project's cap). Those ids are bytes of text as well
-  (0x9C to 0xFF: UTF-8's multi-byte characters): ``t5xv-data`` shows each as a sentinel."""
+  (0x9C to 0xFF: UTF-8's multi-byte characters): a byte equal to the next sentinel of a
+  span-corrupted row reads as that sentinel (``t5xv-data``), as the model cannot tell them apart."""
   SENTINELS = EXTRA_IDS
 
   def __init__(self):
