@@ -222,8 +222,8 @@ def test_byt5s_statistics_and_display_on_multibyte_text():
   """ByT5's sentinels are bytes of text too (0x9C-0xFF): every span is counted from the inputs'
   last token, so the statistics are exact on text of multi-byte characters (a byte after the last
   span's sentinel equal to the next one, Japanese's 0xE3 after 28 spans, was counted as a span);
-  t5xv-data reads only the
-  next sentinel as one (every byte from 0x9C read as a sentinel: 'é' as <extra_id_60>)."""
+  t5xv-data reads only the next sentinel as one (every byte from 0x9C read as a sentinel: 'é' as
+  <extra_id_60>)."""
   from t5x_variants.cli.data import _decode  # pylint: disable=g-import-not-at-top
   from t5x_variants.data import vocab  # pylint: disable=g-import-not-at-top
   byt5 = vocab.ByT5Vocabulary()
