@@ -534,6 +534,28 @@ def test_a_shard_write_failing_on_one_process_stops_both_at_the_next_save(tmp_pa
   assert [p.name for p in checkpoints.list_checkpoints(str(tmp_path))] == ['checkpoint_2']
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize('failing', [1, 0])
+def test_a_save_failing_as_it_starts_on_one_process_stops_both_at_once(tmp_path, subprocess_train,
+                                                                     failing):
+  """One process's save of checkpoint_4 raises in the trainer's own thread as it starts (before
+  any background write): both processes stop within seconds, that one with its error and the
+  other naming it, and checkpoint_2 is the one listed (before, the other waited in orbax's next
+  barrier of that save, a device all-gather, until jax's shutdown barrier aborted both 300 s
+  later)."""
+  port = _free_port()
+  procs = [subprocess_train('syncfail', tmp_path, 8, port, i, failing) for i in range(2)]
+  outs = [p.communicate(timeout=120)[0] for p in procs]
+  assert all(p.returncode == 1 for p in procs), outs[0][-3000:] + outs[1][-3000:]
+  other = 1 - failing
+  assert 'Input/output error (injected, as the save starts)). checkpoint_2' in outs[failing], (
+      outs[failing][-3000:])
+  assert (f'failed on process {failing} (its log says why)). checkpoint_2' in outs[other]), (
+      outs[other][-3000:])
+  assert 'step 4/8' in outs[0] and 'step 5/8' not in outs[0], outs[0][-3000:]
+  assert [p.name for p in checkpoints.list_checkpoints(str(tmp_path))] == ['checkpoint_2']
+
+
 @needs_data_layer
 @pytest.mark.slow
 def test_a_state_one_process_cannot_read_moves_it_aside_on_every_process(reference, tmp_path,

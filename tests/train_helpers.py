@@ -210,6 +210,21 @@ def failing_shard_writes(step):
   jax_array_handlers.ArrayHandler.serialize = failing
 
 
+def failing_save_start(step):
+  """Makes this process's save of checkpoint_``step`` raise in the trainer's own thread, as orbax's
+  ``save`` starts its array writes (before any background write), as a lost mount does: the
+  other processes go on into orbax's next barrier of that save."""
+  from orbax.checkpoint._src.serialization import jax_array_handlers  # (the class orbax uses)
+  serialize = jax_array_handlers.ArrayHandler.serialize
+
+  async def failing(self, values, infos, *args, **kwargs):
+    if any(part.startswith(f'checkpoint_{step}.') or part == f'checkpoint_{step}'
+           for part in infos[0].parent_dir.parts):
+      raise OSError(errno.EIO, os.strerror(errno.EIO) + ' (injected, as the save starts)')
+    return await serialize(self, values, infos, *args, **kwargs)
+  jax_array_handlers.ArrayHandler.serialize = failing
+
+
 def save_fresh_state(config, model_dir, seed, step=1):
   """A step-``step`` checkpoint of ``config`` freshly initialised with ``seed``; its parameters as
   numpy."""

@@ -14,6 +14,9 @@
   python trainer_subprocess.py shardfail MODEL_DIR STEPS PORT INDEX
       as ``fulldisk``, process 1's writes of its array shards failing at step 4 instead (in
       orbax's background save thread)
+  python trainer_subprocess.py syncfail MODEL_DIR STEPS PORT INDEX FAILING
+      as ``fulldisk``, process FAILING's save of checkpoint_4 raising in the trainer's thread as it
+      starts (before any background write)
   python trainer_subprocess.py diverge MODEL_DIR STEPS PORT INDEX
       as ``process``, with an eval of the fault tests' two batches every 2 steps, of which
       process 1's copy has only the first
@@ -40,7 +43,8 @@ import os
 import sys
 
 mode, model_dir, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
-devices = {'mesh': 8, 'slow': 1, 'process': 2, 'fulldisk': 2, 'shardfail': 2, 'diverge': 2, 'kill': 1, 'plain': 1,
+devices = {'mesh': 8, 'slow': 1, 'process': 2, 'fulldisk': 2, 'shardfail': 2, 'syncfail': 2,
+           'diverge': 2, 'kill': 1, 'plain': 1,
            'evalfail': 1, 'churn': 1}[mode]
 os.environ['XLA_FLAGS'] = (f'{os.environ.get("XLA_FLAGS", "")} '  # the suite's, then the devices
                            f'--xla_force_host_platform_device_count={devices}').strip()
@@ -54,8 +58,8 @@ import jax  # noqa: E402
 from t5x_variants.cli import common  # noqa: E402
 from t5x_variants.train.partitioning import MeshConfig  # noqa: E402
 from train_helpers import (FullDisk, StepBatches, eval_batches, failing_eval_batches,  # noqa: E402
-                           failing_shard_writes, kill_at, run_train, slow_commits,
-                           unreadable_state)
+                           failing_save_start, failing_shard_writes, kill_at, run_train,
+                           slow_commits, unreadable_state)
 
 if mode == 'mesh':
   gin.bind_parameter('MeshConfig.data', 4)  # as --gin.MeshConfig.data=4 ... on a command line
@@ -96,10 +100,12 @@ else:
   if mode == 'diverge':
     evals = dict(eval_period=2, eval_data=lambda: {
         name: batches[:2 - index] for name, batches in eval_batches().items()})
-  if mode in ('fulldisk', 'shardfail'):
+  if mode in ('fulldisk', 'shardfail', 'syncfail'):
     batches, period = (FullDisk if mode == 'fulldisk' and index == 1 else StepBatches), 2
   if mode == 'shardfail' and index == 1:
     failing_shard_writes(4)
+  if mode == 'syncfail' and index == int(sys.argv[6]):
+    failing_save_start(4)
   result = run_train(model_dir, steps, period=period, mesh=MeshConfig(2, 2, fsdp=True),
                      batches=functools.partial(batches, host=index, hosts=2, delay=0.1), **evals)
 print(json.dumps(result))

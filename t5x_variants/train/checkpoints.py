@@ -108,10 +108,14 @@ class Checkpointer:
     if guard is not None:
       items[NONFINITE] = ocp.args.JsonSave(guard.state())
     try:
-      started = self._marked(
-          lambda: self.manager.save(step, args=ocp.args.Composite(**items), force=force))
+      # the previous save's error first (as orbax raises it), before any barrier of this one sees
+      # its mark; then orbax's barriers of this save in the WriteBarrier (``orbax_syncs``)
+      self._marked(self.manager.wait_until_finished)
+      with self._writes.orbax_syncs():
+        started = self._marked(
+            lambda: self.manager.save(step, args=ocp.args.Composite(**items), force=force))
     except Exception as e:  # pylint: disable=broad-except  (this save's, or the previous one's)
-      raise self._failed(e) from e
+      raise self._failed(e, saving=step) from e
     if started:  # (the saves before it committed, or it raised; once per checkpoint)
       self._delete_old(unfinished=step if self.async_save else None)
     return started
@@ -127,7 +131,11 @@ class Checkpointer:
 
   def _marked(self, act: Callable):
     """``act()``; if it raised, first marked as this process's failed save for the others, whose
-    background saves wait for its writes (``multihost.WriteBarrier``): they stop too."""
+    background saves wait for its writes (``multihost.WriteBarrier``): they stop too. Where
+    another process's failure stopped it (a ProcessError), this process's own background writes
+    of that save are cancelled: they may wait for files of the failed process (orbax's
+    non-primary processes wait up to 10 minutes for process 0's ``array_metadatas``), and the
+    process could not exit before them."""
     try:
       return act()
     except Exception as e:
@@ -136,6 +144,10 @@ class Checkpointer:
           self._writes.fail()
         except Exception as mark:  # pylint: disable=broad-except  (the coordination service gone)
           log.warning('could not tell the other processes that this save failed: %s', mark)
+      else:  # (orbax has no public way to stop a save's background writes)
+        checkpointer = self.manager._checkpointer  # pylint: disable=protected-access
+        if isinstance(checkpointer, ocp.AsyncCheckpointer):
+          checkpointer.cancel()
       raise
 
   def _commit_file(self) -> bool:
@@ -206,13 +218,13 @@ class Checkpointer:
                   'newest in %s (%s); every listed checkpoint is whole, and the deletion is tried '
                   'again at the next checkpoint', self.keep, self.model_dir, error_reason(e))
 
-  def _failed(self, e: Exception) -> CheckpointError:
+  def _failed(self, e: Exception, saving: Optional[int] = None) -> CheckpointError:
     """A save that could not be written (a full disk, a lost mount: an OSError from our writes, a
     ValueError from tensorstore's; on a bucket an error its client no longer retries), as one line
     saying what is intact. The unfinished save stays in its temporary directory (on a bucket: its
     directory, without the commit_success.txt orbax writes last), which no listing or restore
     reads."""
-    steps = self.steps()
+    steps = [s for s in self.steps() if s != saving]  # (orbax lists a save as it starts)
     store = storage.scheme(self.model_dir)
     cause = 'the bucket, its permissions' if store else 'free space, the mount'
     intact = (f'checkpoint_{steps[-1]} (and those before it) is intact: fix the cause ({cause}) '

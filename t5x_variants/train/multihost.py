@@ -12,6 +12,8 @@ The callables given here run between two collectives of one process and must hol
 themselves: a process that raised before reaching one would leave the others in it.
 """
 import collections
+import contextlib
+import importlib
 import json
 import sys
 import threading
@@ -168,9 +170,9 @@ class WriteBarrier:
   each process increments on arrival and then polls, with the failures marked there: one stops
   the waiting with a ProcessError naming its process. A process marks its failure (``fail``)
   when one of orbax's threads reaches a barrier with an error on its way out (orbax's save
-  finalisation calls one in a ``finally`` since orbax 0.11.21, the pin's floor), and when a save
-  raises in the trainer (``Checkpointer.save``, ``close``). Its keys are one counter per barrier
-  passed, under the barrier's number: every process builds its Checkpointers in the same order."""
+  finalisation calls one in a ``finally``), and when a save raises in the trainer
+  (``Checkpointer.save``, ``close``). Its keys are one counter per barrier passed, under the
+  barrier's number: every process builds its Checkpointers in the same order."""
 
   POLL_S = 0.2  # the longest wait between two looks (the first after 5 ms, then doubling)
   _built = 0  # the WriteBarriers of this process so far
@@ -190,6 +192,26 @@ class WriteBarrier:
         and not isinstance(leaving, ProcessError)):
       self.fail()  # (its error goes on: the trainer's save raises it)
       return
+    self._wait(key, timeout_ms)
+
+  @contextlib.contextmanager
+  def orbax_syncs(self):
+    """Orbax's own process barriers in this thread (``sync_global_processes``: the synchronous
+    part of ``CheckpointManager.save``, a device all-gather without timeout each) pass here
+    instead, where another process's failed save stops them: a save that raised on one process as
+    it started left the others in the next of them, and jax aborted every process minutes later.
+    Other threads' barriers (orbax's background threads) and those of a subset of processes keep
+    orbax's."""
+    orbax = importlib.import_module('orbax.checkpoint._src.multihost.multihost')  # (lazily)
+    if not hasattr(orbax.sync_global_processes, 'orbax_own'):  # (its callers look it up there)
+      orbax.sync_global_processes = _routed_syncs(orbax.sync_global_processes, orbax)
+    previous, _routing.barrier = getattr(_routing, 'barrier', None), self
+    try:
+      yield
+    finally:
+      _routing.barrier = previous
+
+  def _wait(self, key: str, timeout_ms: int):
     client = distributed.global_state.client
     with self._lock:
       self._calls[key] += 1
@@ -213,3 +235,20 @@ class WriteBarrier:
     if jax.process_count() > 1:
       distributed.global_state.client.key_value_set(
           f'{self._base}/failed/{jax.process_index()}', '', allow_overwrite=True)
+
+
+_routing = threading.local()  # .barrier: the WriteBarrier that orbax's barriers of a thread pass
+
+
+def _routed_syncs(orbax_own: Callable, orbax) -> Callable:
+  """Orbax's ``sync_global_processes``, through the WriteBarrier of ``orbax_syncs`` where a thread
+  has one."""
+  def sync_global_processes(name, *, timeout=None, processes=None, barrier_sync_fn=None, **kwargs):
+    barrier = getattr(_routing, 'barrier', None)
+    if (barrier is None or processes is not None or barrier_sync_fn is not None
+        or jax.process_count() == 1):
+      return orbax_own(name, timeout=timeout, processes=processes,
+                       barrier_sync_fn=barrier_sync_fn, **kwargs)
+    barrier._wait(f'orbax/{name}', 1000 * (timeout or orbax.coordination_timeout()))
+  sync_global_processes.orbax_own = orbax_own
+  return sync_global_processes
