@@ -503,3 +503,15 @@ def test_span_corruption_targets_length_follows_the_inputs_length(capsys):
   assert f'mean_targets_length: {span_corruption.input_and_target_lengths(1024)[1]}' in out
   # The prefix LM objective's longest targets: a chunk of inputs - 1 tokens less one, and EOS.
   assert default_lengths('c4_prefix_lm', 512) == {'inputs': 512, 'targets': 511}
+
+
+@pytest.mark.parametrize('gin_file,kind', [('gin/runs/pretrain.gin', 't5'),
+                                           ('gin/experiments/quickstart.gin', 'embedded'),
+                                           ('gin/runs/finetune.gin', 't5')])
+def test_t5s_recipe_tokenizes_with_t5s_vocabulary(gin_file, kind):
+  """runs/pretrain.gin, T5's recipe, bound no vocabulary: its C4 run tokenized with the embedded
+  4,100 ids for a model of 32,128 (the paper recipes bound T5's); the quickstart stays offline."""
+  from t5x_variants.cli import recipe  # pylint: disable=g-import-not-at-top
+  recipe.parse_recipe([gin_file, 'gin/models/t5_tiny.gin'],
+                      ["MODEL_DIR = '/tmp/x'", "INITIAL_CHECKPOINT_PATH = '/tmp/y'"])
+  assert gin.query_parameter('vocabulary.kind') == kind

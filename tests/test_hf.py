@@ -442,7 +442,7 @@ def test_a_byt5_imports_with_its_byte_vocabulary_and_exports_as_a_byt5(tmp_path,
   assert_logits_close(our_logits(tmp_path / 'run')[0], hf_logits(model))
   assert 'ByT5Tokenizer' in hf_cli.export_checkpoint(str(tmp_path / 'run'), str(tmp_path / 'out'))
   assert json.loads((tmp_path / 'out' / 'config.json').read_text())['tokenizer_class'] == 'ByT5Tokenizer'
-  assert hf_cli._vocabulary_kind("vocabulary.kind = 'byt5'  # ByT5\n"  # the last binding counts
+  assert recipe.vocabulary_kind("vocabulary.kind = 'byt5'  # ByT5\n"  # the last binding counts
                                  "t5x_variants.data.vocab.vocabulary.kind = 'bytes'\n") == 'bytes'
   text = 'Größe 5 €'
   tokenizer = transformers.ByT5Tokenizer()

@@ -222,7 +222,7 @@ def export_checkpoint(checkpoint_path: str, output_dir: str, params_only: bool =
   storage.write_bytes(out / 'model.safetensors',  # whole or not at all, as every file here
                       st_numpy.save(hf_t5.params_to_hf(params, config), metadata={'format': 'pt'}))
   hf = hf_t5.hf_config(config)
-  byt5 = _vocabulary_kind((run / 'config.gin').read_text()) == 'byt5'
+  byt5 = recipe.vocabulary_kind((run / 'config.gin').read_text()) == 'byt5'
   if byt5:
     hf['tokenizer_class'] = BYT5  # (transformers' ByT5 tokenizer needs no file)
   storage.write_text(out / 'config.json', json.dumps(hf, indent=2) + '\n')
@@ -234,18 +234,6 @@ def export_checkpoint(checkpoint_path: str, output_dir: str, params_only: bool =
   print(f't5xv-export: warning: {run} has no {VOCAB}; {output_dir} has no {SPIECE}: give transformers '
         'the tokenizer the run was trained with', file=sys.stderr)
   return 'config.json, model.safetensors'
-
-
-def _vocabulary_kind(config_gin: str):
-  """The ``vocabulary.kind`` a run's config.gin binds last (None: none), read by gin's parser
-  without the data layer."""
-  kind = None
-  for statement in gin.config_parser.ConfigParser(config_gin,
-                                                  gin.config.ParserDelegate(skip_unknown=True)):
-    if (isinstance(statement, gin.config_parser.BindingStatement) and statement.arg_name == 'kind'
-        and statement.selector.rsplit('.', 1)[-1] == 'vocabulary'):
-      kind = statement.value
-  return kind
 
 
 def import_main(argv=None):

@@ -226,12 +226,27 @@ def setup(p: argparse.ArgumentParser, argv: Optional[Sequence[str]],
   return args, build_config()
 
 
+def vocabulary_kind(config_gin: str) -> Optional[str]:
+  """The ``vocabulary.kind`` a run's config.gin binds last (None: none), read by gin's parser
+  without the data layer."""
+  kind = None
+  for statement in gin.config_parser.ConfigParser(config_gin,
+                                                  gin.config.ParserDelegate(skip_unknown=True)):
+    if (isinstance(statement, gin.config_parser.BindingStatement) and statement.arg_name == 'kind'
+        and statement.selector.rsplit('.', 1)[-1] == 'vocabulary'):
+      kind = statement.value
+  return kind
+
+
 def use_run_vocabulary(checkpoint_path: str):
-  """Tokenize with the vocabulary the run of ``checkpoint_path`` trained with (its
-  ``vocab.model`` copy), if it has one: the embedded vocabulary depends on the Python release.
-  Every process calls it together (it finds the checkpoint through process 0, then reads)."""
+  """Tokenize with the vocabulary the run of ``checkpoint_path`` trained with: its
+  ``vocab.model`` copy (a SentencePiece model: the embedded one depends on the Python release),
+  else the ``vocabulary.kind`` its config.gin binds (bytes, ByT5's), over what later files bind
+  (gin/runs/finetune.gin's T5 vocabulary). Every process calls it together (it finds the
+  checkpoint through process 0, then reads)."""
   from t5x_variants.train import checkpoints, multihost  # pylint: disable=g-import-not-at-top
-  vocab_file = checkpoints.checkpoint_path(checkpoint_path).parent / 'vocab.model'
+  run = checkpoints.checkpoint_path(checkpoint_path).parent
+  vocab_file, config = run / 'vocab.model', run / 'config.gin'
   if multihost.process0_says(f'looking for {vocab_file}', vocab_file.exists):  # one answer for all
 
     def bind():
@@ -239,3 +254,11 @@ def use_run_vocabulary(checkpoint_path: str):
         gin.bind_parameter('vocabulary.kind', 'file')
         gin.bind_parameter('vocabulary.path', storage.local_copy(vocab_file))
     multihost.agree(f'reading {vocab_file}', bind)
+  elif multihost.process0_says(f'looking for {config}', config.exists):
+
+    def bind_kind():
+      kind = vocabulary_kind(config.read_text())
+      if kind is not None:
+        with gin.unlock_config():
+          gin.bind_parameter('vocabulary.kind', kind)
+    multihost.agree(f'reading {config}', bind_kind)
