@@ -270,6 +270,7 @@ def test_the_diagnostic_sets_are_test_splits_cast_as_mnli_and_rte(register, glue
     pipeline.get_dataset('glue_ax_local', lengths, 'encoder_decoder', split='train')
   with pytest.raises(ValueError, match="super_glue_axg_local has no 'validation' split"):
     tasks.task_examples(seqio.get_mixture_or_task('super_glue_axg_local'), 'validation', lengths)
+  tasks.check_split(seqio.get_mixture_or_task('super_glue_axg_local'), 'test[:1]')  # TFDS's slices
 
 
 def test_missing_local_file_names_it(register, glue_dir):

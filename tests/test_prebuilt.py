@@ -97,6 +97,11 @@ def test_existing_batches_are_kept_and_a_short_source_is_refused(tmp_path):
                      r"\{'pattern': '/data/a/\*.txt'\}\}; this run: .*/data/b/.*use another --batches_dir"):
     prebuilt.write(str(tmp_path / 'c'), desc, lambda: batches(4), dict, {}, None,
                    {'local_corpus_files': {'pattern': '/data/b/*.txt'}})
+  # A configurable the data layer gained since, unbound, is no change (span_corruption's: the
+  # batches of every run were refused when it came).
+  prebuilt.write(str(tmp_path / 'c'), desc, lambda: built.append(1) or batches(4), dict, {}, None,
+                 {**corpus, 'span_corruption': {}})
+  assert not built
 
 
 def test_the_key_follows_everything_that_decides_the_batches():

@@ -540,9 +540,10 @@ def test_a_save_failing_as_it_starts_on_one_process_stops_both_at_once(tmp_path,
                                                                      failing):
   """One process's save of checkpoint_4 raises in the trainer's own thread as it starts (before
   any background write): both processes stop within seconds, that one with its error and the
-  other naming it, and checkpoint_2 is the one listed (before, the other waited in orbax's next
-  barrier of that save, a device all-gather, until jax's shutdown barrier aborted both 300 s
-  later)."""
+  other naming it, and checkpoint_2 is the one listed, whole, under keep 1 (before, the other
+  waited in orbax's next barrier of that save, a device all-gather, until jax's shutdown barrier
+  aborted both 300 s later; and a first fix left checkpoint_4 in orbax's listing in memory,
+  where keep-N counted it and deleted checkpoint_2)."""
   port = _free_port()
   procs = [subprocess_train('syncfail', tmp_path, 8, port, i, failing) for i in range(2)]
   outs = [p.communicate(timeout=120)[0] for p in procs]
@@ -554,6 +555,7 @@ def test_a_save_failing_as_it_starts_on_one_process_stops_both_at_once(tmp_path,
       outs[other][-3000:])
   assert 'step 4/8' in outs[0] and 'step 5/8' not in outs[0], outs[0][-3000:]
   assert [p.name for p in checkpoints.list_checkpoints(str(tmp_path))] == ['checkpoint_2']
+  assert (tmp_path / 'checkpoint_2' / 'state').is_dir()
 
 
 @needs_data_layer

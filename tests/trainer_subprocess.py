@@ -15,8 +15,8 @@
       as ``fulldisk``, process 1's writes of its array shards failing at step 4 instead (in
       orbax's background save thread)
   python trainer_subprocess.py syncfail MODEL_DIR STEPS PORT INDEX FAILING
-      as ``fulldisk``, process FAILING's save of checkpoint_4 raising in the trainer's thread as it
-      starts (before any background write)
+      as ``fulldisk``, keeping 1 checkpoint, process FAILING's save of checkpoint_4 raising in the
+      trainer's thread as it starts (before any background write)
   python trainer_subprocess.py diverge MODEL_DIR STEPS PORT INDEX
       as ``process``, with an eval of the fault tests' two batches every 2 steps, of which
       process 1's copy has only the first
@@ -104,8 +104,10 @@ else:
     batches, period = (FullDisk if mode == 'fulldisk' and index == 1 else StepBatches), 2
   if mode == 'shardfail' and index == 1:
     failing_shard_writes(4)
-  if mode == 'syncfail' and index == int(sys.argv[6]):
-    failing_save_start(4)
+  if mode == 'syncfail':
+    evals = dict(keep=1)  # keep-N must not count the save that never finished
+    if index == int(sys.argv[6]):
+      failing_save_start(4)
   result = run_train(model_dir, steps, period=period, mesh=MeshConfig(2, 2, fsdp=True),
                      batches=functools.partial(batches, host=index, hosts=2, delay=0.1), **evals)
 print(json.dumps(result))

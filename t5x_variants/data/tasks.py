@@ -211,7 +211,7 @@ def check_split(task_or_mixture, split: str):
     splits = {s for t in getattr(task_or_mixture, 'tasks', [task_or_mixture]) for s in t.splits}
   except ValueError:  # a TFDS dataset whose splits are not known here: its read says what is missing
     return
-  if split not in splits:
+  if not {part.split('[')[0] for part in split.split('+')} <= splits:  # (TFDS: 'train[:1%]+test')
     raise ValueError(f"{task_or_mixture.name} has no '{split}' split (its splits: "
                      f"{', '.join(sorted(splits))}): read one of those (train/DatasetConfig.split, "
                      'train_eval/DatasetConfig.split, EVAL_SPLIT, INFER_SPLIT), or another task')

@@ -81,7 +81,10 @@ class Checkpointer:
         step_name_format=_NAME_FORMAT, create=True, enable_async_checkpointing=async_save,
         async_options=ocp.AsyncOptions(barrier_sync_fn=self._writes))
     self.manager = ocp.CheckpointManager(self.model_dir, options=options)
-    self._deleted = set()  # the steps keep-N deleted (the manager's steps in memory keep them)
+    # The steps keep-N deleted and those whose save raised: the manager's steps in memory keep
+    # them (orbax lists a save as it starts, and a barrier of it that another process's failure
+    # stopped leaves it listed), so keep-N would count a save that never finished.
+    self._deleted = set()
     self._deleting = None  # the thread deleting them
     if jax.process_index() == 0:
       try:
@@ -115,7 +118,8 @@ class Checkpointer:
         started = self._marked(
             lambda: self.manager.save(step, args=ocp.args.Composite(**items), force=force))
     except Exception as e:  # pylint: disable=broad-except  (this save's, or the previous one's)
-      raise self._failed(e, saving=step) from e
+      self._deleted.add(step)
+      raise self._failed(e) from e
     if started:  # (the saves before it committed, or it raised; once per checkpoint)
       self._delete_old(unfinished=step if self.async_save else None)
     return started
@@ -218,13 +222,13 @@ class Checkpointer:
                   'newest in %s (%s); every listed checkpoint is whole, and the deletion is tried '
                   'again at the next checkpoint', self.keep, self.model_dir, error_reason(e))
 
-  def _failed(self, e: Exception, saving: Optional[int] = None) -> CheckpointError:
+  def _failed(self, e: Exception) -> CheckpointError:
     """A save that could not be written (a full disk, a lost mount: an OSError from our writes, a
     ValueError from tensorstore's; on a bucket an error its client no longer retries), as one line
     saying what is intact. The unfinished save stays in its temporary directory (on a bucket: its
     directory, without the commit_success.txt orbax writes last), which no listing or restore
     reads."""
-    steps = [s for s in self.steps() if s != saving]  # (orbax lists a save as it starts)
+    steps = self.steps()
     store = storage.scheme(self.model_dir)
     cause = 'the bucket, its permissions' if store else 'free space, the mount'
     intact = (f'checkpoint_{steps[-1]} (and those before it) is intact: fix the cause ({cause}) '

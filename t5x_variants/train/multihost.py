@@ -249,6 +249,8 @@ def _routed_syncs(orbax_own: Callable, orbax) -> Callable:
         or jax.process_count() == 1):
       return orbax_own(name, timeout=timeout, processes=processes,
                        barrier_sync_fn=barrier_sync_fn, **kwargs)
-    barrier._wait(f'orbax/{name}', 1000 * (timeout or orbax.coordination_timeout()))
+    # (orbax's device barrier had no timeout: a peer slow to reach it gets as long as orbax's
+    # background barriers give one, 20 minutes, before this one stops)
+    barrier._wait(f'orbax/{name}', 1000 * max(timeout or orbax.coordination_timeout(), 1200))
   sync_global_processes.orbax_own = orbax_own
   return sync_global_processes

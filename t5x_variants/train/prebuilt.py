@@ -96,11 +96,13 @@ def write(root: str, desc: Mapping, train: Callable[[], Iterator],
   nothing); returns the directory. Batches already there are kept (the data is not built) if
   they were written with the same ``data_layer`` bindings ({configurable: {parameter: value}})."""
   target = os.path.join(root, key(desc))
-  data_layer = json.loads(json.dumps(data_layer or {}, sort_keys=True, default=str))
+  # (a configurable with no binding is left out: one the data layer gained since is no change)
+  data_layer = json.loads(json.dumps({k: v for k, v in (data_layer or {}).items() if v},
+                                     sort_keys=True, default=str))
   if os.path.exists(os.path.join(target, META)):
     with open(os.path.join(target, META)) as f:
       written = json.load(f).get('data_layer', data_layer)  # (not recorded before: not compared)
-    if written != data_layer:
+    if {k: v for k, v in written.items() if v} != data_layer:
       raise ValueError(f'{target} holds this run\'s batches written with other data-layer bindings '
                        f'({written}; this run: {data_layer}), which the key cannot hold (a reader '
                        'cannot see them): use another --batches_dir')
