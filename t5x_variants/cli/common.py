@@ -125,6 +125,8 @@ _NOISE = (
     'in background save thread',
     'Save Finalize thread',
     'has no dataset_info.json',  # TFDS on an unprepared dataset, which the command's line names
+    # seqio packing a GLUE/SuperGLUE task: its idx and label, which no model reads (README walk)
+    'will be removed during packing',
 )
 
 
