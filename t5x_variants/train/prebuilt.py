@@ -8,7 +8,8 @@ and imports no TensorFlow. The key is a hash of everything that decides the batc
 the number of steps and eval batches, the initial checkpoint), so runs that read the same data (the rates of a learning
 rate sweep, the variants of one seed) share one directory, and a run whose data differs finds
 none. The data layer's own bindings (vocabulary, local corpus, task directories, span
-corruption's noise) are not in the key, since a reader without the data layer cannot see them: the writer records them and refuses
+corruption's noise) are not in the key, since a reader without the data layer cannot see them:
+the writer records them and refuses
 to reuse batches written with others. Each feature is one ``.npy`` file of shape (batches, batch size, length), read memory
 mapped; ``data.json`` records every split's files and shapes, and a reader refuses a directory
 that no longer holds them (a file deleted or cut short). One process only: a multi-host run reads
@@ -97,12 +98,12 @@ def write(root: str, desc: Mapping, train: Callable[[], Iterator],
   they were written with the same ``data_layer`` bindings ({configurable: {parameter: value}})."""
   target = os.path.join(root, key(desc))
   # (a configurable with no binding is left out: one the data layer gained since is no change)
-  data_layer = json.loads(json.dumps({k: v for k, v in (data_layer or {}).items() if v},
-                                     sort_keys=True, default=str))
+  bound = lambda layer: {k: v for k, v in layer.items() if v}
+  data_layer = json.loads(json.dumps(bound(data_layer or {}), sort_keys=True, default=str))
   if os.path.exists(os.path.join(target, META)):
     with open(os.path.join(target, META)) as f:
       written = json.load(f).get('data_layer', data_layer)  # (not recorded before: not compared)
-    if {k: v for k, v in written.items() if v} != data_layer:
+    if bound(written) != data_layer:
       raise ValueError(f'{target} holds this run\'s batches written with other data-layer bindings '
                        f'({written}; this run: {data_layer}), which the key cannot hold (a reader '
                        'cannot see them): use another --batches_dir')
