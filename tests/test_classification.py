@@ -27,7 +27,8 @@ seqio = pytest.importorskip('seqio', reason=NO_DATA_LAYER)
 
 MLM = tiny(architecture='encoder_only', num_encoder_layers=1)
 CLS = dataclasses.replace(MLM, head='classification', num_labels=2)
-CLS_NAMES = ('glue_cola_cls_local', 'glue_stsb_cls_local', 'glue_mnli_cls_local', 'glue_sst2_cls_local')
+CLS_NAMES = ('glue_cola_cls_local', 'glue_stsb_cls_local', 'glue_mnli_cls_local', 'glue_sst2_cls_local',
+             'glue_ax_cls_local')
 
 
 def _flat(params):
@@ -141,9 +142,16 @@ def test_converter_gives_tokens_labels_and_weights(register):
   assert stsb['encoder_input_tokens'][-1] == 1
   assert int(_examples('glue_mnli_cls_local')[0]['classification_labels']) == 1  # neutral
   assert int(_examples('glue_mnli_cls_local', 'validation_mismatched')[0]['classification_labels']) == 2
+  glue_dir = register  # GLUE's diagnostic set: MNLI's input, no label, MNLI's 3 classes
+  (glue_dir / 'diagnostic').mkdir()
+  (glue_dir / 'diagnostic/diagnostic.tsv').write_text(
+      'index\tsentence1\tsentence2\n0\tA man runs.\tA person runs.\n')
+  ax = _examples('glue_ax_cls_local', 'test')
+  assert [(_decode(e['encoder_input_tokens']), int(e['classification_weights'])) for e in ax] == [
+      ('mnli hypothesis: A person runs. premise: A man runs.'[:47], 0)]  # cut to 48 with its EOS
   assert {n: tasks.get_task_or_mixture(n).num_labels for n in CLS_NAMES} == {
       'glue_cola_cls_local': 2, 'glue_stsb_cls_local': 1, 'glue_mnli_cls_local': 3,
-      'glue_sst2_cls_local': 2}
+      'glue_sst2_cls_local': 2, 'glue_ax_cls_local': 3}
   # The last eval batch is padded with weight-0 rows.
   batch = next(pipeline.eval_batches('glue_cola_cls_local', {'inputs': 48}, 'encoder_only', 4, 'train'))
   np.testing.assert_array_equal(batch['classification_weights'], [1, 1, 1, 0])
