@@ -191,6 +191,12 @@ def unreadable_state(steps, patch=setattr):
   patch(ocp.StandardCheckpointHandler, 'restore', fail_at_step)
 
 
+def _writes_step(infos, step) -> bool:
+  """Whether orbax's array write of ``infos`` goes to checkpoint_``step`` (or its temporary)."""
+  return any(part.startswith(f'checkpoint_{step}.') or part == f'checkpoint_{step}'
+             for part in infos[0].parent_dir.parts)
+
+
 def failing_shard_writes(step):
   """Makes this process's writes of its array shards of checkpoint_``step`` fail in orbax's
   background save thread, as a full disk does (the other processes' writes succeed)."""
@@ -203,10 +209,8 @@ def failing_shard_writes(step):
       raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC) + ' (injected)')
 
   async def failing(self, values, infos, *args, **kwargs):
-    at_step = any(part.startswith(f'checkpoint_{step}.') or part == f'checkpoint_{step}'
-                  for part in infos[0].parent_dir.parts)
     futures = list(await serialize(self, values, infos, *args, **kwargs))
-    return futures + [FullDiskWrite()] if at_step else futures
+    return futures + [FullDiskWrite()] if _writes_step(infos, step) else futures
   jax_array_handlers.ArrayHandler.serialize = failing
 
 
@@ -218,8 +222,7 @@ def failing_save_start(step):
   serialize = jax_array_handlers.ArrayHandler.serialize
 
   async def failing(self, values, infos, *args, **kwargs):
-    if any(part.startswith(f'checkpoint_{step}.') or part == f'checkpoint_{step}'
-           for part in infos[0].parent_dir.parts):
+    if _writes_step(infos, step):
       raise OSError(errno.EIO, os.strerror(errno.EIO) + ' (injected, as the save starts)')
     return await serialize(self, values, infos, *args, **kwargs)
   jax_array_handlers.ArrayHandler.serialize = failing

@@ -9,8 +9,7 @@ the number of steps and eval batches, the initial checkpoint), so runs that read
 rate sweep, the variants of one seed) share one directory, and a run whose data differs finds
 none. The data layer's own bindings (vocabulary, local corpus, task directories, span
 corruption's noise) are not in the key, since a reader without the data layer cannot see them:
-the writer records them and refuses
-to reuse batches written with others. Each feature is one ``.npy`` file of shape (batches, batch size, length), read memory
+the writer records them and refuses to reuse batches written with others. Each feature is one ``.npy`` file of shape (batches, batch size, length), read memory
 mapped; ``data.json`` records every split's files and shapes, and a reader refuses a directory
 that no longer holds them (a file deleted or cut short). One process only: a multi-host run reads
 its data through the data layer.
