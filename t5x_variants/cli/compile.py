@@ -1,7 +1,7 @@
 """t5xv-compile: compile the real train step for a TPU slice or an N-device host, no data read.
 
   t5xv-compile --gin_file=gin/runs/pretrain.gin --gin_file=gin/models/t5_base.gin \\
-    --topology=v5e:4x4 [--suggest] [--estimate] [--traffic=25] [--output=compile.json]
+    --topology=v5e:4x4 [--num_slices=2] [--suggest] [--estimate] [--traffic=25] [--output=compile.json]
   t5xv-compile ... --devices=8 [--device_memory_gib=80]
 
 Takes the same gin as ``t5xv-train`` (run file, size, variants, recipe, ``--gin.`` bindings) and
@@ -86,6 +86,9 @@ def main(argv=None):
   where = parser.add_mutually_exclusive_group(required=True)
   where.add_argument('--topology', help='a TPU slice: v4:2x2x2, v5e:4x4, v5e:16x16, v5p:2x2x4, v6e:8x8, ...')
   where.add_argument('--devices', type=int, help='an N-device mesh on this host (its GPUs, else N CPU devices)')
+  parser.add_argument('--num_slices', type=int, default=1,
+                      help='with --topology: that many slices joined by the data-center network '
+                      '(multislice); \'data\' runs across them')
   parser.add_argument('--device_memory_gib', type=float, default=None,
                       help='memory per device to fit in (default on TPU: what its compiler allows a chip)')
   parser.add_argument('--batch', type=int, default=None, help='global batch (default: the run\'s)')
@@ -102,7 +105,9 @@ def main(argv=None):
   with common.clear_errors('t5xv-compile'):
     args = common.parse_args(parser, argv)
     ranges.check_flags(args, {'devices': 1, 'batch': 1, 'inputs_length': 1, 'targets_length': 1,
-                              'max_compiles': 1, 'traffic': 0})
+                              'max_compiles': 1, 'traffic': 0, 'num_slices': 1})
+    if args.num_slices > 1 and not args.topology:
+      raise common.UsageError('--num_slices is for TPU slices: give it with --topology')
     if args.output:
       common.check_json_output(args.output, 't5xv-compile', 'target')
     if args.device_memory_gib is not None and not 0 < args.device_memory_gib < math.inf:
@@ -132,7 +137,7 @@ def main(argv=None):
     missing = [f'--{k}_length' for k, v in lengths.items() if not v]
     if missing:
       raise common.UsageError(f'no sequence lengths: give {" and ".join(missing)} or a run file')
-    target = (targets.tpu_target(args.topology) if args.topology else
+    target = (targets.tpu_target(args.topology, args.num_slices) if args.topology else
               targets.host_target(args.devices, accelerators=not launch.backend_is_cpu()))
     if args.suggest and not args.device_memory_gib and target.memory_bytes is None:
       raise common.UsageError(f'--suggest looks for what fits in a device\'s memory, and '

@@ -6,7 +6,8 @@ on every parameter (``embed``, ``mlp``, ``heads``, ...) map to mesh axes by T5X'
 with model=1 this is data parallelism with replicated parameters; with model>1 the heads / mlp /
 vocab dimensions are split over 'model' (1-D parameter partitioning) and, with ``fsdp=True``,
 ``embed`` is also split over 'data' (2-D). Axes absent from the rules (``layers``, ``kv``,
-synthesizer ``length`` ...) are replicated.
+synthesizer ``length`` ...) are replicated. Over several TPU slices 'data' runs across them
+(``make_mesh``), so FSDP's parameter gathers cross the network between slices too.
 """
 import dataclasses
 import math
@@ -32,8 +33,19 @@ def logical_axis_rules(fsdp: bool = False) -> Tuple[Tuple[str, object], ...]:
 
 
 def make_mesh(data: int = -1, model: int = 1, devices: Sequence = None) -> Mesh:
-  """A (data, model) mesh over ``devices`` (all by default); data=-1 takes the rest."""
+  """A (data, model) mesh over ``devices`` (all by default); data=-1 takes the rest. Devices of
+  several TPU slices (multislice, joined by the data-center network, DCN) are ordered slice by
+  slice, so that 'data' runs across the slices and each 'model' group lies within one slice (its
+  collectives on the chips' own links); a 'model' axis that would span slices is refused."""
   devices = list(jax.devices() if devices is None else devices)
+  slice_of = lambda d: getattr(d, 'slice_index', 0) or 0  # (0 for a device that is not a TPU's)
+  devices.sort(key=slice_of)  # (stable: a slice's devices keep their order)
+  slices = len({slice_of(d) for d in devices})
+  if slices > 1 and (len(devices) // slices) % model:
+    raise ValueError(f"mesh axis 'model' of size {model} does not fit in one of the {slices} "
+                     f'slices ({len(devices) // slices} devices each): its collectives would cross '
+                     'the network between slices; set MeshConfig.model to a divisor of a slice\'s '
+                     'devices (slices split only \'data\')')
   if data == -1:
     if len(devices) % model:
       raise ValueError(f'{len(devices)} devices cannot be split into model={model} groups')

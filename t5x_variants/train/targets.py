@@ -5,7 +5,8 @@ A TPU target (``v5e:4x4``, ``v4:2x2x2``, ``v5p:2x2x4``, ``v6e:8x8``: generation,
 per dimension) is described by libtpu's compile-only topology (``jax.experimental.topologies``,
 extra ``tpu``); its devices can be compiled for but hold no data. A v5e or v6e slice is one that
 Cloud TPU offers, one host up to 8 chips (``v5e:2x4``), hosts of 4 chips above. v4 and v5p chips
-are one "megacore" device each (two TensorCores), as on Cloud TPU. The memory per chip is what the TPU
+are one "megacore" device each (two TensorCores), as on Cloud TPU. Several such slices (multislice)
+are described together, each device with its slice. The memory per chip is what the TPU
 compiler allows, the dense bf16 peak of a chip or GPU its published figure (``PUBLISHED_PEAKS``).
 A host target (``--devices=N``) uses N accelerators of this host when it has them, else N
 virtual CPU devices (which compile the same sharded program for XLA's CPU backend: its memory
@@ -103,8 +104,9 @@ def parse_topology(spec: str):
   return gen, shape
 
 
-def tpu_target(spec: str) -> Target:
-  """The compile-only devices of a named TPU slice (libtpu needed)."""
+def tpu_target(spec: str, num_slices: int = 1) -> Target:
+  """The compile-only devices of a named TPU slice (libtpu needed), or of ``num_slices`` such
+  slices joined by the data-center network (multislice: each device has its ``slice_index``)."""
   gen, shape = parse_topology(spec)
   prefix, chip_config, dims, hbm_gib = TPU_GENERATIONS[gen]
   try:
@@ -118,10 +120,13 @@ def tpu_target(spec: str) -> Target:
   one_host = dims == 2 and math.prod(shape) <= ONE_HOST_CHIPS
   hosts = {'chips_per_host_bounds': [*shape, 1]} if one_host else {}
   try:
-    devices = topologies.get_topology_desc(name, 'tpu', chip_config_name=chip_config, **hosts).devices
+    devices = topologies.get_topology_desc(name, 'tpu', chip_config_name=chip_config,
+                                           num_slices=num_slices, **hosts).devices
   except Exception as e:  # pylint: disable=broad-except
     raise ValueError(f'libtpu cannot describe topology {spec!r}: {str(e).splitlines()[0]}') from e
   kind = devices[0].device_kind
+  if num_slices > 1:
+    name += f' x {num_slices} slices'
   return Target(name, 'tpu', list(devices), kind, int(hbm_gib * GIB), published_peak(kind),
                 f'what the TPU compiler allows a {gen} chip')
 
