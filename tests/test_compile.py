@@ -295,30 +295,19 @@ def test_a_2d_slice_of_up_to_8_chips_is_one_host():
 
 
 @needs_libtpu
-def test_several_slices_split_data_across_them_and_model_within_one(v5e_2x2):
-  """Multislice: 'data' runs slice by slice (each slice its own block of rows, its hosts in process
-  order, as jax numbers a multislice run's processes), a 'model' group never spans slices, and the
-  real step compiles for two slices; a 'model' axis wider than a slice is one clear error, which
-  --suggest's candidates leave out."""
+def test_several_slices_split_data_across_them(v5e_2x2):
+  """Multislice: 'data' runs slice by slice, each slice's hosts in process order (jax numbers a
+  multislice run's processes so), however the devices are listed; the step compiles for it."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   two = targets.tpu_target('v5e:2x2', num_slices=2)
   assert two.name == 'v5e:2x2 x 2 slices' and two.num_devices == 8
-  # the devices listed slice 1 first: the mesh still puts slice 0's rows first
   mesh = partitioning.MeshConfig(model=2).mesh(two.devices[4:] + two.devices[:4])
-  assert mesh.shape == {'data': 4, 'model': 2}
   assert np.vectorize(lambda d: d.slice_index)(mesh.devices).tolist() == [[0, 0], [0, 0], [1, 1], [1, 1]]
-  assert [d.id for d in mesh.devices[:2].flat] == [d.id for d in two.devices[:4]]  # order kept within
-  with pytest.raises(ValueError, match=r"'model' of size 8 does not fit in one of the 2 slices \(4 devices"):
-    partitioning.MeshConfig(model=8).mesh(two.devices)
-  assert {p.mesh.model for p in aot.candidate_plans(_plan(num_heads=16, head_dim=8), two, 16)} == {1, 2, 4}
   pods = targets.tpu_target('v5e:4x4', num_slices=2)  # 4 hosts a slice
   assert {(d.slice_index, d.process_index // 4) for d in pods.devices} == {(0, 0), (1, 1)}
-  partitioning.check_batch(32, partitioning.MeshConfig().mesh(pods.devices))  # processes in order
+  partitioning.check_batch(32, partitioning.MeshConfig().mesh(pods.devices[16:] + pods.devices[:16]))
   r = aot.compile_plan(_plan(dtype='bfloat16'), two, 16, LENGTHS, OPTIONS)
   assert r['fits'] is True and r['mesh_shape'] == {'data': 8, 'model': 1} and r['target'] == two.name
-  one = aot.compile_plan(_plan(dtype='bfloat16'), v5e_2x2, 8, LENGTHS, OPTIONS)
-  # the same rows per chip: the cross-slice reduction is what the two-slice program adds
-  assert r['total_bytes'] > one['total_bytes']
 
 
 def _compile_cli(*args):
@@ -359,7 +348,7 @@ def compile_main(capsys, monkeypatch):
     (['--devices=2', '--num_slices=2'], '--num_slices is for TPU slices: give it with --topology'),
     (['--topology=v5e:2x2', '--num_slices=0'], '--num_slices=0 is out of range: it must be at least 1'),
     (['--topology=v5e:2x2', '--num_slices=2', '--gin.MeshConfig.model=8'],
-     "mesh axis 'model' of size 8 does not fit in one of the 2 slices"),
+     'the mesh (data=1, model=8) over 2 processes: each process must hold whole shards'),
     pytest.param(['--devices=1', '--suggest'], 'has no known limit: give --device_memory_gib',
                  marks=pytest.mark.skipif(ON_GPU, reason="a GPU's allocator gives its limit")),
     (['--topology=v5e:2x2', '--gin.MeshConfig.data=8'], 'mesh data=8 x model=1 needs 8 devices, found 4'),

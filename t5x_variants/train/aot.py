@@ -201,8 +201,8 @@ def candidate_plans(plan: Plan, target: Target, batch: int) -> List[Plan]:
   for size in partitioning.divisors(n):
     for fsdp in (False, True) if n // size > 1 else (False,):  # FSDP splits over 'data'
       mesh_config = partitioning.MeshConfig(data=n // size, model=size, fsdp=fsdp)
+      mesh = mesh_config.mesh(target.devices)
       try:
-        mesh = mesh_config.mesh(target.devices)  # (a model axis within one slice)
         partitioning.check_mesh(boxed, mesh, mesh_config.rules())
         partitioning.check_processes(mesh)  # a model axis within one host of the slice
       except ValueError:

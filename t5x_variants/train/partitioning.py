@@ -33,19 +33,10 @@ def logical_axis_rules(fsdp: bool = False) -> Tuple[Tuple[str, object], ...]:
 
 
 def make_mesh(data: int = -1, model: int = 1, devices: Sequence = None) -> Mesh:
-  """A (data, model) mesh over ``devices`` (all by default); data=-1 takes the rest. Devices of
-  several TPU slices (multislice, joined by the data-center network, DCN) are ordered slice by
-  slice, so that 'data' runs across the slices and each 'model' group lies within one slice (its
-  collectives on the chips' own links); a 'model' axis that would span slices is refused."""
+  """A (data, model) mesh over ``devices`` (all by default); data=-1 takes the rest. TPU devices
+  are ordered by slice (stably), so that 'data' runs across the slices of a multislice run."""
   devices = list(jax.devices() if devices is None else devices)
-  slice_of = lambda d: getattr(d, 'slice_index', 0) or 0  # (0 for a device that is not a TPU's)
-  devices.sort(key=slice_of)  # (stable: a slice's devices keep their order)
-  slices = len({slice_of(d) for d in devices})
-  if slices > 1 and (len(devices) // slices) % model:
-    raise ValueError(f"mesh axis 'model' of size {model} does not fit in one of the {slices} "
-                     f'slices ({len(devices) // slices} devices each): its collectives would cross '
-                     'the network between slices; set MeshConfig.model to a divisor of a slice\'s '
-                     'devices (slices split only \'data\')')
+  devices.sort(key=lambda d: getattr(d, 'slice_index', 0) if d.platform == 'tpu' else 0)
   if data == -1:
     if len(devices) % model:
       raise ValueError(f'{len(devices)} devices cannot be split into model={model} groups')
