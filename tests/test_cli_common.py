@@ -202,9 +202,11 @@ def test_a_run_bounded_by_epochs_over_several_processes_is_refused(monkeypatch):
     train.check_inputs(tiny(), DatasetConfig(seed=None, batch_size=8), DatasetConfig())
 
 
-def test_a_loss_on_the_inputs_is_refused_before_the_run_for_a_model_without_a_prefix_lm_row():
+def test_a_loss_on_the_inputs_is_refused_before_the_run_for_a_model_without_a_prefix_lm_row(capsys):
   """``loss_on_targets_only=False`` of either scope on an encoder-decoder: one error naming the
-  scope, before any data is built (the eval scope's would otherwise fail at the first eval)."""
+  scope, before any data is built (the eval scope's would otherwise fail at the first eval). A
+  prefix LM takes it, with a warning where its inputs are fully visible (their loss can be met
+  by copying), none where they are read causally (T5's language model)."""
   from conftest import tiny  # pylint: disable=g-import-not-at-top
   from t5x_variants.cli import train  # pylint: disable=g-import-not-at-top
   from t5x_variants.data.config import DatasetConfig  # pylint: disable=g-import-not-at-top
@@ -216,7 +218,12 @@ def test_a_loss_on_the_inputs_is_refused_before_the_run_for_a_model_without_a_pr
                                          r'\(this model: encoder_decoder\)'):
       train.check_inputs(tiny(), train_cfg, eval_cfg)
   prefix_lm = dataclasses.replace(tiny(), architecture='decoder_only', prefix_lm=True)
+  capsys.readouterr()
   train.check_inputs(prefix_lm, whole_row, whole_row)
+  assert 'warning: a prefix LM with train/DatasetConfig.loss_on_targets_only=False' in capsys.readouterr().err
+  train.check_inputs(dataclasses.replace(prefix_lm, inputs_bidirectional_attention=False), whole_row, whole_row)
+  train.check_inputs(prefix_lm, DatasetConfig(batch_size=8), whole_row)
+  assert 'warning' not in capsys.readouterr().err
 
 
 def test_quickstart_takes_its_directory_either_way():

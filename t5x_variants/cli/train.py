@@ -126,6 +126,11 @@ def check_inputs(config, train_cfg, eval_cfg):
     check_loss_on_targets_only(cfg.loss_on_targets_only, config.data_architecture,
                                f'{scope}/DatasetConfig.loss_on_targets_only')
     _check_rows_fit(config, scope, cfg)
+  if config.visible_prefix and not train_cfg.loss_on_targets_only and jax.process_index() == 0:
+    print('t5xv-train: warning: a prefix LM with train/DatasetConfig.loss_on_targets_only=False: '
+          'the inputs are fully visible, so the position predicting each input token sees it and '
+          'their loss can be met by copying (as in the T5 paper\'s code: EXPERIMENTS.md, section 6); '
+          'TransformerConfig.inputs_bidirectional_attention=False reads them causally', file=sys.stderr)
   if train_cfg.num_epochs is not None and jax.process_count() > 1:
     # Each host's share of the data ends after its own number of batches: the first host out
     # would stop while the others step on, alone in the step's collectives.
