@@ -312,3 +312,20 @@ def test_full_scale_recipes_name_a_slice_their_mesh_fits_in_bfloat16(path):
 def test_small_recipes_run_in_float32_without_remat(path):
   config = load(path, 'gin/variants/ffn/relu.gin', bindings=['MODEL_DIR = "/tmp/unused"'])
   assert (config.dtype, config.remat_policy('gpu'), config.remat_policy('tpu')) == ('float32', 'none', 'none')
+
+
+def test_the_warmup_tables_are_those_of_the_committed_runs(capsys):
+  """EXPERIMENTS.md section 7's tables are what ``scripts/warmup_pairs.py`` computes from the
+  committed run files, row for row."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  repo = os.path.dirname(PACKAGE_DIR)
+  spec = importlib.util.spec_from_file_location('warmup_pairs', os.path.join(repo, 'scripts', 'warmup_pairs.py'))
+  warmup_pairs = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(warmup_pairs)
+  with open(os.path.join(repo, 'EXPERIMENTS.md')) as f:
+    text = f.read()
+  for name in ('xiong_warmup', 'xiong_warmup_6', 'xiong_warmup_6_lr1e-3'):
+    capsys.readouterr()
+    warmup_pairs.main(os.path.join(repo, 'docs', 'experiments', 'runs', name))
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith('| ')]
+    assert len(rows) == 11 and all(row in text for row in rows), name
