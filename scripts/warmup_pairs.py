@@ -10,7 +10,9 @@ import json
 import os
 import sys
 
-from t5x_variants.sweeps.statistics import t_interval
+import numpy as np
+
+from t5x_variants.sweeps.statistics import t_interval, verdict
 
 ARMS = {'post_ln, warmup': 'post_ln+warmup_ramp=True', 'post_ln, none': 'post_ln+warmup_ramp=False',
         'pre_ln, warmup': 'pre_ln+warmup_ramp=True', 'pre_ln, none': 'pre_ln+warmup_ramp=False'}
@@ -28,9 +30,8 @@ def main(root: str):
            for arm, name in ARMS.items()}
   print('| arm | final log-ppl by seed | mean ± std |\n|---|---|---|')
   for arm, values in final.items():
-    i = t_interval(values)
-    std = (sum((v - i.mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
-    print(f'| {arm} | {", ".join(f"{v:.3f}" for v in values)} | {i.mean:.3f} ± {std:.3f} |')
+    print(f'| {arm} | {", ".join(f"{v:.3f}" for v in values)} | {np.mean(values):.3f} ± '
+          f'{np.std(values, ddof=1):.3f} |')
   minus = lambda a, b: [x - y for x, y in zip(final[a], final[b])]
   pairs = {'Post-LN: no warmup - warmup': minus('post_ln, none', 'post_ln, warmup'),
            'Pre-LN: no warmup - warmup': minus('pre_ln, none', 'pre_ln, warmup'),
@@ -41,9 +42,8 @@ def main(root: str):
   print(f'\nseeds {", ".join(map(str, seeds))}\n\n| pair | per seed | mean [95% CI] | verdict |\n|---|---|---|---|')
   for name, d in pairs.items():
     i = t_interval(d)
-    verdict = 'not distinguishable' if i.low <= 0 <= i.high else ('lower' if i.high < 0 else 'higher')
     print(f'| {name} | {", ".join(f"{x:+.4f}" for x in d)} | {i.mean:+.4f} [{i.low:+.4f}, {i.high:+.4f}] '
-          f'| {verdict} |')
+          f'| {verdict(i, below="lower", above="higher")} |')
 
 
 if __name__ == '__main__':
