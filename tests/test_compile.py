@@ -188,7 +188,7 @@ def test_tiny_step_compiles_for_a_v5e_slice(v5e_2x2):
   assert v5e_2x2.num_devices == 4 and v5e_2x2.device_kind == 'TPU v5 lite'
   plan = _plan(dtype='bfloat16')
   r = aot.compile_plan(plan, v5e_2x2, 8, LENGTHS, OPTIONS, traffic=1000)
-  assert r['fits'] is True and r['mesh_shape'] == {'data': 4, 'model': 1}
+  assert r['fits'] is True and r['mesh_shape'] == {'replica': 1, 'data': 4, 'model': 1}
   # t5xv-compile --traffic: the attention kernels and the matmuls among the program's traffic
   assert {'kernel', 'matmul'} <= set(r['traffic']['by_kind'])
   sources = r['traffic']['by_source']
@@ -302,12 +302,36 @@ def test_several_slices_split_data_across_them(v5e_2x2):
   two = targets.tpu_target('v5e:2x2', num_slices=2)
   assert two.name == 'v5e:2x2 x 2 slices' and two.num_devices == 8
   mesh = partitioning.MeshConfig(model=2).mesh(two.devices[4:] + two.devices[:4])
-  assert np.vectorize(lambda d: d.slice_index)(mesh.devices).tolist() == [[0, 0], [0, 0], [1, 1], [1, 1]]
+  assert np.vectorize(lambda d: d.slice_index)(mesh.devices).tolist() == [[[0, 0], [0, 0], [1, 1], [1, 1]]]
   pods = targets.tpu_target('v5e:4x4', num_slices=2)  # 4 hosts a slice
   assert {(d.slice_index, d.process_index // 4) for d in pods.devices} == {(0, 0), (1, 1)}
   partitioning.check_batch(32, partitioning.MeshConfig().mesh(pods.devices[16:] + pods.devices[:16]))
   r = aot.compile_plan(_plan(dtype='bfloat16'), two, 16, LENGTHS, OPTIONS)
-  assert r['fits'] is True and r['mesh_shape'] == {'data': 8, 'model': 1} and r['target'] == two.name
+  assert r['fits'] is True and r['mesh_shape'] == {'replica': 1, 'data': 8, 'model': 1} and r['target'] == two.name
+
+
+# The compiled multislice program's transfers to other slices (send ops to the network between
+# slices), by the collective they serve.
+BETWEEN_SLICES = re.compile(r' send\(.*_xla_megascale_transfer_type="(\w+)"')
+
+
+@needs_libtpu
+def test_a_replica_per_slice_keeps_fsdp_gathers_within_the_slice():
+  """On 2 slices with fsdp: with replica=1 the parameters are all-gathered over the network
+  between slices; with replica=2 (one group a slice) they are gathered within each slice and
+  only the gradients' all-reduce crosses. The batch is split over both axes, 32 rows / 8 chips."""
+  two = targets.tpu_target('v5e:2x2', num_slices=2)
+  crossing = {}
+  for replica in (1, 2):
+    plan = aot.Plan(_plan(dtype='bfloat16').config, partitioning.MeshConfig(fsdp=True, replica=replica))
+    lowered, _ = aot.lower(plan, two, 32, LENGTHS, OPTIONS)
+    crossing[replica] = set(BETWEEN_SLICES.findall(lowered.compile().as_text()))
+  assert 'ALL_GATHER' in crossing[1] and crossing[2] == {'ALL_REDUCE'}, crossing
+  mesh = partitioning.MeshConfig(fsdp=True, replica=2).mesh(two.devices[4:] + two.devices[:4])
+  assert [{d.slice_index for d in group.flat} for group in mesh.devices] == [{0}, {1}]
+  with pytest.raises(ValueError, match=r"batch size 12 does not split over mesh axes replica x data "
+                                       r"of size 2 x 4: use a multiple of 8"):
+    partitioning.check_batch(12, mesh)
 
 
 def _compile_cli(*args):
@@ -454,7 +478,7 @@ def test_the_readme_pod_command_compiles_and_fits_its_slice():
   assert config.dtype == 'bfloat16' and config.num_heads == 12
   r = aot.compile_plan(aot.Plan(config, partitioning.MeshConfig(), 1), targets.tpu_target('v5e:4x4'),
                        128, {'inputs': 512, 'targets': 114}, aot.train_options())
-  assert r['fits'] and r['mesh_shape'] == {'data': 16, 'model': 1}, aot.fit_line(r)
+  assert r['fits'] and r['mesh_shape'] == {'replica': 1, 'data': 16, 'model': 1}, aot.fit_line(r)
 
 
 @needs_libtpu

@@ -297,7 +297,7 @@ def test_full_scale_recipes_name_a_slice_their_mesh_fits_in_bfloat16(path):
   mesh_config = partitioning.MeshConfig()
   n = int(np.prod(chips))
   data = n // mesh_config.model if mesh_config.data == -1 else mesh_config.data
-  mesh = AbstractMesh((data, mesh_config.model), partitioning.MESH_AXES)
+  mesh = AbstractMesh((1, data, mesh_config.model), partitioning.MESH_AXES)
   assert mesh.size == n
   model = build_model(config)
   boxed = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), *init_inputs(config))['params'])

@@ -248,8 +248,8 @@ def test_an_error_mid_run_waits_for_the_checkpoint_being_saved(tmp_path, subproc
 
 @pytest.mark.slow
 def test_a_checkpoint_of_one_device_resumes_on_8(reference, tmp_path, subprocess_train):
-  """checkpoint_2 of the single-device reference, resumed on 8 host devices (data=4 x model=2,
-  fsdp) in a subprocess, continues with the reference losses (the reverse of
+  """checkpoint_2 of the single-device reference, resumed on 8 host devices (replica=2 x data=2 x
+  model=2, fsdp) in a subprocess, continues with the reference losses (the reverse of
   test_trainer's 8 -> 1)."""
   ref_dir, ref = reference
   shutil.copytree(ref_dir / 'checkpoint_2', tmp_path / 'checkpoint_2')
@@ -259,7 +259,7 @@ def test_a_checkpoint_of_one_device_resumes_on_8(reference, tmp_path, subprocess
   np.testing.assert_allclose([losses[s] for s in range(3, STEPS + 1)],
                              [ref[s] for s in range(3, STEPS + 1)], rtol=1e-5)
   sharding = json.loads((tmp_path / f'checkpoint_{STEPS}' / 'state' / '_sharding').read_text())
-  assert {tuple(json.loads(s)['shape']) for s in sharding.values()} == {(4, 2)}
+  assert {tuple(json.loads(s)['shape']) for s in sharding.values()} == {(2, 2, 2)}
 
 
 # An orbax restore that fails because the checkpoint is deleted under it leaves its other reads

@@ -388,8 +388,8 @@ def test_a_checkpoint_whose_metadata_is_cut_short_is_called_damaged(tmp_path):
 
 @pytest.mark.slow
 def test_export_reads_a_checkpoint_written_by_eight_devices(tmp_path):
-  """A data=4 x model=2 (fsdp) run in a subprocess; exported here on one device, transformers'
-  logits equal ours from the same checkpoint."""
+  """A replica=2 x data=2 x model=2 (fsdp) run in a subprocess; exported here on one device,
+  transformers' logits equal ours from the same checkpoint."""
   script = os.path.join(os.path.dirname(__file__), 'trainer_subprocess.py')
   out = subprocess.run([sys.executable, script, 'mesh', str(tmp_path / 'run'), '2'],
                        capture_output=True, text=True)

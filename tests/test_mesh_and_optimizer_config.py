@@ -54,21 +54,25 @@ def test_the_trainer_takes_the_gin_bound_optimizer(tmp_path):
 def test_a_data_shard_spanning_processes_is_refused():
   """Two hosts of 2 devices: data=2 x model=2 with each host's devices one data row feeds whole
   rows per process; data=1 x model=4, or rows split across hosts, is one error (each process
-  would feed other rows to one shard: replicas that disagree, predictions lost)."""
+  would feed other rows to one shard: replicas that disagree, predictions lost). With replica
+  groups the batch shards are counted replica-major: one group per host passes, hosts that
+  share the groups' rows do not."""
   import types  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
 
-  def mesh(data, model, owner):  # owner(data index, model index) -> process
-    devices = np.array([[types.SimpleNamespace(process_index=owner(d, m)) for m in range(model)]
-                        for d in range(data)])
-    return types.SimpleNamespace(devices=devices, axis_names=('data', 'model'),
-                                 shape={'data': data, 'model': model})
-  partitioning.check_processes(mesh(2, 2, lambda d, m: d), process_count=2)
-  partitioning.check_processes(mesh(4, 1, lambda d, m: d // 2), process_count=2)
-  for bad in (mesh(1, 4, lambda d, m: m // 2), mesh(2, 2, lambda d, m: m), mesh(2, 2, lambda d, m: 1 - d)):
-    with pytest.raises(ValueError, match="each process must hold whole shards of mesh axis 'data'"):
+  def mesh(data, model, owner, replica=1):  # owner(replica, data, model index) -> process
+    devices = np.array([[[types.SimpleNamespace(process_index=owner(r, d, m)) for m in range(model)]
+                         for d in range(data)] for r in range(replica)])
+    return types.SimpleNamespace(devices=devices, axis_names=partitioning.MESH_AXES,
+                                 shape={'replica': replica, 'data': data, 'model': model})
+  partitioning.check_processes(mesh(2, 2, lambda r, d, m: d), process_count=2)
+  partitioning.check_processes(mesh(4, 1, lambda r, d, m: d // 2), process_count=2)
+  partitioning.check_processes(mesh(2, 1, lambda r, d, m: r, replica=2), process_count=2)
+  for bad in (mesh(1, 4, lambda r, d, m: m // 2), mesh(2, 2, lambda r, d, m: m),
+              mesh(2, 2, lambda r, d, m: 1 - d), mesh(2, 1, lambda r, d, m: d, replica=2)):
+    with pytest.raises(ValueError, match="each process must hold whole shards of the batch's mesh axes"):
       partitioning.check_processes(bad, process_count=2)
-  partitioning.check_processes(mesh(1, 4, lambda d, m: 0))  # one process: anything goes
+  partitioning.check_processes(mesh(1, 4, lambda r, d, m: 0))  # one process: anything goes
 
 
 @pytest.mark.parametrize('micro', [0, -1, 2.5, True])

@@ -285,7 +285,7 @@ def test_the_mesh_check_sees_every_size_a_logical_name_has():
   from jax.sharding import AbstractMesh  # pylint: disable=g-import-not-at-top
   boxed = {'a': nn.LogicallyPartitioned(jnp.zeros((8,)), ('mlp',)),
            'b': nn.LogicallyPartitioned(jnp.zeros((6,)), ('mlp',))}
-  mesh = AbstractMesh((1, 4), partitioning.MESH_AXES)
+  mesh = AbstractMesh((1, 1, 4), partitioning.MESH_AXES)
   with pytest.raises(ValueError, match=r"mesh axis 'model' of size 4 does not divide mlp = 6 \(e\.g\. b\); "
                                        r".*\(mlp 8, mlp 6\) and the 4 devices: 1, 2 \(set MeshConfig.model\)"):
     partitioning.check_mesh(boxed, mesh, partitioning.logical_axis_rules())

@@ -97,15 +97,17 @@ def test_a_relative_run_directory_saves_and_resumes(reference, tmp_path, monkeyp
 
 @pytest.mark.slow
 def test_a_checkpoint_of_8_devices_resumes_on_one(reference, tmp_path, subprocess_train):
-  """2 steps on 8 host devices (data=4 x model=2, fsdp) in a subprocess, resumed here on one
-  device: the parameters read back equal the single-device run's, and steps 3-4 continue its
-  losses, as do those of a fine-tuning run started from its state (``init_optimizer``)."""
+  """2 steps on 8 host devices (replica=2 x data=2 x model=2, fsdp within each replica) in a
+  subprocess, resumed here on one device: the parameters read back equal the single-device
+  run's (no array of the state is split over 'replica'), and steps 3-4 continue its losses, as do
+  those of a fine-tuning run started from its state (``init_optimizer``)."""
   ref_dir, ref, _ = reference
   finish(subprocess_train('mesh', tmp_path, 2))
   sharding = json.loads((tmp_path / 'checkpoint_2' / 'state' / '_sharding').read_text())
   specs = [json.loads(s) for s in sharding.values()]
-  assert {tuple(s['shape']) for s in specs} == {(4, 2)}
-  assert {'data', 'model'} <= {a for s in specs for a in s['partition_spec'] if isinstance(a, str)}
+  assert {tuple(s['shape']) for s in specs} == {(2, 2, 2)}
+  axes = {a for s in specs for a in s['partition_spec'] if isinstance(a, str)}
+  assert {'data', 'model'} <= axes and 'replica' not in axes
   ref_params = saved_state(ref_dir / 'checkpoint_2')['params']
   one_device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   abstract = jax.tree_util.tree_map(

@@ -1,6 +1,6 @@
 """Trainer runs in child processes for tests/test_trainer.py.
 
-  python trainer_subprocess.py mesh MODEL_DIR STEPS      8 host devices, data=4 x model=2, fsdp
+  python trainer_subprocess.py mesh MODEL_DIR STEPS      8 host devices, replica=2 x data=2 x model=2, fsdp
   python trainer_subprocess.py slow MODEL_DIR STEPS [AGAIN]
       0.1 s per batch, no periodic checkpoints; with AGAIN, a SIGTERM to itself as the final
       checkpoint's commit starts (a second signal after the one that stops the run)
@@ -62,7 +62,8 @@ from train_helpers import (FullDisk, StepBatches, eval_batches, failing_eval_bat
                            slow_commits, unreadable_state)
 
 if mode == 'mesh':
-  gin.bind_parameter('MeshConfig.data', 4)  # as --gin.MeshConfig.data=4 ... on a command line
+  gin.bind_parameter('MeshConfig.replica', 2)  # as --gin.MeshConfig.replica=2 ... on a command line
+  gin.bind_parameter('MeshConfig.data', 2)
   gin.bind_parameter('MeshConfig.model', 2)
   gin.bind_parameter('MeshConfig.fsdp', True)
   result = run_train(model_dir, steps)

@@ -38,10 +38,11 @@ def _run_settings(args):
 
 def _table(result) -> str:
   gib = lambda key: f'{result[key] / targets.GIB:.2f} GiB' if result.get(key) is not None else 'n/a'
-  mesh = result['mesh_shape']
+  mesh = {'replica': 1, **result['mesh_shape']}  # results written before the replica axis lack it
   rows = [
       ('target', f'{result["target"]} ({result["devices"]} x {result["device_kind"]})'),
-      ('mesh', f'data {mesh["data"]} x model {mesh["model"]}, fsdp {result["mesh"]["fsdp"]}'),
+      ('mesh', ('' if mesh['replica'] == 1 else f'replica {mesh["replica"]} x ')
+               + f'data {mesh["data"]} x model {mesh["model"]}, fsdp {result["mesh"]["fsdp"]}'),
       ('step', f'batch {result["batch"]}, lengths {result["lengths"]}, {result["num_microbatches"]} '
                f'microbatch(es), dtype {result["dtype"]}, remat {result["remat"]}, '
                f'scan_layers {result["scan_layers"]}'

@@ -53,7 +53,8 @@ class Plan:
 
   def flags(self) -> str:
     """The ``--gin.`` flags that select this plan."""
-    return (f'--gin.TransformerConfig.remat="\'{self.config.remat}\'" '
+    replica = f'--gin.MeshConfig.replica={self.mesh.replica} ' if self.mesh.replica != 1 else ''
+    return (f'--gin.TransformerConfig.remat="\'{self.config.remat}\'" {replica}'
             f'--gin.MeshConfig.data={self.mesh.data} --gin.MeshConfig.model={self.mesh.model} '
             f'--gin.MeshConfig.fsdp={self.mesh.fsdp} --gin.train.num_microbatches={self.num_microbatches}')
 

@@ -1,13 +1,16 @@
 """Device mesh and logical-axis rules: the one place that says how arrays are sharded.
 
 ``MeshConfig`` (gin) is the one mesh description every command uses (train, eval, infer, bench):
-axes ('data', 'model') and whether parameters are also split over 'data' (fsdp). Logical names
-on every parameter (``embed``, ``mlp``, ``heads``, ...) map to mesh axes by T5X's standard rules:
-with model=1 this is data parallelism with replicated parameters; with model>1 the heads / mlp /
-vocab dimensions are split over 'model' (1-D parameter partitioning) and, with ``fsdp=True``,
-``embed`` is also split over 'data' (2-D). Axes absent from the rules (``layers``, ``kv``,
-synthesizer ``length`` ...) are replicated. Over several TPU slices 'data' runs across them
-(``make_mesh``), so FSDP's parameter gathers cross the network between slices too.
+axes ('replica', 'data', 'model') and whether parameters are also split over 'data' (fsdp). Logical
+names on every parameter (``embed``, ``mlp``, ``heads``, ...) map to mesh axes by T5X's standard
+rules: with model=1 this is data parallelism with replicated parameters; with model>1 the heads /
+mlp / vocab dimensions are split over 'model' (1-D parameter partitioning) and, with
+``fsdp=True``, ``embed`` is also split over 'data' (2-D). Axes absent from the rules (``layers``,
+``kv``, synthesizer ``length`` ...) are replicated. The batch is split over 'replica' and 'data'
+together; parameters never over 'replica': each of its groups holds a whole copy, split within
+the group (hybrid sharding: FSDP's gathers stay within a group, only the gradient reduction
+crosses groups). TPU devices are ordered by slice (``make_mesh``), so replica = the number of
+slices keeps FSDP's gathers off the network between slices; replica=1 (the default) is one group.
 """
 import dataclasses
 import math
@@ -23,42 +26,54 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from t5x_variants import path_keys
 from t5x_variants.train import optimizer
 
-MESH_AXES = ('data', 'model')
+MESH_AXES = ('replica', 'data', 'model')
+BATCH_AXES = ('replica', 'data')  # the mesh axes that split the batch, outermost first
 
 
 def logical_axis_rules(fsdp: bool = False) -> Tuple[Tuple[str, object], ...]:
-  """(logical name, mesh axis) pairs, first match wins; activations use 'batch' and 'length'."""
-  return (('batch', 'data'), ('vocab', 'model'), ('mlp', 'model'), ('heads', 'model'),
+  """(logical name, mesh axes) pairs, first match wins; activations use 'batch' and 'length'."""
+  return (('batch', BATCH_AXES), ('vocab', 'model'), ('mlp', 'model'), ('heads', 'model'),
           ('embed', 'data' if fsdp else None), ('kv', None), ('length', None), ('layers', None))
 
 
-def make_mesh(data: int = -1, model: int = 1, devices: Sequence = None) -> Mesh:
-  """A (data, model) mesh over ``devices`` (all by default); data=-1 takes the rest. TPU devices
-  are ordered by slice (stably), so that 'data' runs across the slices of a multislice run."""
+def _sizes(shape: Dict[str, int]) -> str:
+  """'data=4 x model=2' ('replica' named only when it splits)."""
+  return ' x '.join(f'{k}={v}' for k, v in shape.items() if k != 'replica' or v != 1)
+
+
+def make_mesh(data: int = -1, model: int = 1, devices: Sequence = None, replica: int = 1) -> Mesh:
+  """A (replica, data, model) mesh over ``devices`` (all by default); data=-1 takes the rest. TPU
+  devices are ordered by slice (stably), so that the batch axes run slice by slice in a
+  multislice run, and replica = the number of slices gives each slice one replica."""
   devices = list(jax.devices() if devices is None else devices)
   devices.sort(key=lambda d: getattr(d, 'slice_index', 0) if d.platform == 'tpu' else 0)
   if data == -1:
-    if len(devices) % model:
-      raise ValueError(f'{len(devices)} devices cannot be split into model={model} groups')
-    data = len(devices) // model
-  if data * model != len(devices):
-    raise ValueError(f'mesh data={data} x model={model} needs {data * model} devices, '
+    if len(devices) % (model * replica):
+      raise ValueError(f'{len(devices)} devices cannot be split into '
+                       f'{_sizes(dict(replica=replica, model=model))} groups')
+    data = len(devices) // (model * replica)
+  shape = dict(replica=replica, data=data, model=model)
+  if math.prod(shape.values()) != len(devices):
+    raise ValueError(f'mesh {_sizes(shape)} needs {math.prod(shape.values())} devices, '
                      f'found {len(devices)}: set --gin.MeshConfig.data=-1 (the devices left after '
-                     'model) or a product equal to the devices')
-  return Mesh(np.asarray(devices).reshape(data, model), MESH_AXES)
+                     'model and replica) or a product equal to the devices')
+  return Mesh(np.asarray(devices).reshape(replica, data, model), MESH_AXES)
 
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
-  """``data`` x ``model`` devices (-1: the rest). model > 1 splits heads, mlp and vocab over
-  'model' (1-D parameter partitioning); ``fsdp`` also splits embed over 'data' (2-D)."""
+  """``replica`` x ``data`` x ``model`` devices (data -1: the rest). model > 1 splits heads, mlp
+  and vocab over 'model' (1-D parameter partitioning); ``fsdp`` also splits embed over 'data'
+  (2-D); ``replica`` > 1 splits the batch further into groups that each hold whole parameters
+  (hybrid sharding; e.g. one group per TPU slice or per GPU host)."""
   data: int = -1
   model: int = 1
   fsdp: bool = False
+  replica: int = 1
 
   def mesh(self, devices: Sequence = None) -> Mesh:
-    return make_mesh(self.data, self.model, devices)
+    return make_mesh(self.data, self.model, devices, self.replica)
 
   def rules(self) -> Tuple[Tuple[str, object], ...]:
     return logical_axis_rules(self.fsdp)
@@ -111,42 +126,50 @@ def _process_count(mesh) -> int:
   return len({d.process_index for d in np.asarray(devices).flat})
 
 
+def batch_shards(mesh) -> int:
+  """The shards the batch is split into: replica x data."""
+  return math.prod(mesh.shape[a] for a in BATCH_AXES)
+
+
 def check_processes(mesh: Mesh, process_count: Optional[int] = None):
-  """With several processes, each must feed the rows of its own contiguous block of 'data', in
-  process order (what ``global_batch`` and ``host_rows`` assume); else one ValueError: a data
-  shard that spans processes (a 'model' axis wider than a host's devices) would get other rows
-  from each (replicas that disagree, eval rows counted once, predictions lost). The processes
-  are those of the mesh's devices: a run's, or the hosts of a slice compiled for ahead of time."""
+  """With several processes, each must feed the rows of its own contiguous block of batch shards
+  (replica-major), in process order (what ``global_batch`` and ``host_rows`` assume); else one
+  ValueError: a batch shard that spans processes (a 'model' axis wider than a host's devices)
+  would get other rows from each (replicas that disagree, eval rows counted once, predictions
+  lost). The processes are those of the mesh's devices: a run's, or the hosts of a slice
+  compiled for ahead of time."""
   count = _process_count(mesh) if process_count is None else process_count
   if count == 1:
     return
-  axis, data = mesh.axis_names.index('data'), mesh.shape['data']
+  data, shards = mesh.shape['data'], batch_shards(mesh)
   blocks = {}
-  for index, device in np.ndenumerate(mesh.devices):
-    blocks.setdefault(device.process_index, set()).add(index[axis])
-  size = data // count
-  if data % count or any(blocks.get(p) != set(range(p * size, (p + 1) * size)) for p in range(count)):
-    raise ValueError(f"the mesh ({', '.join(f'{k}={v}' for k, v in mesh.shape.items())}) over {count} "
-                     "processes: each process must hold whole shards of mesh axis 'data', its own "
-                     "block in process order; make MeshConfig.data a multiple of the process count "
-                     "and MeshConfig.model at most one host's devices")
+  for (r, d, _), device in np.ndenumerate(mesh.devices):  # MESH_AXES' order
+    blocks.setdefault(device.process_index, set()).add(r * data + d)
+  size = shards // count
+  if shards % count or any(blocks.get(p) != set(range(p * size, (p + 1) * size)) for p in range(count)):
+    raise ValueError(f"the mesh ({_sizes(mesh.shape).replace(' x ', ', ')}) over {count} "
+                     "processes: each process must hold whole shards of the batch's mesh axes, its "
+                     "own block in process order; make MeshConfig.replica x MeshConfig.data a "
+                     "multiple of the process count and MeshConfig.model at most one host's devices")
 
 
 def check_batch(batch_size: int, mesh: Mesh, num_microbatches: int = 1):
   """The global batch splits into ``num_microbatches`` equal microbatches, each split evenly over
-  'data'; else one ValueError with the batch sizes that would (or ``check_processes``')."""
+  the batch shards; else one ValueError with the batch sizes that would (or ``check_processes``')."""
   if not isinstance(num_microbatches, numbers.Integral) or isinstance(num_microbatches, bool) or (
       num_microbatches < 1):
     raise ValueError(f'train.num_microbatches must be a whole number of at least 1, not '
                      f'{num_microbatches!r}')
   check_processes(mesh)
-  data = mesh.shape['data']
-  unit = data * num_microbatches
+  shards = batch_shards(mesh)
+  unit = shards * num_microbatches
   if batch_size < 1 or batch_size % unit:
     micro = f' x {num_microbatches} microbatches' if num_microbatches > 1 else ''
-    raise ValueError(f"batch size {batch_size} does not split over mesh axis 'data' of size "
-                     f"{data}{micro}: use a multiple of {unit} (e.g. {max(unit, batch_size // unit * unit)})"
-                     f" or another MeshConfig.data / train.num_microbatches")
+    axes = (f"mesh axis 'data' of size {shards}" if mesh.shape['replica'] == 1 else
+            f"mesh axes replica x data of size {mesh.shape['replica']} x {mesh.shape['data']}")
+    raise ValueError(f"batch size {batch_size} does not split over {axes}{micro}: use a multiple "
+                     f"of {unit} (e.g. {max(unit, batch_size // unit * unit)}) or another "
+                     "MeshConfig.data / train.num_microbatches")
 
 
 def sharded_abstract_params(model, init_inputs, mesh: Mesh, rules, rng=None):
@@ -220,21 +243,22 @@ def jit(fn, mesh: Mesh, **kwargs):
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-  """Input batches: the leading (batch) dimension split over 'data'."""
-  return NamedSharding(mesh, PartitionSpec('data'))
+  """Input batches: the leading (batch) dimension split over 'replica' and 'data'."""
+  return NamedSharding(mesh, PartitionSpec(BATCH_AXES))
 
 
 def global_batch(batch, mesh: Mesh):
-  """This process's rows of a batch as arrays split over 'data' that hold every process's rows."""
+  """This process's rows of a batch as arrays split over the batch axes that hold every process's
+  rows."""
   sharding = batch_sharding(mesh)
   return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
 
 
 def host_rows(batch, mesh: Mesh):
   """From a global batch that every process holds: zero rows appended so that it splits evenly
-  over 'data', then this process's contiguous share (what ``global_batch`` expects)."""
-  n = len(next(iter(batch.values())))
-  rows = -(-n // mesh.shape['data']) * mesh.shape['data']
+  over the batch shards, then this process's contiguous share (what ``global_batch`` expects)."""
+  n, shards = len(next(iter(batch.values()))), batch_shards(mesh)
+  rows = -(-n // shards) * shards
   local = rows // jax.process_count()
   start = jax.process_index() * local
   pad = lambda x: np.concatenate([x, np.zeros((rows - n,) + x.shape[1:], x.dtype)])
