@@ -22,6 +22,24 @@ def test_t5_base_matches_the_published_count():
   assert count(abstract_params(c)) == 222_903_552 == t5_count(768, 12, 64, 3072, 32128, 12, 12, tied=True)
 
 
+# transformers' google/t5-v1_1-{size} parameter counts (tied input embedding, untied logits).
+T5_1_1 = {'small': (512, 6, 1024, 8, 76_961_152), 'base': (768, 12, 2048, 12, 247_577_856),
+          'large': (1024, 16, 2816, 24, 783_150_080), 'xl': (2048, 32, 5120, 24, 2_849_757_184),
+          'xxl': (4096, 64, 10240, 24, 11_135_332_352)}
+
+
+@pytest.mark.parametrize('size', T5_1_1)
+def test_t5_1_1_size_files_have_the_published_counts(size):
+  """gin/models/t5_1_1_*.gin build T5.1.1 (GEGLU, untied): the count of the published checkpoint,
+  equal to the closed form with two FFN input matrices; swapping in a two-matrix FFN keeps it."""
+  from t5x_variants.cli import recipe  # pylint: disable=g-import-not-at-top
+  d, h, f, n, published = T5_1_1[size]
+  recipe.parse_gin([f'gin/models/t5_1_1_{size}.gin'], [])
+  config = recipe.build_config()
+  assert count(abstract_params(config)) == t5_count(d, h, 64, f, 32128, n, n, n_ffn_in=2) == published
+  assert count(abstract_params(dataclasses.replace(config, ffn='relu'))) == published
+
+
 def test_t5_base_relu_3072_equals_geglu_2048():
   relu = count(abstract_params(TransformerConfig(ffn='relu', d_ff=3072)))
   geglu = count(abstract_params(TransformerConfig(ffn='geglu', d_ff=3072, d_ff_glu=2048)))
