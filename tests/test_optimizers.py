@@ -194,6 +194,27 @@ def test_adafactor_clips_decays_and_scales_each_layer_of_a_scanned_stack_alone()
                                  rtol=1e-4, atol=1e-7)
 
 
+def test_adafactors_momentum_and_weight_decay_follow_t5xs_formulas():
+  """With the parameter scale off (so a step's scaled update A_t depends on the gradients
+  alone): momentum b1 gives U_1 = (1 - b1) A_1, U_2 = b1 U_1 + (1 - b1) A_2 (no bias
+  correction), kept in ``dtype_momentum``; weight decay w adds -w theta to each step, not scaled
+  by the learning rate; per layer of a scanned stack as elsewhere."""
+  b1, w = 0.9, 0.01
+  make = lambda **kw: optimizer.make_optimizer(PARAMS, 0.1, optimizer=lambda lr: optimizer.adafactor(
+      lr, multiply_by_parameter_scale=False, **kw))
+  a1, a2 = two_steps(make())
+  u1, u2 = two_steps(make(momentum=b1))
+  tree = jax.tree_util.tree_map
+  tree(lambda u, a: np.testing.assert_allclose(u, (1 - b1) * a, rtol=1e-6), u1, a1)
+  tree(lambda u, p, a: np.testing.assert_allclose(u, b1 * p + (1 - b1) * a, rtol=1e-6), u2, u1, a2)
+  d1, _ = two_steps(make(weight_decay_rate=w))
+  tree(lambda d, a, p: np.testing.assert_allclose(d, a - w * p, rtol=1e-6), d1, a1, PARAMS)
+  state = make(momentum=b1, dtype_momentum='bfloat16').init(PARAMS)
+  momenta = [x for path, x in jax.tree_util.tree_leaves_with_path(state)
+             if any(getattr(k, 'name', None) == 'ema' for k in path)]
+  assert [(x.shape, x.dtype) for x in momenta] == [((2, 2), jnp.bfloat16), ((2,), jnp.bfloat16)]
+
+
 def test_an_adafactor_checkpoint_of_the_earlier_layout_resumes_with_combine_heads_false(tmp_path):
   """Checkpoints saved before Adafactor combined the heads hold whole moments: resuming them is
   one error naming the switch, and with it they resume."""
@@ -243,14 +264,15 @@ def test_adamw_leaves_norms_and_biases_undecayed_as_bert_when_asked():
                                                      'classifier/kernel'}
 
 
-@pytest.mark.parametrize('name', ['adam', 'adamw'])
-def test_every_optimizer_resumes_exactly_and_keeps_frozen_paths(name, tmp_path):
+@pytest.mark.parametrize('name,setting', [('adam', 'b2 = 0.98'), ('adamw', 'b2 = 0.98'),
+                                          ('adafactor', 'momentum = 0.9')])
+def test_every_optimizer_resumes_exactly_and_keeps_frozen_paths(name, setting, tmp_path):
   """2 steps + a resumed 2 equal 4 straight steps (losses and saved state, optimizer statistics
-  included) with the gin-bound optimizer; the frozen embedding never moves. (Adafactor: the
-  trainer tests.)"""
+  included) with the gin-bound optimizer; the frozen embedding never moves. (Adafactor without
+  momentum: the trainer tests.)"""
   def bind():
     gin.parse_config([f'make_optimizer.optimizer = @{name}', "make_optimizer.frozen = ['token_embedder']",
-                      f'{name}.b2 = 0.98'])
+                      f'{name}.{setting}'])
   bind()
   run_train(tmp_path / 'straight', 4)
   run_train(tmp_path / 'resumed', 2)
