@@ -188,7 +188,8 @@ def test_a_prefix_lm_trains_evaluates_and_decodes(tmp_path):
 
 def _finetune_on_local_sst2(pretrained, tmp_path):
   """Fine-tunes the run in ``pretrained`` on a local SST-2 for 30 steps and evaluates it by
-  decoding; the fine-tuned checkpoint's SST-2 metrics."""
+  decoding; the fine-tuned checkpoint's SST-2 metrics. The run's own eval at step 30 decodes as
+  t5xv-eval does (finetune.gin's ``train.infer_eval``): the same accuracy and loss."""
   glue = tmp_path / 'glue' / 'SST-2'
   glue.mkdir(parents=True)
   lines = ['sentence\tlabel'] + [f'{s}\t{y}' for s, y in SST2]
@@ -200,7 +201,7 @@ def _finetune_on_local_sst2(pretrained, tmp_path):
           f"--gin.INITIAL_CHECKPOINT_PATH='{pretrained}'", f"--gin.MODEL_DIR='{run_dir}'",
           "--gin.MIXTURE_OR_TASK_NAME='glue_sst2_local'", '--gin.TRAIN_STEPS=30', '--gin.BATCH_SIZE=6',
           "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 4}", '--gin.train.log_period=10',
-          '--gin.train.eval_period=0', '--gin.Checkpointer.period=30',
+          '--gin.train.eval_period=30', '--gin.Checkpointer.period=30',
           '--gin.learning_rate_schedule.base=0.01', "--gin.make_optimizer.frozen=['token_embedder']", env=env)
   assert 'WARNING' not in err, err  # (seqio's packing note on GLUE's idx and label was one)
   first = records(run_dir, 'train')[0]
@@ -211,6 +212,10 @@ def _finetune_on_local_sst2(pretrained, tmp_path):
   assert 0.0 <= metrics['accuracy'] <= 100.0 and 'loss' in metrics  # percent, of the decoded labels
   assert 0.0 <= metrics['token_accuracy'] <= 1.0  # a fraction, teacher-forced
   assert metrics['loss'] < 3.0, metrics  # learnt the label words ('positive' / 'negative')
+  own = [r for r in records(run_dir, 'eval') if 'split' not in r]
+  assert [r['step'] for r in own] == [30], own
+  assert own[0]['accuracy'] == metrics['accuracy'], (own, metrics)
+  assert own[0]['loss'] == pytest.approx(metrics['loss'], rel=1e-5), (own, metrics)
   return metrics
 
 

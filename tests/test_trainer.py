@@ -218,6 +218,31 @@ def test_a_stop_at_the_last_step_commits_without_the_final_eval(tmp_path, monkey
     assert [r['step'] for r in records(tmp_path, 'eval')] == [2, 3]
 
 
+def test_infer_eval_adds_the_decoded_metrics_to_each_eval_and_needs_them(tmp_path):
+  """``train.infer_eval``: each eval record holds ``decoded_metrics``' values beside the
+  teacher-forced ones, computed from that step's parameters with ``infer_eval_examples``; off,
+  it is not called; without it (pre-built batches) one error before the run directory exists."""
+  from train_helpers import eval_batches  # pylint: disable=g-import-not-at-top
+  calls = []
+
+  def decoded(name, params, max_examples):
+    calls.append((name, max_examples, float(sum(np.abs(x).sum() for x in jax.tree_util.tree_leaves(params)))))
+    return {'accuracy': 50.0 + len(calls)}
+  run_train(tmp_path / 'on', 4, period=10, eval_data=eval_batches, eval_period=2,
+            decoded_metrics=decoded, infer_eval=True, infer_eval_examples=3)
+  evals = records(tmp_path / 'on', 'eval')
+  assert [(r['step'], r['accuracy']) for r in evals] == [(2, 51.0), (4, 52.0)], evals
+  assert all('loss' in r and 'token_accuracy' in r for r in evals)
+  assert [c[:2] for c in calls] == [('synthetic', 3)] * 2 and calls[0][2] != calls[1][2]
+  run_train(tmp_path / 'off', 2, period=10, eval_data=eval_batches, eval_period=2,
+            decoded_metrics=decoded)
+  assert len(calls) == 2 and 'accuracy' not in records(tmp_path / 'off', 'eval')[0]
+  with pytest.raises(ValueError, match=r'train.infer_eval = True decodes the eval tasks through the '
+                                       r'data layer, which pre-built batches \(--batches_dir\) leave out'):
+    run_train(tmp_path / 'prebuilt', 2, eval_data=eval_batches, eval_period=2, infer_eval=True)
+  assert not (tmp_path / 'prebuilt').exists()
+
+
 def test_a_non_finite_step_stops_or_is_skipped(reference, tmp_path):
   """Batch 3 has a NaN loss weight. 'stop' raises NonFiniteLossError naming step 3 and leaves
   checkpoints 1-2 intact; 'skip' resumes from step 2, logs step 3 as skipped with its update not

@@ -190,6 +190,21 @@ def inference_passes(task, config, inference: bool, prompt_length: Optional[int]
   return tuple(passes)
 
 
+def pass_metrics(predictor, task, passes, split: str, lengths, batch_size: int,
+                 max_examples: Optional[int], prompt_length: Optional[int] = None):
+  """The metrics of ``task``'s ``passes`` (``inference_passes``) beside the teacher-forced ones,
+  over its first ``max_examples`` examples of ``split`` (None: all)."""
+  metrics = {}
+  if 'predict' in passes:
+    metrics.update(inference_metrics(predictor, task, split, lengths, batch_size, max_examples))
+  if 'continuation' in passes:
+    metrics.update(continuation_metrics(predictor, task, split, lengths, prompt_length, batch_size,
+                                        max_examples))
+  if 'scores' in passes:
+    metrics.update(scores_metrics(predictor, task, split, lengths, batch_size, max_examples))
+  return metrics
+
+
 def examples_read(passes, batch_size: int, max_batches: Optional[int],
                   max_examples: Optional[int]) -> Optional[int]:
   """How many of a split's first examples an evaluation with ``passes`` reads (None: all): the
@@ -330,15 +345,8 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
       for task in sorted(subtasks, key=lambda t: t.name):
         metrics = teacher_forced(predictor, task.name, split, lengths[task.name], batch_size,
                                  max_batches, task.predict_metric_fns if classify else ())
-        if 'predict' in passes[task.name]:
-          metrics.update(inference_metrics(predictor, task, split, lengths[task.name], batch_size,
-                                           max_examples))
-        if 'continuation' in passes[task.name]:
-          metrics.update(continuation_metrics(predictor, task, split, lengths[task.name],
-                                              prompt_length, batch_size, max_examples))
-        if 'scores' in passes[task.name]:
-          metrics.update(scores_metrics(predictor, task, split, lengths[task.name], batch_size,
-                                        max_examples))
+        metrics.update(pass_metrics(predictor, task, passes[task.name], split, lengths[task.name],
+                                    batch_size, max_examples, prompt_length))
         logger = logger or MetricsLogger(str(run_dir), console=True)
         logger.eval(int(step), task.name, metrics, split=split)
         results.setdefault(step, {})[task.name] = metrics

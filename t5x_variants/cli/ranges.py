@@ -16,6 +16,7 @@ RANGES = {
               'eval_batches': (1, True, 'the batches per eval (None: all)'),
               'diagnostics_period': (0, False, 'the steps between diagnostics (0: none)'),
               'num_microbatches': (1, False, 'the microbatches per step'),
+              'infer_eval_examples': (1, True, 'the examples decoded per eval task (None: all)'),
               'seed': (0, True, 'the random seed'),
               'max_skipped_in_a_row': (1, False, 'the non-finite steps in a row that stop it')},
     'MeshConfig': {'data': (-1, False, 'the data axis (-1: the devices model leaves)'),

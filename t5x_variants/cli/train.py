@@ -14,6 +14,7 @@ import gin
 import jax
 
 from t5x_variants.cli import common, ranges, recipe
+from t5x_variants.cli import eval as eval_cli  # its passes, for train.infer_eval; gin's configurables before parsing
 from t5x_variants.sweeps import runner
 from t5x_variants.train import locks, multihost, storage
 
@@ -199,9 +200,30 @@ def _train_prebuilt(args, config, desc):
                        files=data.files())
 
 
+def _decoded_metrics(config, eval_cfg, subtasks):
+  """(task name, parameters, max_examples) -> the task's metrics of decoded predictions and of
+  scores, as t5xv-eval computes them (``eval.pass_metrics``), on the eval split at the eval
+  lengths and batch size with the gin-bound mesh and ``DecodeOptions`` ({} for a task without
+  such metrics): ``train.infer_eval``. The decoder compiles at its first use."""
+  from t5x_variants.train.predictor import Predictor  # pylint: disable=g-import-not-at-top
+  passes = {t.name: (t, eval_cli.inference_passes(t, config, True, None)) for t in subtasks}
+  predictor = []
+
+  def metrics(name, params, max_examples):
+    task, todo = passes[name]
+    if not todo:
+      return {}
+    if not predictor:
+      predictor.append(Predictor(config, gin.get_bindings('train').get('mesh')))
+    predictor[0].params = params
+    return eval_cli.pass_metrics(predictor[0], task, todo, eval_cfg.split,
+                                 eval_cfg.task_feature_lengths, eval_cfg.batch_size, max_examples)
+  return metrics
+
+
 def _data_layer(config, train_cfg, eval_cfg):
-  """(train_data, eval_data, eval_metric_fns, files, vocabulary_size) of the run from the data
-  layer's tasks, each task checked against the model first."""
+  """(train_data, eval_data, eval_metric_fns, decoded_metrics, files, vocabulary_size) of the run
+  from the data layer's tasks, each task checked against the model first."""
   from t5x_variants.data import classification, pipeline, tasks  # pylint: disable=g-import-not-at-top
   vocabulary_size = None
   if train_cfg.mixture_or_task_name:  # a model that does not fit the data: one clear error
@@ -211,7 +233,7 @@ def _data_layer(config, train_cfg, eval_cfg):
     vocabulary_size = common.vocabulary_size(train_task)
   host = (jax.process_index(), jax.process_count())
   train_data = lambda: pipeline.config_batches(train_cfg, config.data_architecture, *host)
-  eval_data = eval_metric_fns = None
+  eval_data = eval_metric_fns = decoded = None
   if eval_cfg.mixture_or_task_name:
     eval_task = tasks.get_task_or_mixture(eval_cfg.mixture_or_task_name)
     subtasks = getattr(eval_task, 'tasks', None) or [eval_task]
@@ -222,8 +244,9 @@ def _data_layer(config, train_cfg, eval_cfg):
                                                   config.data_architecture, eval_cfg.batch_size,
                                                   eval_cfg.split, eval_cfg.loss_on_targets_only)
                            for n in names}
+    decoded = _decoded_metrics(config, eval_cfg, subtasks)
   files = vocabulary_files(train_cfg.mixture_or_task_name)
-  return train_data, eval_data, eval_metric_fns, files, vocabulary_size
+  return train_data, eval_data, eval_metric_fns, decoded, files, vocabulary_size
 
 
 def _train_from_data_layer(args, config, train_cfg, eval_cfg):
@@ -232,7 +255,7 @@ def _train_from_data_layer(args, config, train_cfg, eval_cfg):
   from t5x_variants.train import prebuilt, trainer  # pylint: disable=g-import-not-at-top
   if _init_checkpoint():  # fine-tuning tokenizes as the pretrained run did
     recipe.use_run_vocabulary(_init_checkpoint())
-  train_data, eval_data, eval_metric_fns, files, vocabulary_size = multihost.agree(
+  train_data, eval_data, eval_metric_fns, decoded, files, vocabulary_size = multihost.agree(
       "finding the run's tasks", lambda: _data_layer(config, train_cfg, eval_cfg))
   if args.write_batches:
     if eval_metric_fns or jax.process_count() > 1:
@@ -244,7 +267,7 @@ def _train_from_data_layer(args, config, train_cfg, eval_cfg):
     print(f'batches: {directory}')
     return None
   return trainer.train(config, train_data, eval_data=eval_data, eval_metric_fns=eval_metric_fns,
-                       files=files)
+                       files=files, decoded_metrics=decoded)
 
 
 def main(argv=None):

@@ -19,7 +19,7 @@ the background) but not checkpoints or evals.
 import contextlib
 import dataclasses
 import logging
-from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
 import gin
 import jax
@@ -153,20 +153,25 @@ class _Run:
 class Evaluator:
   """Teacher-forced evaluation of each task of ``eval_data()`` (called anew at each eval), logged
   at a step; ``metric_fns`` ({task: functions of (targets, predictions)}) are applied to a
-  classification head's predictions."""
+  classification head's predictions; ``decoded(task, params)``, if given, adds the task's metrics
+  of decoded predictions (or scores) to its record."""
 
   def __init__(self, eval_step, mesh, logger: MetricsLogger, eval_data=None,
                metric_fns: Optional[Mapping[str, Sequence[Callable]]] = None,
-               max_batches: Optional[int] = None):
+               max_batches: Optional[int] = None,
+               decoded: Optional[Callable[[str, Any], Mapping[str, float]]] = None):
     self.eval_step, self.mesh, self.logger, self.eval_data = eval_step, mesh, logger, eval_data
-    self.metric_fns, self.max_batches = metric_fns or {}, max_batches
+    self.metric_fns, self.max_batches, self.decoded = metric_fns or {}, max_batches, decoded
 
   def __call__(self, step: int, params):
     evals = multihost.same('the evaluation tasks', self.eval_data or dict, key=list)
     for name, batches in evals.items():
-      self.logger.eval(step, name, evaluation.evaluate(
-          self.eval_step, params, batches, self.mesh, self.max_batches,
-          self.metric_fns.get(name, ()), name=f'the evaluation data of {name}'))
+      metrics = evaluation.evaluate(self.eval_step, params, batches, self.mesh, self.max_batches,
+                                    self.metric_fns.get(name, ()),
+                                    name=f'the evaluation data of {name}')
+      if self.decoded:
+        metrics.update(self.decoded(name, params))
+      self.logger.eval(step, name, metrics)
 
 
 class _DiagnosticsLog:
@@ -311,11 +316,13 @@ def _finish(run: _Run, evaluator: Evaluator, start: int, total_steps: int, eval_
   return dict(run.meter.last, step=run.step)
 
 
-@gin.configurable(denylist=['config', 'train_data', 'eval_data', 'eval_metric_fns', 'files'])
+@gin.configurable(denylist=['config', 'train_data', 'eval_data', 'eval_metric_fns', 'files',
+                            'decoded_metrics'])
 def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
           eval_data: Optional[Callable[[], Mapping[str, Iterable]]] = None,
           eval_metric_fns: Optional[Mapping[str, Sequence[Callable]]] = None,
           files: Mapping[str, str] = None,
+          decoded_metrics: Optional[Callable[[str, Any, Optional[int]], Mapping[str, float]]] = None,
           model_dir: str = gin.REQUIRED, total_steps: int = gin.REQUIRED,
           mesh: Optional[partitioning.MeshConfig] = None, num_microbatches: int = 1,
           label_smoothing: float = 0.0, z_loss: float = 1e-4,
@@ -323,7 +330,8 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
           max_skipped_in_a_row: int = 20,
           log_period: int = 100, eval_period: int = 1000, eval_batches: Optional[int] = None,
           eval_at_start: bool = False, init_checkpoint: Optional[str] = None,
-          init_optimizer: bool = False, seed: int = 0, diagnostics_period: int = 0):
+          init_optimizer: bool = False, seed: int = 0, diagnostics_period: int = 0,
+          infer_eval: bool = False, infer_eval_examples: Optional[int] = None):
   """Trains to ``total_steps``; returns the last logged train metrics (with 'step').
 
   ``train_data()``: this host's iterator of numpy batches (with ``save``/``restore`` to make the
@@ -340,6 +348,10 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
   ``eval_at_start``: a fresh run also evaluates its initial parameters, at step 0 (the initial
   loss of a learning-rate sensitivity, ``sweeps/stability.py``). Whatever it is, a run resumed at
   an eval step whose eval was lost to a stop evaluates that step first.
+  ``infer_eval`` (T5X's ``infer_eval_dataset_cfg``): each eval also decodes every eval task that
+  has metrics (with the gin-bound ``DecodeOptions``) and adds the task's metrics, of its first
+  ``infer_eval_examples`` examples (None: all), as t5xv-eval computes them: ``decoded_metrics(task,
+  params, infer_eval_examples)``, which t5xv-train builds from the data layer's tasks.
   Raises NonFiniteLossError at the first non-finite step (``on_nonfinite='stop'``), after
   ``max_skipped_in_a_row`` skipped ones in a row, or at the end if no step's update was applied.
   """
@@ -350,6 +362,10 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
   if isinstance(z_loss, bool) or not (isinstance(z_loss, (int, float)) and z_loss >= 0.0):
     raise ValueError(f'train.z_loss must be a number >= 0, not {z_loss!r}')
   losses.check_normalizing_factor(loss_normalizing_factor)
+  if infer_eval and eval_data and decoded_metrics is None:
+    raise ValueError('train.infer_eval = True decodes the eval tasks through the data layer, which '
+                     'pre-built batches (--batches_dir) leave out: set train.infer_eval = False, or '
+                     'evaluate the checkpoints with t5xv-eval')
   if diagnostics_period and config.shared_encoder_decoder:
     raise ValueError('per-layer diagnostics read each stack\'s own parameters; a shared '
                      'encoder-decoder has one stack: set train.diagnostics_period = 0')
@@ -367,7 +383,9 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
               loss_normalizing_factor=loss_normalizing_factor)
   logger = MetricsLogger(model_dir, total_steps, start_step=start)
   evaluator = Evaluator(sharded.make_eval_step(z_loss), sharded.mesh, logger, eval_data,
-                        eval_metric_fns, eval_batches)
+                        eval_metric_fns, eval_batches,
+                        (lambda name, params: decoded_metrics(name, params, infer_eval_examples))
+                        if infer_eval else None)
   diag = (_DiagnosticsLog(sharded.make_diagnostics(model_dir, **loss), diagnostics_period, logger)
           if diagnostics_period else None)
   run = _Run(state, start, data, sharded.make_train_step(num_microbatches, **loss), sharded.mesh,
