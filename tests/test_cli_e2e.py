@@ -266,7 +266,7 @@ def _data_axis_of_4(run, monkeypatch):
   del run
   from t5x_variants.train import partitioning  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(partitioning.MeshConfig, 'mesh',
-                      lambda self, devices=None: types.SimpleNamespace(shape={'data': 4, 'model': 1}))
+                      lambda self, devices=None: types.SimpleNamespace(shape={'replica': 1, 'data': 4, 'model': 1}))
 
 
 # (MODEL_DIR, its setup, flags, the error line): every bad input of t5xv-train stops before any

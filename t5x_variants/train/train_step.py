@@ -233,7 +233,7 @@ def create_state(layout: StateLayout, model, rng, init_inputs, params=None) -> T
 
 
 def make_train_step(shardings: TrainState, mesh, **kwargs):
-  """The jitted step: state in place (donated), batch split over 'data'."""
+  """The jitted step: state in place (donated), batch split over the batch axes."""
   step = functools.partial(train_step, **kwargs)
   return partitioning.jit(step, mesh, in_shardings=(shardings, partitioning.batch_sharding(mesh), None),
                           out_shardings=(shardings, None), donate_argnums=(0,))
