@@ -90,7 +90,7 @@ def needed_bytes(result: Dict) -> float:
 def abstract_batch(config: TransformerConfig, batch: int, lengths, sharding,
                    packed: bool = False) -> Dict:
   """ShapeDtypeStructs of a global batch of the architecture's features (with ``packed``, the
-  segment ids and positions of packed rows), split over 'data'."""
+  segment ids and positions of packed rows), split over the batch axes."""
   one = train_step.synthetic_batch(config, 1, lengths, packed=packed)
   return {k: jax.ShapeDtypeStruct((batch,) + v.shape[1:], v.dtype, sharding=sharding)
           for k, v in one.items()}

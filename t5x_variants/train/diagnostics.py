@@ -89,7 +89,7 @@ def compute(model, config, params, batch, label_smoothing=0.0, z_loss=0.0,
 
 class Diagnostics:
   """A run's fixed batch, F(x; theta_0) and their jitted ``compute``; parameters sharded as
-  ``param_shardings`` say, the batch over 'data' as training batches."""
+  ``param_shardings`` say, the batch over the batch axes as training batches."""
 
   def __init__(self, model_dir: str, model, config, param_shardings, mesh, **loss_kwargs):
     self.path = storage.path(model_dir) / FILE

@@ -2,7 +2,7 @@
 
 loss -> gradients (summed over microbatches, then normalised once, so accumulation equals the
 full batch) -> optional skip of a non-finite step -> Adafactor update. ``make_train_step`` jits
-it with parameters sharded by their logical axes and the batch split over the mesh's 'data' axis.
+it with parameters sharded by their logical axes and the batch split over the mesh's batch axes.
 """
 import functools
 from typing import Any, Callable, Dict, NamedTuple, Union
