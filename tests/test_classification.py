@@ -229,7 +229,7 @@ def test_a_new_head_with_the_checkpoints_optimizer_state_is_refused_by_name(tmp_
   from t5x_variants.train import trainer
   save_fresh_state(MLM, tmp_path / 'mlm', seed=7)
   with pytest.raises(checkpoints.CheckpointError,
-                     match=r'no optimizer state for .*new head \(classifier/kernel, pooler/kernel\).*'
+                     match=r'no optimizer state for .*new parameters \(classifier/kernel, pooler/kernel\).*'
                            r'init_optimizer=False'):
     trainer.train(CLS, lambda: iter([_toy_batch()]), model_dir=str(tmp_path / 'ft'),
                   total_steps=1, init_checkpoint=str(tmp_path / 'mlm'), init_optimizer=True)

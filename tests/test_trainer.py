@@ -243,6 +243,45 @@ def test_infer_eval_adds_the_decoded_metrics_to_each_eval_and_needs_them(tmp_pat
   assert not (tmp_path / 'prebuilt').exists()
 
 
+def test_a_variant_starts_from_another_variants_checkpoint_with_its_own_parameters_fresh(tmp_path):
+  """Sub-LN from a Pre-LN run: the checkpoint lacks its inner norms, so starting from it is one
+  error that names one and ``train.init_fresh``; with ``init_fresh=['inner_layer_norm']`` every
+  other parameter is the checkpoint's and the inner norms are the model's own initialisation.
+  With ``init_optimizer`` (no statistics for them), a path naming no parameter, or no checkpoint:
+  one error each, before anything is written."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  import flax  # pylint: disable=g-import-not-at-top
+  from t5x_variants.train import partitioning, sharded_model  # pylint: disable=g-import-not-at-top
+  pre_ln = tiny(num_encoder_layers=1, num_decoder_layers=1)  # run_train's model
+  run_train(tmp_path / 'pre', 2)
+  subln = dataclasses.replace(pre_ln, placement='subln')
+  start = dict(config=subln, init_checkpoint=str(tmp_path / 'pre'))
+  with pytest.raises(checkpoints.CheckpointError, match=r'holds another model \(.*inner_layer_norm.*'
+                                                        r'--gin.train.init_fresh'):
+    run_train(tmp_path / 'refused', 1, **start)
+  assert run_train(tmp_path / 'subln', 2, init_fresh=['inner_layer_norm'], **start)['step'] == 2
+
+  model = sharded_model.ShardedModel.build(subln, partitioning.MeshConfig(), 0)
+  begin = lambda run, *how: flax.traverse_util.flatten_dict(jax.tree_util.tree_map(np.asarray, model.restore_or_init(
+      checkpoints.Checkpointer(str(tmp_path / run)), None, str(tmp_path / run), *how)[0].params), sep='/')
+  started = begin('a', str(tmp_path / 'pre'), False, None, ['inner_layer_norm'])
+  fresh = begin('b', None, False)
+  saved = flax.traverse_util.flatten_dict(pretrained.read_on_host(str(tmp_path / 'pre')), sep='/')
+  new = sorted(k for k in started if 'inner_layer_norm' in k)
+  assert new and sorted(started.keys() - saved.keys()) == new
+  for k, x in started.items():
+    np.testing.assert_array_equal(x, fresh[k] if k in new else saved[k], err_msg=k)
+
+  for settings, error in (
+      (dict(init_fresh=['inner_layer_norm'], init_optimizer=True, **start),
+       r'no optimizer state for this model.s new parameters \(.*inner_layer_norm.*init_optimizer=False'),
+      (dict(init_fresh=['inner_norm'], **start), r"'inner_norm' is no path of this model's parameters"),
+      (dict(init_fresh=['inner_layer_norm'], config=subln), r'train.init_checkpoint, which is not set')):
+    with pytest.raises((ValueError, checkpoints.CheckpointError), match=error):
+      run_train(tmp_path / 'bad', 1, **settings)
+    assert not (tmp_path / 'bad').exists() or not any((tmp_path / 'bad').glob('checkpoint_*'))
+
+
 def test_a_non_finite_step_stops_or_is_skipped(reference, tmp_path):
   """Batch 3 has a NaN loss weight. 'stop' raises NonFiniteLossError naming step 3 and leaves
   checkpoints 1-2 intact; 'skip' resumes from step 2, logs step 3 as skipped with its update not

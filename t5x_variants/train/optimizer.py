@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from t5x_variants import is_positive_number, path_keys
+from t5x_variants import is_positive_number, path_keys, path_within
 
 SCHEDULES = ('rsqrt', 'constant', 'noam', 'linear', 'cosine')
 
@@ -129,18 +129,11 @@ def _per_layer(tx: optax.GradientTransformation) -> optax.GradientTransformation
       jax.vmap(tx.init), lambda updates, state, params=None: jax.vmap(tx.update)(updates, state, params))
 
 
-def _within(keys: Sequence[str], path: str) -> bool:
-  """Whether ``path``'s parts ('encoder/layers_1') occur in ``keys`` whole and in a row (not
-  'layers_1' in 'layers_10')."""
-  parts = path.strip('/').split('/')
-  return any(list(keys[i:i + len(parts)]) == parts for i in range(len(keys) - len(parts) + 1))
-
-
 def param_labels(params, frozen: Sequence[str] = ()):
   """Per leaf: 'frozen', '<stack>/layers' for scanned layer stacks, or 'default'."""
   def label(path, _):
     keys = path_keys(path)
-    if 'fixed_random' in keys or any(_within(keys, f) for f in frozen):
+    if 'fixed_random' in keys or any(path_within(keys, f) for f in frozen):
       return 'frozen'
     if 'layers' in keys:
       return '/'.join(keys[:keys.index('layers') + 1])

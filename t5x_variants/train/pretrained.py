@@ -11,7 +11,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
-from t5x_variants import path_keys
+from t5x_variants import path_keys, path_within
 from t5x_variants.train.checkpoint_reads import (array_shapes, error_reason, intact, outside_cause,
                                                  read_with, saved_tree)
 from t5x_variants.train.checkpoints import CheckpointError, abstract_arrays, checkpoint_path
@@ -40,7 +40,7 @@ def _read_error(path, what: str, e: Exception) -> CheckpointError:
 
 def _new_params(path, saved, wanted, fresh: Sequence[str] = ()):
   """The names of ``wanted``'s parameters ({name: shape}) that ``saved`` lacks or holds with
-  another shape; a CheckpointError if one is not under a ``fresh`` top-level name, or if
+  another shape; a CheckpointError if one is not within a ``fresh`` path (``path_within``), or if
   ``saved`` has a stack ``wanted`` lacks."""
   new = sorted(k for k in wanted if saved.get(k) != wanted[k])
   scanned = lambda names: any('layers' in k.split('/') for k in names)  # one stacked 'layers'
@@ -56,12 +56,13 @@ def _new_params(path, saved, wanted, fresh: Sequence[str] = ()):
                           '(a model whose encoder runs on the decoder\'s parameters, '
                           'shared_encoder_decoder, reading a separate encoder\'s?). Is it a '
                           'checkpoint of the same model configuration?')
-  refused = [k for k in new if stack_of(k) not in fresh] + extra  # extra: more layers, say
-  if refused:
+  refused = [k for k in new if not any(path_within(k.split('/'), f) for f in fresh)] + extra
+  if refused:  # (extra: more layers, say)
     k = refused[0]
     raise CheckpointError(f'{path} holds another model ({k}: saved {saved.get(k)}, this model '
                           f'{wanted.get(k, "nothing")}; {len(refused)} parameter(s) differ). Is it '
-                          'a checkpoint of the same model configuration?')
+                          'a checkpoint of the same model configuration? (To start a variant from '
+                          'it, name the parameters it lacks in --gin.train.init_fresh)')
   return new
 
 
@@ -102,9 +103,9 @@ def restore_params(path: str, abstract_params, fresh: Sequence[str] = ()):
   """Only the parameters of a checkpoint (evaluation; fine-tuning with a fresh optimizer state),
   laid out as ``abstract_params`` says.
 
-  ``fresh``: top-level names (a fine-tuning head, e.g. 'pooler', 'classifier') whose parameters
-  the checkpoint may lack or hold with other shapes; they are left out of the result, for the
-  caller to initialise. Any other parameter the checkpoint lacks, or holds with another shape, is
+  ``fresh``: parameter paths (a fine-tuning head, e.g. 'pooler', 'classifier'; a variant's own
+  parameters, e.g. Sub-LN's 'inner_layer_norm') whose parameters the checkpoint may lack or hold
+  with other shapes; they are left out of the result, for the caller to initialise. Any other parameter the checkpoint lacks, or holds with another shape, is
   a CheckpointError naming it (another model configuration). Saved parameters the model does not
   have (an MLM head when fine-tuning a classifier) are not read. What was initialised fresh and
   what was dropped is logged."""
@@ -135,8 +136,8 @@ def restore_state(path: str, abstract_state, fresh: Sequence[str] = ()):
   this run's optimizer keeps must be saved with its shape (a path this run freezes keeps none, so a
   checkpoint with more reads); else a CheckpointError names the first one missing. The state's
   step and the learning-rate schedules' counts are set to 0: the schedule counts the fine-tuning
-  steps, as ``TRAIN_STEPS`` does. A head under a ``fresh`` name that the checkpoint lacks is a
-  CheckpointError: it would need an optimizer state the checkpoint cannot give."""
+  steps, as ``TRAIN_STEPS`` does. A parameter within a ``fresh`` path that the checkpoint lacks is
+  a CheckpointError: it would need an optimizer state the checkpoint cannot give."""
   path = checkpoint_path(path)
   try:
     tree = saved_tree(path)
@@ -147,9 +148,9 @@ def restore_state(path: str, abstract_state, fresh: Sequence[str] = ()):
   new = _new_params(path, array_shapes(tree['params']), array_shapes(abstract_state.params), fresh)
   if new:
     raise CheckpointError(
-        f'{path} has no optimizer state for this model\'s new head ({", ".join(new)}), which '
-        '--gin.train.init_optimizer=True would restore: fine-tune from its parameters alone, with '
-        'a fresh optimizer state, by --gin.train.init_optimizer=False (as '
+        f'{path} has no optimizer state for this model\'s new parameters ({", ".join(new)}), '
+        'which --gin.train.init_optimizer=True would restore: start from its parameters alone, '
+        'with a fresh optimizer state, by --gin.train.init_optimizer=False (as '
         'gin/runs/finetune_classification.gin does)')
   saved = array_shapes(tree)
   target = ocp.tree.serialize_tree(abstract_state, keep_empty_nodes=True)

@@ -4,11 +4,12 @@ from (a checkpoint to resume, a pretrained one to fine-tune, or fresh) and its j
 import dataclasses
 import functools
 import logging
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import flax.linen as nn
 import jax
 
+from t5x_variants import path_keys, path_within
 from t5x_variants.models import build_model, fresh_head_params, init_inputs
 from t5x_variants.models.config import TransformerConfig
 from t5x_variants.train import (checkpoints, diagnostics, evaluation, optimizer, partitioning,
@@ -44,26 +45,37 @@ class ShardedModel:
         mesh_config.rules(), rng, inputs)
     return cls(config, mesh, model, layout, schedule, rng, inputs)
 
+  def check_init_fresh(self, init_fresh: Sequence[str], init_checkpoint: Optional[str]):
+    """ValueError (one line) if an ``init_fresh`` path names none of this model's parameters, or
+    if there is no ``init_checkpoint`` for the others to come from."""
+    names = [path_keys(p) for p, _ in jax.tree_util.tree_leaves_with_path(self.layout.abstract.params)]
+    unmatched = [f for f in init_fresh if not any(path_within(keys, f) for keys in names)]
+    if unmatched or (init_fresh and not init_checkpoint):
+      raise ValueError(f'train.init_fresh = {list(init_fresh)}: ' + (
+          f'{unmatched[0]!r} is no path of this model\'s parameters (see t5xv-info)' if unmatched
+          else 'it names parameters to start fresh when the others come from '
+               'train.init_checkpoint, which is not set'))
+
   def restore_or_init(self, ckpt: checkpoints.Checkpointer, data, model_dir: str,
                       init_checkpoint: Optional[str], init_optimizer: bool,
-                      guard: Optional[NonFiniteGuard] = None):
+                      guard: Optional[NonFiniteGuard] = None, init_fresh: Sequence[str] = ()):
     """(state, step): the newest readable checkpoint's (and ``data``'s position, and what
     ``guard`` had counted), else step 0
     from ``init_checkpoint``: its parameters, and with ``init_optimizer`` its optimizer state
     where it has one (``pretrained.restore_state``), else a fresh optimizer state; else a fresh
-    state."""
+    state. The parameters within an ``init_fresh`` path (and a fine-tuning head's) may be missing
+    from ``init_checkpoint``, or saved with other shapes: they start from this model's init."""
     restored = ckpt.restore_latest(self.layout.abstract, data, guard)
     if restored:
       log.info('resumed from step %d in %s', restored[1], model_dir)
       return restored
+    fresh = tuple(fresh_head_params(self.config)) + tuple(init_fresh)
     if init_checkpoint and init_optimizer:
-      state = pretrained.restore_state(init_checkpoint, self.layout.abstract,
-                                       fresh=fresh_head_params(self.config))
+      state = pretrained.restore_state(init_checkpoint, self.layout.abstract, fresh=fresh)
       if state is not None:
         return state, 0
       log.info('%s holds parameters only: the optimizer state starts fresh', init_checkpoint)
-    params = (pretrained.restore_params(init_checkpoint, self.layout.abstract.params,
-                                         fresh=fresh_head_params(self.config))
+    params = (pretrained.restore_params(init_checkpoint, self.layout.abstract.params, fresh=fresh)
               if init_checkpoint else None)
     return train_step.create_state(self.layout, self.model, self.rng, self.inputs, params), 0
 

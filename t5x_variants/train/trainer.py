@@ -331,7 +331,8 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
           log_period: int = 100, eval_period: int = 1000, eval_batches: Optional[int] = None,
           eval_at_start: bool = False, init_checkpoint: Optional[str] = None,
           init_optimizer: bool = False, seed: int = 0, diagnostics_period: int = 0,
-          infer_eval: bool = False, infer_eval_examples: Optional[int] = None):
+          infer_eval: bool = False, infer_eval_examples: Optional[int] = None,
+          init_fresh: Sequence[str] = ()):
   """Trains to ``total_steps``; returns the last logged train metrics (with 'step').
 
   ``train_data()``: this host's iterator of numpy batches (with ``save``/``restore`` to make the
@@ -344,7 +345,11 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
   per-layer diagnostics of ``train/diagnostics.py`` at step 0 and every that many steps.
   ``init_checkpoint``: a run with no checkpoint of its own starts from that one's parameters
   (fine-tuning), and with ``init_optimizer`` from its optimizer state too, as T5X does (a
-  checkpoint of parameters only still starts a fresh one); its steps count from 0.
+  checkpoint of parameters only still starts a fresh one); its steps count from 0. ``init_fresh``:
+  parameter paths, matched by whole parts as ``make_optimizer.frozen`` (Sub-LN's
+  'inner_layer_norm'), that ``init_checkpoint`` may lack: they start from this model's init, so a
+  variant starts from another variant's checkpoint (T5X's ``assignment_map`` to None); with
+  ``init_optimizer`` that is one error (no statistics for them).
   ``eval_at_start``: a fresh run also evaluates its initial parameters, at step 0 (the initial
   loss of a learning-rate sensitivity, ``sweeps/stability.py``). Whatever it is, a run resumed at
   an eval step whose eval was lost to a stop evaluates that step first.
@@ -371,13 +376,14 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
                      'encoder-decoder has one stack: set train.diagnostics_period = 0')
   guard = NonFiniteGuard(on_nonfinite, max_skipped_in_a_row)
   sharded = ShardedModel.build(config, mesh or partitioning.MeshConfig(), seed)
+  sharded.check_init_fresh(init_fresh, init_checkpoint)
   # First: missing data is one error before the run directory exists.
   data = multihost.agree('building the training data', train_data)
   _check_run_directory(model_dir, files or {})
   ckpt = checkpoints.Checkpointer(model_dir)
   _check_vocabulary(model_dir, files or {}, lambda: bool(ckpt.steps()))
   state, start = sharded.restore_or_init(ckpt, data, model_dir, init_checkpoint, init_optimizer,
-                                         guard)
+                                         guard, init_fresh)
   _write_run_files(model_dir, config, files or {})  # after restoring: a refused resume keeps them
   loss = dict(label_smoothing=label_smoothing, z_loss=z_loss,
               loss_normalizing_factor=loss_normalizing_factor)
