@@ -187,8 +187,8 @@ def test_a_schedule_setting_out_of_range_is_refused(setting, message):
 @pytest.mark.parametrize('loss,message', [
     (dict(label_smoothing=1.5), r'train.label_smoothing must be in \[0, 1\), not 1.5'),
     (dict(z_loss=-1e-4), 'train.z_loss must be a number >= 0, not -0.0001'),
-    (dict(loss_normalizing_factor=0.0), "loss_normalizing_factor must be 'num_tokens', 'none', None "
-                                        'or a number > 0, not 0.0'),
+    (dict(loss_normalizing_factor=0.0), "loss_normalizing_factor must be 'num_tokens', 'none', "
+                                        "'average_per_sequence', None or a number > 0, not 0.0"),
     (dict(loss_normalizing_factor=-1.0), 'or a number > 0, not -1.0'),
     (dict(loss_normalizing_factor=True), 'or a number > 0, not True'),
     (dict(loss_normalizing_factor='tokens'), "or a number > 0, not 'tokens'"),

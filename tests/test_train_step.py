@@ -46,6 +46,39 @@ def test_cross_entropy_with_label_smoothing_and_z_loss_matches_the_formula():
     losses.normalizing_factor('tokens', 3.0)
 
 
+def test_average_per_sequence_sums_each_sequences_mean_token_loss():
+  """T5X's AVERAGE_PER_SEQUENCE: the loss is the sum over sequences (a row's, or a packed row's
+  segments) of each one's mean token loss; token counts and accuracy stay per token. A packed
+  row of two sequences has the loss of the two as rows of their own; in the train step, rows of
+  equal token counts have rows x the per-token loss, microbatched or not."""
+  rng = np.random.RandomState(1)
+  logits, targets = jnp.asarray(rng.randn(2, 6, 5)), jnp.asarray(rng.randint(0, 5, (2, 6)))
+  weights = jnp.asarray([[1, 1, 1, 1, 0, 0], [1, 1, 0, 0, 0, 0]])
+  per_token, _ = losses.cross_entropy(logits, targets)
+  m = losses.loss_and_metrics(logits, targets, weights, loss_normalizing_factor='average_per_sequence')
+  np.testing.assert_allclose(m['loss'], per_token[0, :4].mean() + per_token[1, :2].mean(), rtol=1e-5)
+  assert float(m['num_tokens']) == 6 and float(losses.normalizing_factor('average_per_sequence', 6.0)) == 1.0
+  segments = jnp.asarray([[1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 1, 1]])
+  np.testing.assert_allclose(losses.per_sequence_weights(weights, segments),
+                             [[1 / 3, 1 / 3, 1 / 3, 1, 0, 0], [0.5, 0.5, 0, 0, 0, 0]])
+  packed = losses.loss_and_metrics(logits[:1], targets[:1], weights[:1], 0.0, 0.0,
+                                   'average_per_sequence', segments[:1])
+  np.testing.assert_allclose(packed['loss'], per_token[0, :3].mean() + per_token[0, 3], rtol=1e-5)
+
+  mesh = partitioning.make_mesh(devices=jax.devices()[:1])
+  batch, key = synthetic_batch(), jax.random.PRNGKey(0)
+  rows = len(batch['decoder_loss_weights'])
+  assert len(set(np.sum(batch['decoder_loss_weights'], 1))) == 1
+  state, step = setup(mesh)
+  _, per_token_step = step(state, batch, key)
+  for micro in (1, 2):
+    state, step = setup(mesh, loss_normalizing_factor='average_per_sequence', num_microbatches=micro)
+    _, m = step(state, batch, key)
+    np.testing.assert_allclose(m['loss'], rows * per_token_step['loss'], rtol=1e-5)
+    assert m['num_tokens'] == per_token_step['num_tokens']
+    assert m['token_accuracy'] == per_token_step['token_accuracy']
+
+
 def test_adafactor_never_factors_the_layers_axis_and_equals_per_layer_updates():
   c = tiny(d_model=128, num_heads=2, head_dim=64, d_ff=256, vocab_size=16,
            num_encoder_layers=3, architecture='encoder_only')

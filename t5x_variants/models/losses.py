@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from t5x_variants import is_positive_number
 
-NORMALIZERS = ('num_tokens', 'none')
+NORMALIZERS = ('num_tokens', 'none', 'average_per_sequence')
 
 
 def cross_entropy(logits, targets, weights=None, label_smoothing: float = 0.0,
@@ -32,6 +32,20 @@ def cross_entropy(logits, targets, weights=None, label_smoothing: float = 0.0,
   return (loss + z) * w, z * w
 
 
+def per_sequence_weights(weights, segment_ids=None):
+  """``weights`` divided by the total weight of the sequence each position belongs to (its row, or
+  in packed rows its segment), so each sequence's weights sum to 1 and a summed loss is the sum of
+  the sequences' mean token losses (T5X's AVERAGE_PER_SEQUENCE); 0 where the weight is 0."""
+  w = weights.astype(jnp.float32)
+  if segment_ids is None:
+    total = jnp.sum(w, axis=-1, keepdims=True)
+  else:
+    n = segment_ids.shape[-1]  # segment ids run from 1 to at most n (0: padding)
+    sums = jax.vmap(lambda x, s: jax.ops.segment_sum(x, s, num_segments=n + 1))(w, segment_ids)
+    total = jnp.take_along_axis(sums, segment_ids, axis=-1)
+  return jnp.where(w > 0, w / jnp.where(total > 0, total, 1.0), 0.0)
+
+
 def classification_loss(logits, labels, weights=None, label_smoothing: float = 0.0,
                         z_loss: float = 0.0):
   """Per-example (loss, z_loss part) of a classification head's logits (..., num_labels), zero
@@ -47,7 +61,8 @@ def classification_loss(logits, labels, weights=None, label_smoothing: float = 0
 
 def normalizing_factor(loss_normalizing_factor: Union[str, float], num_tokens):
   """'num_tokens': the number of weighted tokens (at least 1); 'none' or None (T5X's spelling, its
-  T5.1.1 default): 1, the summed loss; a number: itself (T5's constant normaliser makes the loss
+  T5.1.1 default): 1, the summed loss; 'average_per_sequence': 1, the loss having been summed
+  over ``per_sequence_weights``; a number: itself (T5's constant normaliser makes the loss
   independent of the batch's padding)."""
   check_normalizing_factor(loss_normalizing_factor)
   if loss_normalizing_factor is None:
@@ -68,11 +83,15 @@ def check_normalizing_factor(loss_normalizing_factor):
 
 
 def loss_and_metrics(logits, targets, weights, label_smoothing: float = 0.0, z_loss: float = 0.0,
-                     loss_normalizing_factor: Union[str, float] = 'num_tokens'
-                     ) -> Dict[str, jnp.ndarray]:
-  """The scalar training loss (summed, divided by ``normalizing_factor``) and its metrics;
-  ``correct`` is the number of weighted tokens predicted right, ``token_accuracy`` its fraction."""
-  per_token, z = cross_entropy(logits, targets, weights, label_smoothing, z_loss)
+                     loss_normalizing_factor: Union[str, float] = 'num_tokens',
+                     segment_ids=None) -> Dict[str, jnp.ndarray]:
+  """The scalar training loss (summed, divided by ``normalizing_factor``; with
+  'average_per_sequence' summed over ``per_sequence_weights`` of ``segment_ids``' sequences) and
+  its metrics; ``correct`` is the number of weighted tokens predicted right, ``token_accuracy``
+  its fraction."""
+  loss_weights = (per_sequence_weights(weights, segment_ids)
+                  if loss_normalizing_factor == 'average_per_sequence' else weights)
+  per_token, z = cross_entropy(logits, targets, loss_weights, label_smoothing, z_loss)
   num_tokens = jnp.sum(weights.astype(jnp.float32))
   factor = normalizing_factor(loss_normalizing_factor, num_tokens)
   correct = jnp.sum((jnp.argmax(logits, -1) == targets) * weights)

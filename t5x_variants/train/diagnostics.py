@@ -62,7 +62,8 @@ def compute(model, config, params, batch, label_smoothing=0.0, z_loss=0.0,
   def loss(p):
     logits, state = model.apply({'params': p}, **train_step.model_inputs(config, batch),
                                 mutable='intermediates')
-    total, sums = train_step.logits_loss(config, logits, batch, label_smoothing, z_loss)
+    total, sums = train_step.logits_loss(config, logits, batch, label_smoothing, z_loss,
+                                         loss_normalizing_factor=loss_normalizing_factor)
     factor = losses.normalizing_factor(loss_normalizing_factor, sums['num_tokens'])
     return total / factor, state['intermediates']
 

@@ -81,15 +81,16 @@ class TrainState(flax.struct.PyTreeNode):
 
 
 def summed_loss(model, config: TransformerConfig, params, batch, dropout_rng, label_smoothing=0.0,
-                z_loss=0.0, rows: bool = False):
-  """(summed loss, metrics sums) of one (micro)batch; dropout on when ``dropout_rng`` is given.
+                z_loss=0.0, rows: bool = False, loss_normalizing_factor='num_tokens'):
+  """(summed loss, metrics sums) of one (micro)batch; dropout on when ``dropout_rng`` is given;
+  ``loss_normalizing_factor`` 'average_per_sequence' weights each sequence's tokens to sum to 1.
   A classification head's batch has ``classification_labels`` / ``classification_weights`` (one
   per example, counted as its 'num_tokens'); with ``rows`` its metrics also hold 'rows': each
   example's prediction (argmax, or the regression output), label and weight (for evaluation)."""
   rngs = {'dropout': dropout_rng} if dropout_rng is not None else {}
   logits = model.apply({'params': params}, **model_inputs(config, batch),
                        enable_dropout=dropout_rng is not None, rngs=rngs)
-  return logits_loss(config, logits, batch, label_smoothing, z_loss, rows)
+  return logits_loss(config, logits, batch, label_smoothing, z_loss, rows, loss_normalizing_factor)
 
 
 def model_inputs(config: TransformerConfig, batch):
@@ -98,7 +99,7 @@ def model_inputs(config: TransformerConfig, batch):
 
 
 def logits_loss(config: TransformerConfig, logits, batch, label_smoothing=0.0, z_loss=0.0,
-                rows: bool = False):
+                rows: bool = False, loss_normalizing_factor='num_tokens'):
   """``summed_loss`` of the model's ``logits`` on ``batch``."""
   if config.head == 'classification':
     return _classification_sums(config, logits[:, 0], batch, label_smoothing, z_loss, rows)
@@ -106,8 +107,9 @@ def logits_loss(config: TransformerConfig, logits, batch, label_smoothing=0.0, z
   if f'{prefix}_target_tokens' not in batch:
     raise ValueError(f'the batch has no {prefix}_target_tokens (features: {", ".join(sorted(batch))});'
                      ' a classification task needs TransformerConfig.head = "classification"')
+  summed = 'average_per_sequence' if loss_normalizing_factor == 'average_per_sequence' else 'none'
   m = losses.loss_and_metrics(logits, batch[f'{prefix}_target_tokens'], batch[f'{prefix}_loss_weights'],
-                              label_smoothing, z_loss, loss_normalizing_factor='none')
+                              label_smoothing, z_loss, summed, batch.get(f'{prefix}_segment_ids'))
   del m['token_accuracy']  # a ratio; the step sums 'correct' over microbatches instead
   return m['loss'], m
 
@@ -147,7 +149,8 @@ def train_step(state: TrainState, batch: Dict[str, jnp.ndarray], rng, *, model, 
   stays with the moments it bias-corrects (``MOMENT_COUNTED``).
   ``grad_norm`` is over the trained parameters (a frozen path's gradient updates nothing)."""
   grad_fn = jax.grad(functools.partial(summed_loss, model, config, label_smoothing=label_smoothing,
-                                       z_loss=z_loss), argnums=0, has_aux=True)
+                                       z_loss=z_loss, loss_normalizing_factor=loss_normalizing_factor),
+                     argnums=0, has_aux=True)
   # Microbatch i holds rows i, i + n, i + 2n, ...: each device's contiguous share of the batch
   # (its `data` shard) holds its rows of every microbatch, so no row moves between devices
   # (contiguous microbatches would each sit on 1/n of the devices and be gathered to all).
