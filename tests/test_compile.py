@@ -308,6 +308,8 @@ def test_several_slices_split_data_across_them(v5e_2x2):
   partitioning.check_batch(32, partitioning.MeshConfig().mesh(pods.devices[16:] + pods.devices[:16]))
   r = aot.compile_plan(_plan(dtype='bfloat16'), two, 16, LENGTHS, OPTIONS)
   assert r['fits'] is True and r['mesh_shape'] == {'replica': 1, 'data': 8, 'model': 1} and r['target'] == two.name
+  plans = aot.candidate_plans(_plan(), two, 16)  # --suggest: FSDP within each slice
+  assert {(p.mesh.fsdp, p.mesh.replica) for p in plans} == {(False, 1), (True, 2)}
 
 
 # The compiled multislice program's transfers to other slices (send ops to the network between

@@ -195,13 +195,17 @@ def candidate_plans(plan: Plan, target: Target, batch: int) -> List[Plan]:
   work they add: a rank of 0 for no remat, data parallelism and one microbatch, +1 per remat step
   (minimal, dots_and_probs, full), +1 for FSDP, +log2(model) for a model axis, +log2(microbatches);
   ties: less remat first. Meshes that split a parameter or the batch unevenly, or a 'data' shard
-  over the slice's hosts, are left out (no compile needed to know)."""
+  over the slice's hosts, are left out (no compile needed to know). On several TPU slices FSDP
+  keeps to each slice (one replica a slice), so its gathers stay off the network between them."""
   boxed = summary.abstract_params(plan.config)
   n = target.num_devices
+  slices = len({getattr(d, 'slice_index', 0) for d in target.devices}) if target.platform == 'tpu' else 1
   ranked = []
   for size in partitioning.divisors(n):
-    for fsdp in (False, True) if n // size > 1 else (False,):  # FSDP splits over 'data'
-      mesh_config = partitioning.MeshConfig(data=n // size, model=size, fsdp=fsdp)
+    for fsdp in (False, True) if n // size // slices > 1 else (False,):  # FSDP splits over 'data'
+      replica = slices if fsdp else 1
+      mesh_config = partitioning.MeshConfig(data=n // size // replica, model=size, fsdp=fsdp,
+                                            replica=replica)
       mesh = mesh_config.mesh(target.devices)
       try:
         partitioning.check_mesh(boxed, mesh, mesh_config.rules())
