@@ -321,7 +321,8 @@ BAD_TRAIN_INPUTS = [
     ('{tmp}/run', None, ['--gin.MeshConfig.model=0'],  # a ZeroDivisionError
      'MeshConfig.model = 0 is out of range: the model axis must be an integer >= 1'),
     ('{tmp}/run', None, ["--gin.MeshConfig.data='2'"],  # a TypeError
-     "MeshConfig.data = '2' is out of range: the data axis (-1: the devices model leaves) must be "),
+     "MeshConfig.data = '2' is out of range: the data axis (-1: the devices model and replica leave) "
+     'must be '),
     ('{tmp}/run', None, ["--gin.train.seed='a'"],  # JAX's TypeError from PRNGKey
      "train.seed = 'a' is out of range: the random seed must be an integer >= 0 or None"),
     ('{tmp}/run', None, ['--gin.make_optimizer.global_norm_clip=-1'],  # trained uphill, exit 0
@@ -332,6 +333,8 @@ BAD_TRAIN_INPUTS = [
      'makes encoder rows of 64 tokens, more than this model reads (encoder_max_length 32: its learned '
      'positions or synthesizer are sized by it); set TransformerConfig.encoder_max_length = 64, or '
      'shorter lengths'),
+    ('{tmp}/run', None, ['--gin.train.infer_eval=True', "--gin.DecodeOptions.method='beem'"],
+     "DecodeOptions.method = 'beem' is out of range: it must be 'greedy' or 'sample' or 'beam'"),
 ]
 
 
@@ -340,7 +343,7 @@ BAD_TRAIN_INPUTS = [
     'batch_negative', 'batch_vs_data_axis', 'batch_vs_microbatches', 'inputs_length_0',
     'targets_length_negative', 'steps_0', 'steps_negative', 'log_period_0', 'eval_period_negative',
     'checkpoint_period_0', 'keep_0', 'data_not_prepared', 'mesh_model_0', 'mesh_data_string',
-    'seed_string', 'negative_clip', 'rows_longer_than_the_synthesizer'])
+    'seed_string', 'negative_clip', 'rows_longer_than_the_synthesizer', 'infer_eval_decoding'])
 def test_bad_train_input_is_one_line_before_any_work(model_dir, setup, flags, message, tmp_path,
                                                      monkeypatch, capsys):
   model_dir, message = (x.replace('{tmp}', str(tmp_path)) for x in (model_dir, message))

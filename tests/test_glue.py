@@ -421,7 +421,7 @@ def test_eval_keeps_multirc_questions_whole_and_refuses_a_split_without_labels(r
     metric(1)
   cola = seqio.get_mixture_or_task('glue_cola_local')
   with pytest.raises(ValueError, match='glue_cola_local: its test examples have no labels'):
-    eval_cli._check_labelled(cola, 'test', lengths)
-  eval_cli._check_labelled(cola, 'train', lengths)
+    eval_cli.check_labelled(cola, 'test', lengths)
+  eval_cli.check_labelled(cola, 'train', lengths)
   with pytest.raises(ValueError, match='super_glue_wsc_local: its test examples have no labels'):
-    eval_cli._check_labelled(seqio.get_mixture_or_task('super_glue_wsc_local'), 'test', lengths)
+    eval_cli.check_labelled(seqio.get_mixture_or_task('super_glue_wsc_local'), 'test', lengths)

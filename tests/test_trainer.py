@@ -245,10 +245,11 @@ def test_infer_eval_adds_the_decoded_metrics_to_each_eval_and_needs_them(tmp_pat
 
 def test_a_variant_starts_from_another_variants_checkpoint_with_its_own_parameters_fresh(tmp_path):
   """Sub-LN from a Pre-LN run: the checkpoint lacks its inner norms, so starting from it is one
-  error that names one and ``train.init_fresh``; with ``init_fresh=['inner_layer_norm']`` every
-  other parameter is the checkpoint's and the inner norms are the model's own initialisation.
-  With ``init_optimizer`` (no statistics for them), a path naming no parameter, or no checkpoint:
-  one error each, before anything is written."""
+  error that names one and ``train.init_fresh``; with ``init_fresh=['inner_layer_norm',
+  'logits_dense']`` every other parameter is the checkpoint's, and the inner norms and the
+  output layer (which the checkpoint holds) are the model's own initialisation (T5X's
+  assignment_map to None). With ``init_optimizer``, a path naming no parameter, no checkpoint or
+  a bare string: one error each, before anything is written."""
   import dataclasses  # pylint: disable=g-import-not-at-top
   import flax  # pylint: disable=g-import-not-at-top
   from t5x_variants.train import partitioning, sharded_model  # pylint: disable=g-import-not-at-top
@@ -264,17 +265,20 @@ def test_a_variant_starts_from_another_variants_checkpoint_with_its_own_paramete
   model = sharded_model.ShardedModel.build(subln, partitioning.MeshConfig(), 0)
   begin = lambda run, *how: flax.traverse_util.flatten_dict(jax.tree_util.tree_map(np.asarray, model.restore_or_init(
       checkpoints.Checkpointer(str(tmp_path / run)), None, str(tmp_path / run), *how)[0].params), sep='/')
-  started = begin('a', str(tmp_path / 'pre'), False, None, ['inner_layer_norm'])
+  started = begin('a', str(tmp_path / 'pre'), False, None, ['inner_layer_norm', 'logits_dense'])
   fresh = begin('b', None, False)
   saved = flax.traverse_util.flatten_dict(pretrained.read_on_host(str(tmp_path / 'pre')), sep='/')
   new = sorted(k for k in started if 'inner_layer_norm' in k)
-  assert new and sorted(started.keys() - saved.keys()) == new
+  assert new and sorted(started.keys() - saved.keys()) == new and 'logits_dense/kernel' in saved
   for k, x in started.items():
-    np.testing.assert_array_equal(x, fresh[k] if k in new else saved[k], err_msg=k)
+    np.testing.assert_array_equal(x, fresh[k] if k in new or k.startswith('logits_dense') else saved[k],
+                                  err_msg=k)
+  assert not np.array_equal(fresh['logits_dense/kernel'], saved['logits_dense/kernel'])
 
   for settings, error in (
       (dict(init_fresh=['inner_layer_norm'], init_optimizer=True, **start),
-       r'no optimizer state for this model.s new parameters \(.*inner_layer_norm.*init_optimizer=False'),
+       r"their optimizer statistics would be the checkpoint's .*--gin.train.init_optimizer=False"),
+      (dict(init_fresh='inner_layer_norm', **start), r'expected a list of parameter paths'),
       (dict(init_fresh=['inner_norm'], **start), r"'inner_norm' is no path of this model's parameters"),
       (dict(init_fresh=['inner_layer_norm'], config=subln), r'train.init_checkpoint, which is not set')):
     with pytest.raises((ValueError, checkpoints.CheckpointError), match=error):

@@ -136,7 +136,7 @@ def _group(task, example):
   return target.get('group') if isinstance(target, dict) else None
 
 
-def _check_labelled(task, split: str, lengths):
+def check_labelled(task, split: str, lengths):
   """One ValueError if ``split`` of ``task`` holds no labels (GLUE's and SuperGLUE's test splits:
   their class ids -1, their targets NO_LABEL or WSC's span text): its metrics would compare the
   predictions with a placeholder (an unparseable prediction matched NO_LABEL: accuracy 100)."""
@@ -314,7 +314,7 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
              for task in subtasks}
   for task in subtasks:
     multihost.same(f'the {split} labels of {task.name}',
-                   functools.partial(_check_labelled, task, split, lengths[task.name]), key=None)
+                   functools.partial(check_labelled, task, split, lengths[task.name]), key=None)
   if whole:
     for name, longest in sorted(lengths.items()):
       of = f' of its first {read[name]}' if read[name] else ''

@@ -19,7 +19,7 @@ RANGES = {
               'infer_eval_examples': (1, True, 'the examples decoded per eval task (None: all)'),
               'seed': (0, True, 'the random seed'),
               'max_skipped_in_a_row': (1, False, 'the non-finite steps in a row that stop it')},
-    'MeshConfig': {'data': (-1, False, 'the data axis (-1: the devices model leaves)'),
+    'MeshConfig': {'data': (-1, False, 'the data axis (-1: the devices model and replica leave)'),
                    'model': (1, False, 'the model axis'),
                    'replica': (1, False, 'the replica axis (groups that each hold whole parameters)')},
     'Checkpointer': {'period': (1, False, 'the steps between checkpoints'),

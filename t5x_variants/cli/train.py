@@ -143,6 +143,9 @@ def check_inputs(config, train_cfg, eval_cfg):
     raise ValueError(f'{ranges.binding_name("train/DatasetConfig.seed")[1]} = None with '
                      f'{jax.process_count()} processes: the hosts would shuffle the data each their '
                      'own way, their shares overlapping; set a seed (an integer)')
+  if bindings.get('infer_eval'):  # the decoding settings before any step, not at the first eval
+    from t5x_variants.train.predictor import DecodeOptions  # pylint: disable=g-import-not-at-top
+    DecodeOptions().check(config.vocab_size)
   mesh = (bindings.get('mesh') or partitioning.MeshConfig()).mesh()
   try:
     partitioning.check_batch(train_cfg.batch_size, mesh, bindings.get('num_microbatches', 1))
@@ -207,6 +210,10 @@ def _decoded_metrics(config, eval_cfg, subtasks):
   such metrics): ``train.infer_eval``. The decoder compiles at its first use."""
   from t5x_variants.train.predictor import Predictor  # pylint: disable=g-import-not-at-top
   passes = {t.name: (t, eval_cli.inference_passes(t, config, True, None)) for t in subtasks}
+  if gin.get_bindings('train').get('infer_eval'):  # a split without labels: metrics of nothing
+    for task, todo in passes.values():
+      if todo:
+        eval_cli.check_labelled(task, eval_cfg.split, eval_cfg.task_feature_lengths)
   predictor = []
 
   def metrics(name, params, max_examples):

@@ -125,7 +125,8 @@ def _last_by_step(records: List[dict]) -> List[dict]:
 def _evals_by_step(records: List[dict]) -> List[dict]:
   """One eval record per step: the training run's own (the latest where a resumed run logged the
   step again) with the metrics that only ``t5xv-eval``'s validation records of that step add
-  (scores of decoded text); where both have a metric, the run's own stands. A step only
+  (scores of decoded text, unless the run decoded them itself: ``train.infer_eval``); where both
+  have a metric, the run's own stands (over the batches and examples it read). A step only
   ``t5xv-eval`` evaluated (often the last checkpoint) has its record alone: over the whole split,
   where the run's own evals may read a few batches."""
   own = {r['step']: r for r in records if 'split' not in r}

@@ -53,8 +53,8 @@ class Plan:
 
   def flags(self) -> str:
     """The ``--gin.`` flags that select this plan."""
-    replica = f'--gin.MeshConfig.replica={self.mesh.replica} ' if self.mesh.replica != 1 else ''
-    return (f'--gin.TransformerConfig.remat="\'{self.config.remat}\'" {replica}'
+    return (f'--gin.TransformerConfig.remat="\'{self.config.remat}\'" '
+            f'--gin.MeshConfig.replica={self.mesh.replica} '
             f'--gin.MeshConfig.data={self.mesh.data} --gin.MeshConfig.model={self.mesh.model} '
             f'--gin.MeshConfig.fsdp={self.mesh.fsdp} --gin.train.num_microbatches={self.num_microbatches}')
 
@@ -213,7 +213,7 @@ def candidate_plans(plan: Plan, target: Target, batch: int) -> List[Plan]:
       except ValueError:
         continue
       k = 1
-      while batch % (mesh_config.data * k) == 0 and k <= MAX_MICROBATCHES:
+      while batch % (replica * mesh_config.data * k) == 0 and k <= MAX_MICROBATCHES:
         for r, remat in enumerate(REMAT_ORDER):
           rank = r + fsdp + math.log2(size) + math.log2(k)
           ranked.append((rank, r, Plan(dataclasses.replace(plan.config, remat=remat), mesh_config, k,

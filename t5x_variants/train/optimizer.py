@@ -209,7 +209,7 @@ def adafactor(learning_rate, decay_rate: float = 0.8, clipping_threshold: float 
               multiply_by_parameter_scale: bool = True, min_dim_size_to_factor: int = 128,
               combine_heads: bool = True, momentum: Optional[float] = None,
               dtype_momentum: str = 'float32', weight_decay_rate: Optional[float] = None,
-              decay_offset: int = 0, factored: bool = True):
+              factored: bool = True):
   """Adafactor (Shazeer & Stern 2018) as T5 ran it by default (factored, no momentum), with
   ``combine_heads`` on each layer's parameters as T5 stored them (``as_matrix``): its second
   moments of an attention projection factor over d_model and heads x head_dim (on (d_model,
@@ -222,13 +222,13 @@ def adafactor(learning_rate, decay_rate: float = 0.8, clipping_threshold: float 
 
   T5X's other settings: ``momentum`` b1 (m <- b1 m + (1 - b1) u over the scaled updates u, no
   bias correction) kept in ``dtype_momentum``; ``weight_decay_rate`` w (the step is u + w theta,
-  w not scaled by the learning rate); ``decay_offset`` (T5X's ``step_offset``: the second-moment
-  decay 1 - (t - offset)^-decay_rate counts steps from it); ``factored=False`` (whole moments)."""
+  w not scaled by the learning rate); ``factored=False`` (whole moments). Not T5X's
+  ``step_offset``: its decay 1 - (t - offset)^-decay_rate is not a number while t < offset."""
   tx = optax.adafactor(
       learning_rate, min_dim_size_to_factor=min_dim_size_to_factor, decay_rate=decay_rate,
       clipping_threshold=clipping_threshold, multiply_by_parameter_scale=multiply_by_parameter_scale,
       momentum=momentum, dtype_momentum=jnp.dtype(dtype_momentum), weight_decay_rate=weight_decay_rate,
-      decay_offset=decay_offset, factored=factored)
+      factored=factored)
   return _on_matrices(tx) if combine_heads else tx
 
 

@@ -169,7 +169,8 @@ def check_batch(batch_size: int, mesh: Mesh, num_microbatches: int = 1):
             f"mesh axes replica x data of size {mesh.shape['replica']} x {mesh.shape['data']}")
     raise ValueError(f"batch size {batch_size} does not split over {axes}{micro}: use a multiple "
                      f"of {unit} (e.g. {max(unit, batch_size // unit * unit)}) or another "
-                     "MeshConfig.data / train.num_microbatches")
+                     f"MeshConfig.data{' / MeshConfig.replica' * (mesh.shape['replica'] > 1)} / "
+                     "train.num_microbatches")
 
 
 def sharded_abstract_params(model, init_inputs, mesh: Mesh, rules, rng=None):

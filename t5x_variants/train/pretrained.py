@@ -59,10 +59,11 @@ def _new_params(path, saved, wanted, fresh: Sequence[str] = ()):
   refused = [k for k in new if not any(path_within(k.split('/'), f) for f in fresh)] + extra
   if refused:  # (extra: more layers, say)
     k = refused[0]
+    hint = (' (to start a variant from it, name the parameters it lacks or holds otherwise in '
+            '--gin.train.init_fresh)' if k in wanted else '')
     raise CheckpointError(f'{path} holds another model ({k}: saved {saved.get(k)}, this model '
                           f'{wanted.get(k, "nothing")}; {len(refused)} parameter(s) differ). Is it '
-                          'a checkpoint of the same model configuration? (To start a variant from '
-                          'it, name the parameters it lacks in --gin.train.init_fresh)')
+                          f'a checkpoint of the same model configuration?{hint}')
   return new
 
 
@@ -99,23 +100,27 @@ def read_on_host(path: str, part: Optional[str] = 'params'):
   return restored[part] if part else restored
 
 
-def restore_params(path: str, abstract_params, fresh: Sequence[str] = ()):
+def restore_params(path: str, abstract_params, fresh: Sequence[str] = (),
+                   init_fresh: Sequence[str] = ()):
   """Only the parameters of a checkpoint (evaluation; fine-tuning with a fresh optimizer state),
   laid out as ``abstract_params`` says.
 
-  ``fresh``: parameter paths (a fine-tuning head, e.g. 'pooler', 'classifier'; a variant's own
-  parameters, e.g. Sub-LN's 'inner_layer_norm') whose parameters the checkpoint may lack or hold
-  with other shapes; they are left out of the result, for the caller to initialise. Any other parameter the checkpoint lacks, or holds with another shape, is
-  a CheckpointError naming it (another model configuration). Saved parameters the model does not
-  have (an MLM head when fine-tuning a classifier) are not read. What was initialised fresh and
-  what was dropped is logged."""
+  ``fresh``: parameter paths (a fine-tuning head, e.g. 'pooler', 'classifier') whose parameters
+  the checkpoint may lack or hold with other shapes; those are left out of the result, for the
+  caller to initialise. ``init_fresh``: paths (a variant's own parameters, e.g. Sub-LN's
+  'inner_layer_norm') left out whether the checkpoint holds them or not. Any other parameter the
+  checkpoint lacks, or holds with another shape, is a CheckpointError naming it (another model
+  configuration). Saved parameters the model does not have (an MLM head when fine-tuning a
+  classifier) are not read. What was initialised fresh and what was dropped is logged."""
   path = checkpoint_path(path)
   try:
     saved = array_shapes(saved_tree(path)['params'])
   except Exception as e:
     raise _read_error(path, 'the parameters', e) from e
   wanted = array_shapes(abstract_params)
-  new = _new_params(path, saved, wanted, fresh)
+  within = lambda k: any(path_within(k.split('/'), f) for f in init_fresh)
+  new = sorted(set(_new_params(path, saved, wanted, tuple(fresh) + tuple(init_fresh)))
+               | {k for k in wanted if within(k)})
   dropped = sorted(saved.keys() - wanted.keys())
   if new or dropped:
     log.info('restored %d of %d parameters from %s; initialised fresh: %s; not used (dropped): %s',

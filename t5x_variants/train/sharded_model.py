@@ -45,16 +45,23 @@ class ShardedModel:
         mesh_config.rules(), rng, inputs)
     return cls(config, mesh, model, layout, schedule, rng, inputs)
 
-  def check_init_fresh(self, init_fresh: Sequence[str], init_checkpoint: Optional[str]):
-    """ValueError (one line) if an ``init_fresh`` path names none of this model's parameters, or
-    if there is no ``init_checkpoint`` for the others to come from."""
+  def check_init_fresh(self, init_fresh: Sequence[str], init_checkpoint: Optional[str],
+                       init_optimizer: bool):
+    """ValueError (one line) if ``init_fresh`` is no list of paths, a path names none of this
+    model's parameters, there is no ``init_checkpoint`` for the others to come from, or the
+    optimizer state would come from it too (``init_optimizer``: statistics of other values)."""
+    if isinstance(init_fresh, str):
+      raise ValueError(f'train.init_fresh = {init_fresh!r}: expected a list of parameter paths, '
+                       f'e.g. --gin.train.init_fresh="[{init_fresh!r}]"')
     names = [path_keys(p) for p, _ in jax.tree_util.tree_leaves_with_path(self.layout.abstract.params)]
     unmatched = [f for f in init_fresh if not any(path_within(keys, f) for keys in names)]
-    if unmatched or (init_fresh and not init_checkpoint):
+    if unmatched or (init_fresh and (not init_checkpoint or init_optimizer)):
       raise ValueError(f'train.init_fresh = {list(init_fresh)}: ' + (
           f'{unmatched[0]!r} is no path of this model\'s parameters (see t5xv-info)' if unmatched
           else 'it names parameters to start fresh when the others come from '
-               'train.init_checkpoint, which is not set'))
+               'train.init_checkpoint, which is not set' if not init_checkpoint
+          else 'their optimizer statistics would be the checkpoint\'s (train.init_optimizer = '
+               'True): set --gin.train.init_optimizer=False'))
 
   def restore_or_init(self, ckpt: checkpoints.Checkpointer, data, model_dir: str,
                       init_checkpoint: Optional[str], init_optimizer: bool,
@@ -63,19 +70,20 @@ class ShardedModel:
     ``guard`` had counted), else step 0
     from ``init_checkpoint``: its parameters, and with ``init_optimizer`` its optimizer state
     where it has one (``pretrained.restore_state``), else a fresh optimizer state; else a fresh
-    state. The parameters within an ``init_fresh`` path (and a fine-tuning head's) may be missing
-    from ``init_checkpoint``, or saved with other shapes: they start from this model's init."""
+    state. The parameters within an ``init_fresh`` path start from this model's init, whether
+    ``init_checkpoint`` holds them or not (a fine-tuning head's, where it does not)."""
     restored = ckpt.restore_latest(self.layout.abstract, data, guard)
     if restored:
       log.info('resumed from step %d in %s', restored[1], model_dir)
       return restored
-    fresh = tuple(fresh_head_params(self.config)) + tuple(init_fresh)
-    if init_checkpoint and init_optimizer:
-      state = pretrained.restore_state(init_checkpoint, self.layout.abstract, fresh=fresh)
+    if init_checkpoint and init_optimizer:  # (init_fresh refused with it: check_init_fresh)
+      state = pretrained.restore_state(init_checkpoint, self.layout.abstract,
+                                       fresh=fresh_head_params(self.config))
       if state is not None:
         return state, 0
       log.info('%s holds parameters only: the optimizer state starts fresh', init_checkpoint)
-    params = (pretrained.restore_params(init_checkpoint, self.layout.abstract.params, fresh=fresh)
+    params = (pretrained.restore_params(init_checkpoint, self.layout.abstract.params,
+                                         fresh_head_params(self.config), init_fresh)
               if init_checkpoint else None)
     return train_step.create_state(self.layout, self.model, self.rng, self.inputs, params), 0
 

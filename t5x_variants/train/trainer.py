@@ -347,9 +347,9 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
   (fine-tuning), and with ``init_optimizer`` from its optimizer state too, as T5X does (a
   checkpoint of parameters only still starts a fresh one); its steps count from 0. ``init_fresh``:
   parameter paths, matched by whole parts as ``make_optimizer.frozen`` (Sub-LN's
-  'inner_layer_norm'), that ``init_checkpoint`` may lack: they start from this model's init, so a
-  variant starts from another variant's checkpoint (T5X's ``assignment_map`` to None); with
-  ``init_optimizer`` that is one error (no statistics for them).
+  'inner_layer_norm'), that start from this model's init whether ``init_checkpoint`` holds them
+  or not, so a variant starts from another variant's checkpoint (T5X's ``assignment_map`` to
+  None); refused with ``init_optimizer`` (the optimizer state starts fresh).
   ``eval_at_start``: a fresh run also evaluates its initial parameters, at step 0 (the initial
   loss of a learning-rate sensitivity, ``sweeps/stability.py``). Whatever it is, a run resumed at
   an eval step whose eval was lost to a stop evaluates that step first.
@@ -376,7 +376,7 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
                      'encoder-decoder has one stack: set train.diagnostics_period = 0')
   guard = NonFiniteGuard(on_nonfinite, max_skipped_in_a_row)
   sharded = ShardedModel.build(config, mesh or partitioning.MeshConfig(), seed)
-  sharded.check_init_fresh(init_fresh, init_checkpoint)
+  sharded.check_init_fresh(init_fresh, init_checkpoint, init_optimizer)
   # First: missing data is one error before the run directory exists.
   data = multihost.agree('building the training data', train_data)
   _check_run_directory(model_dir, files or {})
