@@ -225,15 +225,15 @@ def test_infer_eval_adds_the_decoded_metrics_to_each_eval_and_needs_them(tmp_pat
   from train_helpers import eval_batches  # pylint: disable=g-import-not-at-top
   calls = []
 
-  def decoded(name, params, max_examples):
-    calls.append((name, max_examples, float(sum(np.abs(x).sum() for x in jax.tree_util.tree_leaves(params)))))
+  def decoded(name, step, params, max_examples):
+    calls.append((name, step, max_examples, float(sum(np.abs(x).sum() for x in jax.tree_util.tree_leaves(params)))))
     return {'accuracy': 50.0 + len(calls)}
   run_train(tmp_path / 'on', 4, period=10, eval_data=eval_batches, eval_period=2,
             decoded_metrics=decoded, infer_eval=True, infer_eval_examples=3)
   evals = records(tmp_path / 'on', 'eval')
   assert [(r['step'], r['accuracy']) for r in evals] == [(2, 51.0), (4, 52.0)], evals
   assert all('loss' in r and 'token_accuracy' in r for r in evals)
-  assert [c[:2] for c in calls] == [('synthetic', 3)] * 2 and calls[0][2] != calls[1][2]
+  assert [c[:3] for c in calls] == [('synthetic', 2, 3), ('synthetic', 4, 3)] and calls[0][3] != calls[1][3]
   run_train(tmp_path / 'off', 2, period=10, eval_data=eval_batches, eval_period=2,
             decoded_metrics=decoded)
   assert len(calls) == 2 and 'accuracy' not in records(tmp_path / 'off', 'eval')[0]

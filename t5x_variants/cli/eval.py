@@ -67,13 +67,32 @@ def _target_text(task, example) -> str:
   return task.output_features['targets'].vocabulary.decode(until_eos(example['targets']))
 
 
+def _input_text(task, example) -> str:
+  """An example's input as text: its pretokenized feature, else its tokens decoded."""
+  from t5x_variants.data import tasks  # pylint: disable=g-import-not-at-top
+  if 'inputs_pretokenized' in example:
+    return tasks.text(example['inputs_pretokenized'])
+  return task.output_features['inputs'].vocabulary.decode(until_eos(example['inputs']))
+
+
+def _write_rows(path: Optional[epath.Path], rows):
+  """``rows`` as JSON lines at ``path`` (None: not written), by process 0."""
+  if path is not None:
+    text = ''.join(json.dumps(r, sort_keys=True) + '\n' for r in rows)
+    multihost.process0_does(f'writing {path}', lambda: storage.write_text(path, text))
+
+
 def inference_metrics(predictor, task, split: str, lengths, batch_size: int,
-                      max_examples: Optional[int]):
-  """The task's own metrics of greedy (or DecodeOptions) predictions, after its postprocessor."""
+                      max_examples: Optional[int], predictions: Optional[epath.Path] = None):
+  """The task's own metrics of greedy (or DecodeOptions) predictions, after its postprocessor;
+  with ``predictions`` each example's input, target and prediction text written there as JSON
+  lines (T5X's inference_eval files)."""
   examples = _examples(task, split, lengths, max_examples, functools.partial(_group, task))
   vocab = task.output_features['targets'].vocabulary
   decoded = decode_examples(predictor, vocab, examples, lengths['inputs'], lengths['targets'],
                             batch_size)
+  _write_rows(predictions, ({'inputs': _input_text(task, ex), 'targets': _target_text(task, ex),
+                             'prediction': ex['prediction']} for ex in decoded))
   targets = [task.postprocess_fn(_target_text(task, ex), example=ex, is_target=True)
              for ex in decoded]
   predictions = [task.postprocess_fn(ex['prediction'], example=ex, is_target=False) for ex in decoded]
@@ -84,12 +103,15 @@ def inference_metrics(predictor, task, split: str, lengths, batch_size: int,
 
 
 def scores_metrics(predictor, task, split: str, lengths, batch_size: int,
-                   max_examples: Optional[int]):
+                   max_examples: Optional[int], predictions: Optional[epath.Path] = None):
   """The task's metrics of scores (seqio's ``score_metric_fns``, e.g. rank classification's): each
   example's log p(targets | inputs) summed over its target tokens with EOS (``Predictor.score``,
-  seqio's score), beside its postprocessed target, in the split's order."""
+  seqio's score), beside its postprocessed target, in the split's order; with ``predictions``
+  each example's input, target and log-likelihood written there as JSON lines."""
   examples = _examples(task, split, lengths, max_examples, _choices_question)
   scored = score_examples(predictor, examples, lengths['inputs'], lengths['targets'], batch_size)
+  _write_rows(predictions, ({'inputs': _input_text(task, ex), 'targets': _target_text(task, ex),
+                             'log_likelihood': ex['log_likelihood']} for ex in scored))
   targets = [task.postprocess_fn(_target_text(task, ex), example=ex, is_target=True)
              for ex in scored]
   scores = np.array([ex['log_likelihood'] for ex in scored])
@@ -190,18 +212,29 @@ def inference_passes(task, config, inference: bool, prompt_length: Optional[int]
   return tuple(passes)
 
 
+def predictions_file(run_dir, task: str, step: int, split: str, kind: str = '') -> epath.Path:
+  """Where an evaluation writes its examples' predictions (or scores, ``kind`` '-scores'):
+  RUN/inference_eval/<task>-<split>-<step>[-scores].jsonl."""
+  return storage.path(run_dir) / 'inference_eval' / f'{task}-{split}-{step:06d}{kind}.jsonl'
+
+
 def pass_metrics(predictor, task, passes, split: str, lengths, batch_size: int,
-                 max_examples: Optional[int], prompt_length: Optional[int] = None):
+                 max_examples: Optional[int], prompt_length: Optional[int] = None,
+                 run_dir=None, step: int = 0):
   """The metrics of ``task``'s ``passes`` (``inference_passes``) beside the teacher-forced ones,
-  over its first ``max_examples`` examples of ``split`` (None: all)."""
+  over its first ``max_examples`` examples of ``split`` (None: all); with ``run_dir`` the
+  examples' predictions and scores of ``step`` go to its ``predictions_file``s."""
   metrics = {}
+  where = lambda kind='': run_dir and predictions_file(run_dir, task.name, step, split, kind)
   if 'predict' in passes:
-    metrics.update(inference_metrics(predictor, task, split, lengths, batch_size, max_examples))
+    metrics.update(inference_metrics(predictor, task, split, lengths, batch_size, max_examples,
+                                     where()))
   if 'continuation' in passes:
     metrics.update(continuation_metrics(predictor, task, split, lengths, prompt_length, batch_size,
                                         max_examples))
   if 'scores' in passes:
-    metrics.update(scores_metrics(predictor, task, split, lengths, batch_size, max_examples))
+    metrics.update(scores_metrics(predictor, task, split, lengths, batch_size, max_examples,
+                                  where('-scores')))
   return metrics
 
 
@@ -346,7 +379,7 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
         metrics = teacher_forced(predictor, task.name, split, lengths[task.name], batch_size,
                                  max_batches, task.predict_metric_fns if classify else ())
         metrics.update(pass_metrics(predictor, task, passes[task.name], split, lengths[task.name],
-                                    batch_size, max_examples, prompt_length))
+                                    batch_size, max_examples, prompt_length, run_dir, int(step)))
         logger = logger or MetricsLogger(str(run_dir), console=True)
         logger.eval(int(step), task.name, metrics, split=split)
         results.setdefault(step, {})[task.name] = metrics

@@ -204,10 +204,11 @@ def _train_prebuilt(args, config, desc):
 
 
 def _decoded_metrics(config, eval_cfg, subtasks):
-  """(task name, parameters, max_examples) -> the task's metrics of decoded predictions and of
-  scores, as t5xv-eval computes them (``eval.pass_metrics``), on the eval split at the eval
-  lengths and batch size with the gin-bound mesh and ``DecodeOptions`` ({} for a task without
-  such metrics): ``train.infer_eval``. The decoder compiles at its first use."""
+  """(task name, step, parameters, max_examples) -> the task's metrics of decoded predictions and
+  of scores, as t5xv-eval computes them (``eval.pass_metrics``, which also writes the examples'
+  predictions under RUN/inference_eval/), on the eval split at the eval lengths and batch size
+  with the gin-bound mesh and ``DecodeOptions`` ({} for a task without such metrics):
+  ``train.infer_eval``. The decoder compiles at its first use."""
   from t5x_variants.train.predictor import Predictor  # pylint: disable=g-import-not-at-top
   passes = {t.name: (t, eval_cli.inference_passes(t, config, True, None)) for t in subtasks}
   if gin.get_bindings('train').get('infer_eval'):  # a split without labels: metrics of nothing
@@ -216,7 +217,7 @@ def _decoded_metrics(config, eval_cfg, subtasks):
         eval_cli.check_labelled(task, eval_cfg.split, eval_cfg.task_feature_lengths)
   predictor = []
 
-  def metrics(name, params, max_examples):
+  def metrics(name, step, params, max_examples):
     task, todo = passes[name]
     if not todo:
       return {}
@@ -224,7 +225,8 @@ def _decoded_metrics(config, eval_cfg, subtasks):
       predictor.append(Predictor(config, gin.get_bindings('train').get('mesh')))
     predictor[0].params = params
     return eval_cli.pass_metrics(predictor[0], task, todo, eval_cfg.split,
-                                 eval_cfg.task_feature_lengths, eval_cfg.batch_size, max_examples)
+                                 eval_cfg.task_feature_lengths, eval_cfg.batch_size, max_examples,
+                                 run_dir=gin.get_bindings('train')['model_dir'], step=step)
   return metrics
 
 

@@ -153,13 +153,13 @@ class _Run:
 class Evaluator:
   """Teacher-forced evaluation of each task of ``eval_data()`` (called anew at each eval), logged
   at a step; ``metric_fns`` ({task: functions of (targets, predictions)}) are applied to a
-  classification head's predictions; ``decoded(task, params)``, if given, adds the task's metrics
-  of decoded predictions (or scores) to its record."""
+  classification head's predictions; ``decoded(task, step, params)``, if given, adds the task's
+  metrics of decoded predictions (or scores) to its record."""
 
   def __init__(self, eval_step, mesh, logger: MetricsLogger, eval_data=None,
                metric_fns: Optional[Mapping[str, Sequence[Callable]]] = None,
                max_batches: Optional[int] = None,
-               decoded: Optional[Callable[[str, Any], Mapping[str, float]]] = None):
+               decoded: Optional[Callable[[str, int, Any], Mapping[str, float]]] = None):
     self.eval_step, self.mesh, self.logger, self.eval_data = eval_step, mesh, logger, eval_data
     self.metric_fns, self.max_batches, self.decoded = metric_fns or {}, max_batches, decoded
 
@@ -170,7 +170,7 @@ class Evaluator:
                                     self.metric_fns.get(name, ()),
                                     name=f'the evaluation data of {name}')
       if self.decoded:
-        metrics.update(self.decoded(name, params))
+        metrics.update(self.decoded(name, step, params))
       self.logger.eval(step, name, metrics)
 
 
@@ -322,7 +322,7 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
           eval_data: Optional[Callable[[], Mapping[str, Iterable]]] = None,
           eval_metric_fns: Optional[Mapping[str, Sequence[Callable]]] = None,
           files: Mapping[str, str] = None,
-          decoded_metrics: Optional[Callable[[str, Any, Optional[int]], Mapping[str, float]]] = None,
+          decoded_metrics: Optional[Callable[[str, int, Any, Optional[int]], Mapping[str, float]]] = None,
           model_dir: str = gin.REQUIRED, total_steps: int = gin.REQUIRED,
           mesh: Optional[partitioning.MeshConfig] = None, num_microbatches: int = 1,
           label_smoothing: float = 0.0, z_loss: float = 1e-4,
@@ -356,7 +356,7 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
   ``infer_eval`` (T5X's ``infer_eval_dataset_cfg``): each eval also decodes every eval task that
   has metrics (with the gin-bound ``DecodeOptions``) and adds the task's metrics, of its first
   ``infer_eval_examples`` examples (None: all), as t5xv-eval computes them: ``decoded_metrics(task,
-  params, infer_eval_examples)``, which t5xv-train builds from the data layer's tasks.
+  step, params, infer_eval_examples)``, which t5xv-train builds from the data layer's tasks.
   Raises NonFiniteLossError at the first non-finite step (``on_nonfinite='stop'``), after
   ``max_skipped_in_a_row`` skipped ones in a row, or at the end if no step's update was applied.
   """
@@ -390,7 +390,8 @@ def train(config: TransformerConfig, train_data: Callable[[], Iterator], *,
   logger = MetricsLogger(model_dir, total_steps, start_step=start)
   evaluator = Evaluator(sharded.make_eval_step(z_loss), sharded.mesh, logger, eval_data,
                         eval_metric_fns, eval_batches,
-                        (lambda name, params: decoded_metrics(name, params, infer_eval_examples))
+                        (lambda name, step, params: decoded_metrics(name, step, params,
+                                                                    infer_eval_examples))
                         if infer_eval else None)
   diag = (_DiagnosticsLog(sharded.make_diagnostics(model_dir, **loss), diagnostics_period, logger)
           if diagnostics_period else None)
