@@ -17,7 +17,8 @@ predicted right; ``accuracy`` (percent) is a task metric of the decoded text or 
 to RUN/metrics.jsonl (kind 'eval', with the split), TensorBoard and RUN/eval_results.json
 ({split: {step: {task: metrics}}}, and under each split's 'best' each task's best value of every
 metric over the evaluated checkpoints with its step, under 'average' the GLUE and SuperGLUE
-averages as T5 scores them (``benchmark_averages``), both also printed); checkpoints already there for
+averages as T5 scores them (``benchmark_averages``), both also printed), each example's
+prediction or score to RUN/inference_eval/ (``predictions_file``); checkpoints already there for
 the same split and tasks are skipped. Each task's results record the settings they were made
 with (``settings``: feature lengths, batch and example limits, inference, z-loss, decoding
 options); evaluating a task again with other settings is one error, not a mix of the two.
