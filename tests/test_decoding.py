@@ -20,7 +20,7 @@ ARCHS = ['encoder_decoder', 'decoder_only', 'prefix_lm']
 EOS, M = 1, 8
 # Right-padded prompts of lengths 3, 1, 4 and 0, each fed after token 0; ids valid for vocab 5.
 PROMPT = np.asarray([[2, 3, 4, 0], [4, 0, 0, 0], [3, 2, 4, 4], [0, 0, 0, 0]], np.int32)
-STATIC = ('max_decode_length', 'method', 'top_k', 'num_beams', 'eos_id')
+STATIC = ('max_decode_length', 'method', 'top_k', 'num_beams', 'eos_id', 'num_decodes')
 run = jax.jit(decode, static_argnums=(0, 1), static_argnames=STATIC)
 
 
@@ -239,6 +239,47 @@ def test_beam_search_is_exact_on_a_tiny_problem(arch):
     np.testing.assert_allclose(scores, brute.max(1), rtol=1e-5)
     differs += (out != greedy).any(1).sum()
   assert differs
+
+
+@pytest.mark.parametrize('arch', ARCHS)
+def test_num_decodes_beams_are_the_best_finished_sequences_best_first(arch):
+  """The exact problem above with num_decodes = 5: each input's 5 rows are the 5 best EOS-ended
+  sequences by the brute force's penalised score, in order; the first is num_decodes=1's."""
+  vocab, length, beams, k = 5, 3, 80, 5
+  s = setup(arch, vocab=vocab)
+  seqs = np.asarray(list(itertools.product(range(vocab), repeat=length)), np.int32)
+  rows, tiled = len(PROMPT), np.tile(seqs, (len(PROMPT), 1))
+  cum = np.cumsum(token_log_probs(s.teacher_forced(tiled, repeat=len(seqs)), tiled), 1)
+  cum = cum.reshape(rows, len(seqs), length)
+  ends = np.argmax(seqs == EOS, 1)
+  truncated = np.where(np.arange(length) <= ends[:, None], seqs, 0)
+  brute = np.where((seqs == EOS).any(1), cum[:, np.arange(len(seqs)), ends] / ((6.0 + ends) / 6.0)**0.6,
+                   -np.inf)
+  unique = np.unique(truncated, axis=0, return_index=True)[1]  # one of each truncated sequence
+  out, scores = s.decode(max_decode_length=length, method='beam', num_beams=beams, num_decodes=k)
+  assert out.shape == (rows * k, length) and scores.shape == (rows * k,)
+  for r in range(rows):
+    best = unique[np.argsort(-brute[r, unique], kind='stable')[:k]]
+    np.testing.assert_allclose(scores[r * k:(r + 1) * k], brute[r, best], rtol=1e-5)
+    np.testing.assert_array_equal(out[r * k:(r + 1) * k], truncated[best])
+  one, _ = s.decode(max_decode_length=length, method='beam', num_beams=beams)
+  np.testing.assert_array_equal(out[::k], one)
+
+
+def test_num_decodes_samples_are_independent_and_sorted_by_their_log_probability():
+  """k samples per input: k consecutive rows, best first, each scored by its own log p (a full
+  forward pass on the repeated inputs), not all the same sample; a bad count is one error."""
+  s, k = setup('decoder_only'), 4
+  out, scores = s.decode(max_decode_length=M, method='sample', rng=jax.random.PRNGKey(0),
+                         num_decodes=k)
+  assert out.shape == (len(PROMPT) * k, M)
+  lp = (token_log_probs(s.teacher_forced(out, repeat=k), out) * upto_eos(out)).sum(1)
+  np.testing.assert_allclose(scores, lp, rtol=1e-4, atol=1e-4)
+  assert (np.diff(scores.reshape(-1, k), axis=1) <= 1e-6).all()
+  assert any(len({tuple(r) for r in out[i * k:(i + 1) * k]}) > 1 for i in range(len(PROMPT)))
+  for kw in (dict(method='greedy'), dict(method='beam', num_beams=2)):
+    with pytest.raises(ValueError, match='num_decodes=4 needs sampling, or beam search of at least'):
+      s.decode(max_decode_length=M, num_decodes=k, **kw)
 
 
 # The sampler is the same for both architectures: the sampling tests use the decoder-only one.

@@ -40,11 +40,39 @@ def test_the_score_of_a_greedy_continuation_is_its_decoding_score(arch, tmp_path
     (dict(top_p=0.0), r'DecodeOptions.top_p = 0.0 .* in \(0, 1\]'),
     (dict(temperature=-1.0), r'DecodeOptions.temperature = -1.0 .* >= 0'),
     (dict(method='nucleus'), r"DecodeOptions.method = 'nucleus' .* 'greedy' or 'sample' or 'beam'; "
-                             r'set --gin.DecodeOptions.method')])
+                             r'set --gin.DecodeOptions.method'),
+    (dict(num_decodes=2), r"DecodeOptions.num_decodes = 2 .* 1, or with method 'sample' any count"),
+    (dict(method='beam', num_beams=2, num_decodes=3), r'DecodeOptions.num_decodes = 3 .* at most num_beams'),
+    (dict(method='sample', num_decodes=0), r'DecodeOptions.num_decodes = 0 is out of range')])
 def test_decoding_options_out_of_range_are_one_line_before_any_checkpoint(options, message):
   """(num_beams 0 failed after the checkpoint was read, in a reduction of JAX's with no identity)"""
   with pytest.raises(ValueError, match=message):
     Predictor(tiny(vocab_size=50), options=DecodeOptions(**options))
+
+
+@pytest.mark.parametrize('method', ['sample', 'beam'])
+def test_num_decodes_gives_each_example_its_decodes_best_first(method, tmp_path):
+  """decode_examples with num_decodes 3: 'predictions' holds each example's decodes, best
+  first (3 samples; up to 3 beams: a slot no finished beam filled is left out), a sample scored
+  by its own log p (``score``); 'prediction' and 'score' are the first's."""
+  from t5x_variants.train.predictor import decode_examples  # pylint: disable=g-import-not-at-top
+  config = tiny(vocab_size=50)
+  save_fresh_state(config, tmp_path, seed=3)
+  predictor = Predictor(config, options=DecodeOptions(method=method, num_decodes=3)).load(str(tmp_path))
+  vocab = type('Ids', (), {'decode': staticmethod(lambda ids: ' '.join(map(str, ids)))})
+  examples = [{'inputs': np.asarray(p + [EOS_ID], np.int32)} for p in PROMPTS[:3]]
+  decoded = decode_examples(predictor, vocab, examples, 6, 5, 2)
+  for ex in decoded:
+    assert (len(ex['predictions']) == 3 if method == 'sample' else 1 <= len(ex['predictions']) <= 3)
+    assert ex['predictions'][0]['prediction'] == ex['prediction']
+    scores = [d['score'] for d in ex['predictions']]
+    assert scores == sorted(scores, reverse=True) and scores[0] == ex['score']
+  if method == 'sample':  # unnormalised: each sample's score is its log p
+    ids = [[int(t) for t in d['prediction'].split()] for d in decoded[0]['predictions']]
+    targets = pad_tokens([np.asarray(i + [EOS_ID] * (len(i) < 5)) for i in ids], 5, 3)
+    np.testing.assert_allclose(predictor.score(np.repeat(pad_tokens([examples[0]['inputs']], 6, 1), 3, 0),
+                                               targets), [d['score'] for d in decoded[0]['predictions']],
+                               rtol=1e-4, atol=1e-4)
 
 
 def test_prompted_cuts_the_targets_into_prompt_and_continuation():
@@ -110,7 +138,8 @@ def test_a_prefix_lm_is_prompted_with_its_inputs_eos_a_language_model_without(
     seen.append(tokens)
     return np.zeros((len(tokens), max_decode_length), np.int32), np.zeros(len(tokens))
   fake = SimpleNamespace(config=tiny(architecture='decoder_only', prefix_lm=prefix_lm,
-                                     inputs_bidirectional_attention=bidirectional), predict=predict)
+                                     inputs_bidirectional_attention=bidirectional), predict=predict,
+                         options=DecodeOptions())
   vocab = SimpleNamespace(decode=lambda ids: '')
   decode_examples(fake, vocab, [{'inputs': np.asarray([5, 6, EOS_ID])}], 4, 3, 2)
   row = [5, 6, EOS_ID, 0] if prefix_lm else [5, 6, 0, 0]

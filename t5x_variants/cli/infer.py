@@ -118,6 +118,8 @@ def infer(config, *, checkpoint_path: str = gin.REQUIRED, output_file: str = gin
       record = {'inputs': tasks.text(ex['inputs_pretokenized']) if 'inputs_pretokenized' in ex
                 else vocab.decode([int(t) for t in ex['inputs']]),
                 'prediction': ex['prediction'], 'score': ex['score']}
+      if 'predictions' in ex:  # DecodeOptions.num_decodes > 1
+        record['predictions'] = ex['predictions']
       if 'targets' in ex:
         record['targets'] = (tasks.text(ex['targets_pretokenized']) if 'targets_pretokenized' in ex
                              else vocab.decode(until_eos(ex['targets'])))

@@ -9,7 +9,9 @@ shortest prompt's last token. Rows advance in lockstep (the cache has one positi
 longer prompt is fed on, forced, while its prefilled keys and values stay as they are, and each
 row ignores the steps outside its own window.
 ``tokens`` are the generated tokens, EOS included and 0 after it; ``scores`` sum the log-softmax
-of the raw logits over them (for beam search, length-normalised as below).
+of the raw logits over them (for beam search, length-normalised as below). With ``num_decodes``
+= k each input gets its k best beams, or k independent samples, as k consecutive rows, best first
+(T5X's ``num_decodes``).
 """
 import jax
 import jax.numpy as jnp
@@ -80,14 +82,16 @@ def _gather_beams(cache, index, scan_layers: bool):
       lambda path, x: jnp.take(x, index, axis=axis) if path[-1].key in _KV_CACHES else x, cache)
 
 
-def _beam_search(step, cache, prompt, lengths, start, max_len, beams, alpha, eos_id, scan_layers):
+def _beam_search(step, cache, prompt, lengths, start, max_len, beams, alpha, eos_id, scan_layers,
+                 num_decodes: int = 1):
   """Beam search as in GNMT / T5X (Wu et al. 2016): ``beams`` alive and ``beams`` finished
   hypotheses per row; a finished one scores log p / lp(length), lp(n) = ((5 + n) / 6) ** alpha,
   n counting EOS (the generated tokens: a decoder-only prompt is not counted). Of each step's
   2 * beams best candidates, the best ``beams`` not ending in EOS stay alive, and every one
   ending in EOS is offered to the finished set (as T5X; fairseq finishes only those within the
   top ``beams``). Rows with no finished hypothesis at the end return their best alive one and its
-  log p, unpenalised (as T5X)."""
+  log p, unpenalised (as T5X); with ``num_decodes`` = k their k best, finished (or, in a row with
+  none finished, alive), as k rows each: a finished slot left empty scores -inf."""
   batch = prompt.shape[0]
   penalty = lambda n: ((5.0 + n) / 6.0)**alpha
   take = jax.vmap(lambda x, i: x[i])  # per row: x (hyps, ...)[i (k,)]
@@ -128,26 +132,41 @@ def _beam_search(step, cache, prompt, lengths, start, max_len, beams, alpha, eos
   logp = jnp.tile(jnp.where(jnp.arange(beams) == 0, 0.0, -jnp.inf), (batch, 1))
   init = (start, flat_prompt[:, start], cache, seqs, logp, seqs, jnp.full((batch, beams), -jnp.inf))
   _, _, _, seqs, logp, fin_seqs, fin = jax.lax.while_loop(running, body, init)
-  has_fin = fin[:, 0] > -jnp.inf  # top_k keeps both sets sorted, best first
-  tokens = jnp.where(has_fin[:, None], fin_seqs[:, 0], seqs[:, 0])
-  return tokens, jnp.where(has_fin, fin[:, 0], logp[:, 0])
+  has_fin = fin[:, :1] > -jnp.inf  # top_k keeps both sets sorted, best first
+  k = num_decodes
+  tokens = jnp.where(has_fin[..., None], fin_seqs[:, :k], seqs[:, :k])
+  return tokens.reshape(batch * k, max_len), jnp.where(has_fin, fin[:, :k], logp[:, :k]).reshape(-1)
 
 
 def decode(model, config, params, *, encoder_input_tokens=None, prompt_tokens=None,
            max_decode_length: int, method: str = 'greedy', rng=None, temperature: float = 1.0,
            top_k: int = 0, top_p: float = 1.0, num_beams: int = 4, length_penalty: float = 0.6,
-           eos_id: int = 1):
-  """(tokens (batch, max_decode_length) int32, scores (batch,) float32); see the module doc.
+           eos_id: int = 1, num_decodes: int = 1):
+  """(tokens (batch * num_decodes, max_decode_length) int32, scores (batch * num_decodes,)
+  float32); see the module doc.
 
   Encoder-decoder models take ``encoder_input_tokens``, decoder-only ones ``prompt_tokens``
   (batch, P), right-padded with 0 (token 0 goes before them); an all-0 row starts from token 0
   alone. Jit with ``method``,
-  ``max_decode_length``, ``top_k`` and ``num_beams`` static.
+  ``max_decode_length``, ``top_k``, ``num_beams`` and ``num_decodes`` static.
   """
   if method not in METHODS:
     raise ValueError(f'unknown decoding method {method!r}; valid: {", ".join(METHODS)}')
   if method == 'sample' and rng is None:
     raise ValueError("method='sample' needs rng")
+  if num_decodes > 1 and method != 'sample' and not (method == 'beam' and num_decodes <= num_beams):
+    raise ValueError(f'num_decodes={num_decodes} needs sampling, or beam search of at least as '
+                     f'many beams (method {method!r}, num_beams {num_beams})')
+  if method == 'sample' and num_decodes > 1:  # k independent samples: each input k times
+    tokens, scores = decode(model, config, params, max_decode_length=max_decode_length,
+                            method=method, rng=rng, temperature=temperature, top_k=top_k,
+                            top_p=top_p, eos_id=eos_id, **{
+                                k: jnp.repeat(v, num_decodes, 0) for k, v in
+                                (('encoder_input_tokens', encoder_input_tokens),
+                                 ('prompt_tokens', prompt_tokens)) if v is not None})
+    order = jnp.argsort(-scores.reshape(-1, num_decodes), axis=1)  # best first
+    rows = (jnp.arange(len(order))[:, None] * num_decodes + order).reshape(-1)
+    return tokens[rows], scores[rows]
   beams = num_beams if method == 'beam' else 1
   variables = {'params': params}
   if config.architecture == 'encoder_decoder':
@@ -184,6 +203,6 @@ def decode(model, config, params, *, encoder_input_tokens=None, prompt_tokens=No
 
   if method == 'beam':
     return _beam_search(step, cache, prompt, lengths, start, max_decode_length, beams,
-                        length_penalty, eos_id, config.scan_layers)
+                        length_penalty, eos_id, config.scan_layers, num_decodes)
   return _generate(step, cache, prompt, lengths, start, max_decode_length,
                    _sampler(method, rng, temperature, top_k, top_p), eos_id)

@@ -27,7 +27,8 @@ from t5x_variants.train import (checkpoints, decoding, evaluation, multihost, pa
 @dataclasses.dataclass(frozen=True)
 class DecodeOptions:
   """How to decode: 'greedy', 'sample' (temperature, top_k, top_p) or 'beam' (num_beams,
-  length_penalty alpha of ((5 + length) / 6) ** alpha)."""
+  length_penalty alpha of ((5 + length) / 6) ** alpha); ``num_decodes`` samples, or best beams,
+  per input (metrics judge the best one)."""
   method: str = 'greedy'
   temperature: float = 1.0
   top_k: int = 0
@@ -35,6 +36,7 @@ class DecodeOptions:
   num_beams: int = 4
   length_penalty: float = 0.6
   seed: int = 0
+  num_decodes: int = 1
 
   def check(self, vocab_size: int):
     """ValueError, one line naming the first binding out of its range (before any checkpoint is
@@ -43,6 +45,9 @@ class DecodeOptions:
              'num_beams': (self.num_beams >= 1, 'an integer >= 1'),
              'top_k': (0 <= self.top_k <= vocab_size, f'0 (none) to the vocabulary size, {vocab_size}'),
              'top_p': (0 < self.top_p <= 1, 'in (0, 1]'),
+             'num_decodes': (self.num_decodes == 1 or 1 < self.num_decodes <= (
+                 float('inf') if self.method == 'sample' else self.num_beams if self.method == 'beam'
+                 else 1), "1, or with method 'sample' any count, with 'beam' at most num_beams"),
              'temperature': (self.temperature >= 0, '>= 0 (0: greedy)')}
     for name, (ok, what) in valid.items():
       if not ok:
@@ -112,15 +117,17 @@ class Predictor:
         return decoding.decode(
             self.model, self.config, params, **{key: tokens}, max_decode_length=max_decode_length,
             method=o.method, rng=rng, temperature=o.temperature, top_k=o.top_k, top_p=o.top_p,
-            num_beams=o.num_beams, length_penalty=o.length_penalty, eos_id=EOS_ID)
+            num_beams=o.num_beams, length_penalty=o.length_penalty, eos_id=EOS_ID,
+            num_decodes=o.num_decodes)
       replicated = NamedSharding(self.mesh, PartitionSpec())
       self._decode[max_decode_length] = partitioning.jit(
           run, self.mesh, out_shardings=(replicated, replicated))
     return self._decode[max_decode_length]
 
   def predict(self, tokens: np.ndarray, max_decode_length: int, batch_index: int = 0):
-    """(decoded tokens (n, max_decode_length), scores (n,)) for input rows ``tokens`` (n, L):
-    encoder inputs, or prompts of a decoder-only model (right-padded with 0)."""
+    """(decoded tokens (n * k, max_decode_length), scores (n * k,)) for input rows ``tokens`` (n, L):
+    encoder inputs, or prompts of a decoder-only model (right-padded with 0); k =
+    ``num_decodes``, each input's decodes consecutive, best first."""
     if self.config.architecture == 'encoder_only':
       raise ValueError('an encoder-only (MLM) model does not decode; evaluate it teacher-forced')
     n = len(tokens)
@@ -128,7 +135,8 @@ class Predictor:
     rng = jax.random.fold_in(jax.random.PRNGKey(self.options.seed), batch_index)
     out, scores = self._jitted(max_decode_length)(self.params, batch, rng)
     out, scores = partitioning.to_host((out, scores))
-    return out[:n], scores[:n]
+    k = self.options.num_decodes
+    return out[:n * k], scores[:n * k]
 
   def score(self, inputs: np.ndarray, targets: np.ndarray) -> np.ndarray:
     """(n,) log p(target row | input row), summed over the target's tokens up to and with its
@@ -233,7 +241,9 @@ def decode_examples(predictor: Predictor, vocab, examples: List[dict], input_len
                     max_decode_length: int, batch_size: int) -> List[dict]:
   """Adds 'prediction' (text by ``vocab.decode``), 'prediction_ids' and 'score' to each example
   (which has 'inputs' token ids; a decoder-only language model continues them as a prompt,
-  without their EOS; a prefix LM reads them with it, as in training)."""
+  without their EOS; a prefix LM reads them with it, as in training): of its best decode; with
+  ``DecodeOptions.num_decodes`` > 1 also 'predictions', every decode's text and score, best
+  first (a beam left unfinished, score -inf, left out)."""
   strip = continues_text(predictor.config)
   out = []
   for i, chunk in enumerate(_chunks(examples, batch_size)):
@@ -243,7 +253,12 @@ def decode_examples(predictor: Predictor, vocab, examples: List[dict], input_len
     rows += rows[:1] * (batch_size - len(rows))
     tokens, scores = predictor.predict(pad_tokens(rows, input_length, batch_size),
                                        max_decode_length, i)
-    for ex, t, s in zip(chunk, tokens, scores):
-      ids = until_eos(t)
-      out.append(dict(ex, prediction=vocab.decode(ids), prediction_ids=ids, score=float(s)))
+    k = predictor.options.num_decodes
+    for j, ex in enumerate(chunk):
+      ids = until_eos(tokens[j * k])
+      out.append(dict(ex, prediction=vocab.decode(ids), prediction_ids=ids, score=float(scores[j * k])))
+      if k > 1:
+        out[-1]['predictions'] = [{'prediction': vocab.decode(until_eos(t)), 'score': float(s)}
+                                  for t, s in zip(tokens[j * k:(j + 1) * k], scores[j * k:(j + 1) * k])
+                                  if np.isfinite(s)]
   return out
