@@ -390,6 +390,7 @@ def test_t5xv_eval_reports_the_glue_metrics_of_a_classifier(register, tmp_path):
   saved = json.loads((tmp_path / 'run' / 'eval_results.json').read_text())
   assert saved['train']['3'] == on_train[3] and saved['validation']['3'] == results['3']
   assert set(saved['train']['best']['glue_sst2_cls_local']['loss']) == {'value', 'step'}
+  assert 'num_decodes' not in json.dumps(saved)  # at its default: the settings of older files match
   # Other settings for a task already evaluated: one error, the file unchanged (a skip would mix
   # them); another batch size changes nothing where every batch is read.
   with pytest.raises(ValueError, match=r"results of glue_sst2_cls_local made with other settings "

@@ -216,10 +216,12 @@ def _finetune_on_local_sst2(pretrained, tmp_path):
   assert [r['step'] for r in own] == [30], own
   assert own[0]['accuracy'] == metrics['accuracy'], (own, metrics)
   assert own[0]['loss'] == pytest.approx(metrics['loss'], rel=1e-5), (own, metrics)
-  # each example's prediction, as T5X's inference_eval files (the run's, then t5xv-eval's)
-  rows = [json.loads(line) for line in open(os.path.join(
-      run_dir, 'inference_eval', 'glue_sst2_local-validation-000030.jsonl'))]
+  # each example's prediction, as T5X's inference_eval files: t5xv-eval's, and the run's own
+  read = lambda *where: [json.loads(line) for line in open(os.path.join(
+      run_dir, 'inference_eval', *where, 'glue_sst2_local-validation-000030.jsonl'))]
+  rows = read()
   assert len(rows) == len(SST2) and {r['targets'] for r in rows} == {'negative', 'positive'}
+  assert read('train') == rows
   assert rows[0]['inputs'].startswith('sst2 sentence: ')
   assert 100 * np.mean([r['prediction'] == r['targets'] for r in rows]) == pytest.approx(metrics['accuracy'])
   return metrics

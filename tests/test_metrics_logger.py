@@ -233,3 +233,11 @@ def test_records_of_other_types_than_the_loggers_write_are_skipped(tmp_path):
                                                           'loss': None, 'split': 'test'}]
   (tmp_path / 'metrics.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in lines))
   assert [r['step'] for r in read_records(str(tmp_path))] == [1, 7]
+
+
+def test_json_lines_write_a_non_finite_number_as_null_at_any_depth():
+  """(json.dumps writes NaN / -Infinity, which is not JSON: a diverged run's loss, a beam's score)"""
+  from t5x_variants.train.metrics import json_line  # pylint: disable=g-import-not-at-top
+  line = json_line({'loss': float('nan'), 'predictions': [{'score': float('-inf')}, {'score': -1.5}]})
+  assert json.loads(line) == {'loss': None, 'predictions': [{'score': None}, {'score': -1.5}]}
+  assert line.endswith('\n') and line.count('\n') == 1

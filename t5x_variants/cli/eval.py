@@ -39,7 +39,7 @@ from t5x_variants.cli.eval_results import (AVERAGE, BEST, DEFAULT_SPLIT, RESULTS
                                           benchmark_averages, best_over_checkpoints,
                                           check_settings, read_results)
 from t5x_variants.train import checkpoints, evaluation, multihost, storage
-from t5x_variants.train.metrics import MetricsLogger
+from t5x_variants.train.metrics import MetricsLogger, json_line
 from t5x_variants.train.predictor import (DecodeOptions, Predictor, continuation_length,
                                           decode_examples, prompted, score_examples, until_eos)
 
@@ -79,7 +79,7 @@ def _input_text(task, example) -> str:
 def _write_rows(path: Optional[epath.Path], rows):
   """``rows`` as JSON lines at ``path`` (None: not written), by process 0."""
   if path is not None:
-    text = ''.join(json.dumps(r, sort_keys=True) + '\n' for r in rows)
+    text = ''.join(json_line(r) for r in rows)
     multihost.process0_does(f'writing {path}', lambda: storage.write_text(path, text))
 
 
@@ -213,20 +213,23 @@ def inference_passes(task, config, inference: bool, prompt_length: Optional[int]
   return tuple(passes)
 
 
-def predictions_file(run_dir, task: str, step: int, split: str, kind: str = '') -> epath.Path:
+def predictions_file(directory, task: str, step: int, split: str, kind: str = '') -> epath.Path:
   """Where an evaluation writes its examples' predictions (or scores, ``kind`` '-scores'):
-  RUN/inference_eval/<task>-<split>-<step>[-scores].jsonl."""
-  return storage.path(run_dir) / 'inference_eval' / f'{task}-{split}-{step:06d}{kind}.jsonl'
+  ``directory``/<task>-<split>-<step>[-scores].jsonl; t5xv-eval's directory is
+  RUN/inference_eval, a training run's own evals' RUN/inference_eval/train."""
+  return storage.path(directory) / f'{task}-{split}-{step:06d}{kind}.jsonl'
 
 
 def pass_metrics(predictor, task, passes, split: str, lengths, batch_size: int,
                  max_examples: Optional[int], prompt_length: Optional[int] = None,
-                 run_dir=None, step: int = 0):
+                 predictions_dir=None, step: int = 0):
   """The metrics of ``task``'s ``passes`` (``inference_passes``) beside the teacher-forced ones,
-  over its first ``max_examples`` examples of ``split`` (None: all); with ``run_dir`` the
-  examples' predictions and scores of ``step`` go to its ``predictions_file``s."""
+  over its first ``max_examples`` examples of ``split`` (None: all); with ``predictions_dir``
+  the examples' predictions and scores of ``step`` go to its ``predictions_file``s (the
+  continuation pass writes none)."""
   metrics = {}
-  where = lambda kind='': run_dir and predictions_file(run_dir, task.name, step, split, kind)
+  where = lambda kind='': predictions_dir and predictions_file(predictions_dir, task.name, step,
+                                                               split, kind)
   if 'predict' in passes:
     metrics.update(inference_metrics(predictor, task, split, lengths, batch_size, max_examples,
                                      where()))
@@ -358,7 +361,9 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
   settings = {'task_feature_lengths': None if whole else dict(task_feature_lengths),
               'max_batches': max_batches,
               'max_examples': max_examples, 'inference': inference, 'z_loss': z_loss,
-              'prompt_length': prompt_length, 'decoding': dataclasses.asdict(options)}
+              'prompt_length': prompt_length, 'decoding': {  # num_decodes only where set: the
+                  k: v for k, v in dataclasses.asdict(options).items()  # results of before match
+                  if k != 'num_decodes' or v != 1}}
   if max_batches is not None:  # then the batch size sets how many examples are evaluated
     settings['batch_size'] = batch_size
   predictor = Predictor(config, options=options, z_loss=z_loss)  # the options checked first
@@ -380,7 +385,8 @@ def evaluate_checkpoints(config, *, checkpoint_path: str = gin.REQUIRED, all_che
         metrics = teacher_forced(predictor, task.name, split, lengths[task.name], batch_size,
                                  max_batches, task.predict_metric_fns if classify else ())
         metrics.update(pass_metrics(predictor, task, passes[task.name], split, lengths[task.name],
-                                    batch_size, max_examples, prompt_length, run_dir, int(step)))
+                                    batch_size, max_examples, prompt_length,
+                                    run_dir / 'inference_eval', int(step)))
         logger = logger or MetricsLogger(str(run_dir), console=True)
         logger.eval(int(step), task.name, metrics, split=split)
         results.setdefault(step, {})[task.name] = metrics

@@ -6,7 +6,9 @@
 Decodes MIXTURE_OR_TASK_NAME's split, or with ``--gin.INPUT_FILE="'texts.txt'"`` one text per
 line. Decoding options: ``DecodeOptions.method = 'greedy' | 'sample' | 'beam'`` and friends.
 Each output line: {"inputs", "prediction", "score", and for task examples "targets" and
-"target_log_likelihood" (log p(targets | inputs), teacher-forced)}. A decoder-only model on a
+"target_log_likelihood" (log p(targets | inputs), teacher-forced); with
+``DecodeOptions.num_decodes`` > 1 "predictions", each decode's text and score, best first}; a
+non-finite score is null. A decoder-only model on a
 language-modelling task (targets only) continues the first ``--gin.PROMPT_LENGTH`` target tokens;
 "inputs" is that prompt and "targets" the rest. The texts of an INPUT_FILE are prompts whole.
 """
@@ -19,6 +21,7 @@ import numpy as np
 
 from t5x_variants.cli import common, ranges, recipe
 from t5x_variants.train import multihost, storage
+from t5x_variants.train.metrics import json_line
 from t5x_variants.features import EOS_ID
 from t5x_variants.train.predictor import (DecodeOptions, Predictor, continuation_length,
                                           continues_text, decode_examples, prompted, score_examples,
@@ -39,7 +42,7 @@ def check_output(output_file: str):
   if path.exists():
     try:
       with path.open() as f:
-        first = json.loads(f.readline(1 << 16) or '{"prediction": null}')  # an empty file is ours
+        first = json.loads(f.readline() or '{"prediction": null}')  # an empty file is ours
       ours = isinstance(first, dict) and 'prediction' in first
     except ValueError:  # not JSON, not text (UnicodeDecodeError is one)
       ours = False
@@ -124,7 +127,7 @@ def infer(config, *, checkpoint_path: str = gin.REQUIRED, output_file: str = gin
         record['targets'] = (tasks.text(ex['targets_pretokenized']) if 'targets_pretokenized' in ex
                              else vocab.decode(until_eos(ex['targets'])))
         record['target_log_likelihood'] = ex['log_likelihood']
-      lines.append(json.dumps(record) + '\n')
+      lines.append(json_line(record))
     storage.write_text(output_file, ''.join(lines))
   multihost.process0_does(f'writing {output_file}', write)
   return len(decoded)

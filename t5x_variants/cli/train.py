@@ -206,7 +206,7 @@ def _train_prebuilt(args, config, desc):
 def _decoded_metrics(config, eval_cfg, subtasks):
   """(task name, step, parameters, max_examples) -> the task's metrics of decoded predictions and
   of scores, as t5xv-eval computes them (``eval.pass_metrics``, which also writes the examples'
-  predictions under RUN/inference_eval/), on the eval split at the eval lengths and batch size
+  predictions under RUN/inference_eval/train/), on the eval split at the eval lengths and batch size
   with the gin-bound mesh and ``DecodeOptions`` ({} for a task without such metrics):
   ``train.infer_eval``. The decoder compiles at its first use."""
   from t5x_variants.train.predictor import Predictor  # pylint: disable=g-import-not-at-top
@@ -226,7 +226,9 @@ def _decoded_metrics(config, eval_cfg, subtasks):
     predictor[0].params = params
     return eval_cli.pass_metrics(predictor[0], task, todo, eval_cfg.split,
                                  eval_cfg.task_feature_lengths, eval_cfg.batch_size, max_examples,
-                                 run_dir=gin.get_bindings('train')['model_dir'], step=step)
+                                 predictions_dir=storage.join(
+                                     gin.get_bindings('train')['model_dir'], 'inference_eval', 'train'),
+                                 step=step)
   return metrics
 
 

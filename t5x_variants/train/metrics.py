@@ -90,6 +90,18 @@ def read_records(model_dir: str):
   return records
 
 
+def json_line(value) -> str:
+  """``value`` as one line of valid JSON: a non-finite float (a diverged run's loss or score) as
+  null, in nested lists and dicts too."""
+  def finite(v):
+    if isinstance(v, float) and not math.isfinite(v):
+      return None
+    if isinstance(v, dict):
+      return {k: finite(x) for k, x in v.items()}
+    return [finite(x) for x in v] if isinstance(v, (list, tuple)) else v
+  return json.dumps(finite(value)) + '\n'
+
+
 class MetricsLogger:
   """``train(step, metrics)`` and ``eval(step, name, metrics)`` append to ``metrics.jsonl``,
   TensorBoard (tags ``train/<metric>``, ``eval/<name>/<metric>``) and the console;
@@ -120,9 +132,7 @@ class MetricsLogger:
     multihost.process0_does(f'opening {model_dir}/metrics.jsonl', open_files)
 
   def _write(self, record: Mapping, tags: Mapping[str, float]):
-    record = {k: None if isinstance(v, float) and not math.isfinite(v) else v  # valid JSON
-              for k, v in record.items()}
-    self._jsonl.write(json.dumps(record) + '\n')
+    self._jsonl.write(json_line(record))
     for tag, value in tags.items():
       self._tensorboard_writing()
       self._tb.add_scalar(tag, float(value), record['step'])

@@ -260,5 +260,5 @@ def decode_examples(predictor: Predictor, vocab, examples: List[dict], input_len
       if k > 1:
         out[-1]['predictions'] = [{'prediction': vocab.decode(until_eos(t)), 'score': float(s)}
                                   for t, s in zip(tokens[j * k:(j + 1) * k], scores[j * k:(j + 1) * k])
-                                  if np.isfinite(s)]
+                                  if not np.isneginf(s)]
   return out
