@@ -301,3 +301,22 @@ def test_no_warmup_ramp_keeps_the_warmed_up_schedules_level(name):
   for step in (100, 101, 400, 999):
     assert float(flat(step)) == pytest.approx(float(twin(step)))
   assert float(twin(0)) < peak or name == 'rsqrt'
+
+
+def test_any_optax_optimizer_through_gins_dynamic_registration(tmp_path):
+  """A gin file importing optax binds ``make_optimizer.optimizer = @optax.lion`` (and its own
+  settings): the run's optimizer is optax's Lion, per layer as any other (first step: -lr (sign(g)
+  + wd theta), Chen et al. 2023, Alg. 2)."""
+  from t5x_variants.cli import recipe  # pylint: disable=g-import-not-at-top
+  (tmp_path / 'lion.gin').write_text(
+      'from __gin__ import dynamic_registration\nimport optax\n'
+      'from t5x_variants.train import optimizer\n'
+      'optimizer.make_optimizer.optimizer = @optax.lion\noptax.lion.weight_decay = 0.01\n')
+  recipe.parse_recipe(['gin/models/t5_tiny.gin', str(tmp_path / 'lion.gin')], [], [], with_data=False)
+  tx = optimizer.make_optimizer(PARAMS, 0.1)
+  state = tx.init(PARAMS)
+  assert any(isinstance(x, optax.ScaleByLionState) for x in jax.tree_util.tree_leaves(
+      state, is_leaf=lambda x: isinstance(x, optax.ScaleByLionState)))
+  updates, _ = tx.update(GRADS, state, PARAMS)
+  jax.tree_util.tree_map(lambda u, g, p: np.testing.assert_allclose(u, -0.1 * (np.sign(g) + 0.01 * p), rtol=1e-6),
+                         updates, GRADS, PARAMS)
