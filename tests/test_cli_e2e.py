@@ -21,7 +21,7 @@ from etils import epath
 
 from conftest import HOST_DEVICES, needs_data_layer
 from t5x_variants.features import EOS_ID
-from t5x_variants.cli import eval as eval_cli, eval_results, infer, train
+from t5x_variants.cli import eval as eval_cli, eval_passes, eval_results, infer, train
 from train_helpers import records_of as records
 
 # The tools train on the embedded corpus through the data layer.
@@ -623,9 +623,9 @@ def test_a_model_or_task_that_cannot_score_targets_says_why():
   """The line t5xv-eval prints where a task's metrics of scores are left out."""
   task = lambda *features: types.SimpleNamespace(output_features=dict.fromkeys(features))
   model = lambda architecture: types.SimpleNamespace(architecture=architecture)
-  assert eval_cli._unscored(task('inputs', 'targets'), model('encoder_decoder')) is None  # pylint: disable=protected-access
-  assert 'encoder-only' in eval_cli._unscored(task('inputs', 'targets'), model('encoder_only'))  # pylint: disable=protected-access
-  assert 'no inputs' in eval_cli._unscored(task('targets'), model('decoder_only'))  # pylint: disable=protected-access
+  assert eval_passes.unscored(task('inputs', 'targets'), model('encoder_decoder')) is None  # pylint: disable=protected-access
+  assert 'encoder-only' in eval_passes.unscored(task('inputs', 'targets'), model('encoder_only'))  # pylint: disable=protected-access
+  assert 'no inputs' in eval_passes.unscored(task('targets'), model('decoder_only'))  # pylint: disable=protected-access
 
 
 def test_metrics_t5xv_eval_does_not_compute_are_named():
@@ -653,7 +653,7 @@ def test_max_examples_keeps_a_rank_classification_question_whole():
   rows without such an idx are cut at the limit."""
   rows = [{'idx': np.array([q, c])} for q in range(3) for c in range(2)]
   questions = lambda kept: [int(ex['idx'][0]) for ex in kept]
-  whole = functools.partial(eval_cli.whole_questions, question=eval_cli._choices_question)
+  whole = functools.partial(eval_passes.whole_questions, question=eval_passes._choices_question)
   assert questions(whole(rows, 3)) == [0, 0]
   assert questions(whole(rows, 4)) == [0, 0, 1, 1]
   assert questions(whole(rows, None)) == [0, 0, 1, 1, 2, 2]
@@ -669,9 +669,9 @@ def test_max_examples_keeps_a_multirc_question_whole_in_the_predictions():
   task = types.SimpleNamespace(postprocess_fn=super_glue.multirc_postprocess)
   rows = [{'idx': {'paragraph': 0, 'question': q, 'answer': a}, 'targets_pretokenized': b'True'}
           for q, n in ((0, 2), (1, 3)) for a in range(n)]
-  kept = eval_cli.whole_questions(rows, 4, functools.partial(eval_cli._group, task))
+  kept = eval_passes.whole_questions(rows, 4, functools.partial(eval_passes._group, task))
   assert [(r['idx']['question'], r['idx']['answer']) for r in kept] == [(0, 0), (0, 1)]
-  assert eval_cli.whole_questions(rows, 5, functools.partial(eval_cli._group, task)) == rows
+  assert eval_passes.whole_questions(rows, 5, functools.partial(eval_passes._group, task)) == rows
 
 
 def test_benchmark_averages_are_t5s_best_step_and_each_tasks_best_step():

@@ -398,7 +398,7 @@ def test_eval_keeps_multirc_questions_whole_and_refuses_a_split_without_labels(r
   judged right from its first two options, EM 50 where neither whole question is right); a test
   split (targets NO_LABEL, or WSC's span text with label -1) is one error (was: accuracy 100 for a
   model answering 'maybe', which matched NO_LABEL as -1)."""
-  from t5x_variants.cli import eval as eval_cli  # pylint: disable=g-import-not-at-top
+  from t5x_variants.cli import eval_passes  # pylint: disable=g-import-not-at-top
   option = lambda q, labels, first: {'question': f'Q{q}?', 'idx': q, 'answers': [
       {'text': f'A{first + k}', 'idx': first + k, 'label': y} for k, y in enumerate(labels)]}
   _jsonl(tmp_path / 'sg/MultiRC/val.jsonl', [{'idx': 0, 'version': 1.1, 'passage': {
@@ -410,10 +410,10 @@ def test_eval_keeps_multirc_questions_whole_and_refuses_a_split_without_labels(r
   flip = {b'True': 'False', b'False': 'True'}
   answer = lambda ex: (flip[ex['targets_pretokenized']] if ex['idx']['answer'] in (0, 4)
                        else ex['targets_pretokenized'].decode())
-  monkeypatch.setattr(eval_cli, 'decode_examples', lambda predictor, vocab, examples, *args: [
+  monkeypatch.setattr(eval_passes, 'decode_examples', lambda predictor, vocab, examples, *args: [
       dict(ex, prediction=answer(ex)) for ex in examples])
   multirc, lengths = seqio.get_mixture_or_task('super_glue_multirc_local'), {'inputs': 256, 'targets': 8}
-  metric = lambda limit: eval_cli.inference_metrics(None, multirc, 'validation', lengths, 8, limit)
+  metric = lambda limit: eval_passes.inference_metrics(None, multirc, 'validation', lengths, 8, limit)
   assert metric(None)['exact_match'] == 0.0
   assert metric(4) == metric(3) == metric(2) and metric(4)['exact_match'] == 0.0  # question 0
   assert metric(5) == metric(None)
@@ -421,7 +421,7 @@ def test_eval_keeps_multirc_questions_whole_and_refuses_a_split_without_labels(r
     metric(1)
   cola = seqio.get_mixture_or_task('glue_cola_local')
   with pytest.raises(ValueError, match='glue_cola_local: its test examples have no labels'):
-    eval_cli.check_labelled(cola, 'test', lengths)
-  eval_cli.check_labelled(cola, 'train', lengths)
+    eval_passes.check_labelled(cola, 'test', lengths)
+  eval_passes.check_labelled(cola, 'train', lengths)
   with pytest.raises(ValueError, match='super_glue_wsc_local: its test examples have no labels'):
-    eval_cli.check_labelled(seqio.get_mixture_or_task('super_glue_wsc_local'), 'test', lengths)
+    eval_passes.check_labelled(seqio.get_mixture_or_task('super_glue_wsc_local'), 'test', lengths)

@@ -1,6 +1,7 @@
 """The command-line tools (T5X conventions): one module per command (train, eval, infer, info,
 data, bench, compile, sweep, report, hf, quickstart), ``common`` for what they share, and the
-helpers of some (``profile`` and ``bench_hf`` for bench, ``ranges`` for argument checks,
+helpers of some (``profile`` and ``bench_hf`` for bench, ``eval_results`` and ``eval_passes`` for
+eval (the passes also for train's decoding evals), ``ranges`` for argument checks,
 ``launch`` for the huge-pages re-execution).
 
 TensorFlow and XLA print C++ start-up messages (oneDNN notices, CUDA probing on CPU hosts) as

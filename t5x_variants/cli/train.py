@@ -14,7 +14,7 @@ import gin
 import jax
 
 from t5x_variants.cli import common, ranges, recipe
-from t5x_variants.cli import eval as eval_cli  # its passes, for train.infer_eval; gin's configurables before parsing
+from t5x_variants.cli import eval_passes
 from t5x_variants.sweeps import runner
 from t5x_variants.train import locks, multihost, storage
 
@@ -205,16 +205,17 @@ def _train_prebuilt(args, config, desc):
 
 def _decoded_metrics(config, eval_cfg, subtasks):
   """(task name, step, parameters, max_examples) -> the task's metrics of decoded predictions and
-  of scores, as t5xv-eval computes them (``eval.pass_metrics``, which also writes the examples'
+  of scores, as t5xv-eval computes them (``eval_passes.pass_metrics``, which also writes the examples'
   predictions under RUN/inference_eval/train/), on the eval split at the eval lengths and batch size
   with the gin-bound mesh and ``DecodeOptions`` ({} for a task without such metrics):
   ``train.infer_eval``. The decoder compiles at its first use."""
   from t5x_variants.train.predictor import Predictor  # pylint: disable=g-import-not-at-top
-  passes = {t.name: (t, eval_cli.inference_passes(t, config, True, None)) for t in subtasks}
-  if gin.get_bindings('train').get('infer_eval'):  # a split without labels: metrics of nothing
+  passes = {t.name: (t, eval_passes.inference_passes(t, config, True, None)) for t in subtasks}
+  bindings = gin.get_bindings('train')
+  if bindings.get('infer_eval'):  # a split without labels: metrics of nothing
     for task, todo in passes.values():
       if todo:
-        eval_cli.check_labelled(task, eval_cfg.split, eval_cfg.task_feature_lengths)
+        eval_passes.check_labelled(task, eval_cfg.split, eval_cfg.task_feature_lengths)
   predictor = []
 
   def metrics(name, step, params, max_examples):
@@ -222,13 +223,12 @@ def _decoded_metrics(config, eval_cfg, subtasks):
     if not todo:
       return {}
     if not predictor:
-      predictor.append(Predictor(config, gin.get_bindings('train').get('mesh')))
+      predictor.append(Predictor(config, bindings.get('mesh')))
     predictor[0].params = params
-    return eval_cli.pass_metrics(predictor[0], task, todo, eval_cfg.split,
+    return eval_passes.pass_metrics(predictor[0], task, todo, eval_cfg.split,
                                  eval_cfg.task_feature_lengths, eval_cfg.batch_size, max_examples,
-                                 predictions_dir=storage.join(
-                                     gin.get_bindings('train')['model_dir'], 'inference_eval', 'train'),
-                                 step=step)
+                                 predictions_dir=storage.join(bindings['model_dir'], 'inference_eval',
+                                                              'train'), step=step)
   return metrics
 
 

@@ -199,7 +199,7 @@ def candidate_plans(plan: Plan, target: Target, batch: int) -> List[Plan]:
   keeps to each slice (one replica a slice), so its gathers stay off the network between them."""
   boxed = summary.abstract_params(plan.config)
   n = target.num_devices
-  slices = len({getattr(d, 'slice_index', 0) for d in target.devices}) if target.platform == 'tpu' else 1
+  slices = len({partitioning.slice_index(d) for d in target.devices})
   ranked = []
   for size in partitioning.divisors(n):
     for fsdp in (False, True) if n // size // slices > 1 else (False,):  # FSDP splits over 'data'

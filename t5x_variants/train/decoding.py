@@ -20,6 +20,12 @@ METHODS = ('greedy', 'sample', 'beam')
 _KV_CACHES = ('cached_key', 'cached_value')
 
 
+def max_decodes(method: str, num_beams: int) -> float:
+  """The most decodes per input ``method`` gives (``num_decodes``): any number of samples, a beam
+  search's beams, one greedy decode."""
+  return float('inf') if method == 'sample' else num_beams if method == 'beam' else 1
+
+
 def filter_logits(logits, top_k: int = 0, top_p=1.0):
   """-inf outside the k largest logits (k = 0: off) and outside the nucleus: the smallest set of
   most probable tokens with probability mass >= top_p (Holtzman et al. 2020); the top one stays."""
@@ -154,7 +160,7 @@ def decode(model, config, params, *, encoder_input_tokens=None, prompt_tokens=No
     raise ValueError(f'unknown decoding method {method!r}; valid: {", ".join(METHODS)}')
   if method == 'sample' and rng is None:
     raise ValueError("method='sample' needs rng")
-  if num_decodes > 1 and method != 'sample' and not (method == 'beam' and num_decodes <= num_beams):
+  if not 1 <= num_decodes <= max_decodes(method, num_beams):
     raise ValueError(f'num_decodes={num_decodes} needs sampling, or beam search of at least as '
                      f'many beams (method {method!r}, num_beams {num_beams})')
   if method == 'sample' and num_decodes > 1:  # k independent samples: each input k times

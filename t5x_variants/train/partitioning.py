@@ -41,12 +41,18 @@ def _sizes(shape: Dict[str, int]) -> str:
   return ' x '.join(f'{k}={v}' for k, v in shape.items() if k != 'replica' or v != 1)
 
 
+def slice_index(device) -> int:
+  """The TPU slice of ``device`` in a multislice run (0 otherwise: a multi-process GPU or CPU run's
+  devices carry a per-host ``slice_index``, not a slice)."""
+  return getattr(device, 'slice_index', 0) if device.platform == 'tpu' else 0
+
+
 def make_mesh(data: int = -1, model: int = 1, devices: Sequence = None, replica: int = 1) -> Mesh:
   """A (replica, data, model) mesh over ``devices`` (all by default); data=-1 takes the rest. TPU
   devices are ordered by slice (stably), so that the batch axes run slice by slice in a
   multislice run, and replica = the number of slices gives each slice one replica."""
   devices = list(jax.devices() if devices is None else devices)
-  devices.sort(key=lambda d: getattr(d, 'slice_index', 0) if d.platform == 'tpu' else 0)
+  devices.sort(key=slice_index)
   if data == -1:
     if len(devices) % (model * replica):
       raise ValueError(f'{len(devices)} devices cannot be split into '

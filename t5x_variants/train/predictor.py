@@ -45,9 +45,8 @@ class DecodeOptions:
              'num_beams': (self.num_beams >= 1, 'an integer >= 1'),
              'top_k': (0 <= self.top_k <= vocab_size, f'0 (none) to the vocabulary size, {vocab_size}'),
              'top_p': (0 < self.top_p <= 1, 'in (0, 1]'),
-             'num_decodes': (self.num_decodes == 1 or 1 < self.num_decodes <= (
-                 float('inf') if self.method == 'sample' else self.num_beams if self.method == 'beam'
-                 else 1), "1, or with method 'sample' any count, with 'beam' at most num_beams"),
+             'num_decodes': (1 <= self.num_decodes <= decoding.max_decodes(self.method, self.num_beams),
+                             "1, or with method 'sample' any count, with 'beam' at most num_beams"),
              'temperature': (self.temperature >= 0, '>= 0 (0: greedy)')}
     for name, (ok, what) in valid.items():
       if not ok:
